@@ -1,0 +1,32 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# `make install` creates .venv when missing and installs the project with its
+# test extras; a stamp file keeps it quick when pyproject.toml has not changed.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test unit integration demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,sim,train]'
+	@touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+demo: install
+	$(BIN)/orchestrator bench placement --nodes 1000
+
+bench: install
+	$(BIN)/orchestrator bench placement --nodes 5000 --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,33 @@
+"""The ``orchestrator`` command line.
+
+Exit codes (also in ``--help``): 0 success; 1 the operation failed (a job
+failed, a wait timed out); 2 bad input (the message names the field and what
+is allowed); 3 the orchestrator is not reachable.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="orchestrator",
+    help="GPU workload orchestrator inside Ray.\n\nExit codes: 0 ok; 1 operation failed or timed out; "
+    "2 bad input (names the field and what is allowed); 3 orchestrator not reachable.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+bench_app = typer.Typer(help="Benchmarks that print figures (not tests).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def _register() -> None:
+    # Sub-command groups live next to the code they drive; each module exposes `app`.
+    from orchestrator.cli import bench as _bench  # noqa: F401  (registers on bench_app)
+
+
+_register()
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
