@@ -84,7 +84,7 @@ class GpuRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
     kind: ShareKind | None = Field(default=None, description="Named kind; None lets the engine resolve one")
-    count: Annotated[int, Field(ge=1, le=64, description="Whole cards (kind=whole)")] = 1
+    count: Annotated[int, Field(ge=0, le=64, description="Whole cards (kind=whole); 0 = no GPU (a CPU-only task)")] = 1
     profile: str | None = Field(default=None, description="MIG profile such as 1g.10gb (kind=mig)")
     sm_percent: Annotated[int, Field(ge=1, le=100, description="MPS active thread percentage (kind=mps)")] | None = None
     memory_mib: Annotated[int, Field(ge=0, description="GPU memory needed / MPS pinned memory limit")] | None = None
@@ -280,6 +280,7 @@ class Alternative:
     sm_percent: int | None = None
     client_priority: int | None = None
     fraction: float | None = None
+    nvlink: bool = False
 
     def profile_for(self, model: str) -> MigProfile | None:
         for m, p in self.profiles:
@@ -307,9 +308,9 @@ def _smallest_profile(model: GpuModel, memory_mib: int, compute: float) -> MigPr
 def resolve(request: GpuRequest) -> ResolvedRequest:
     """Turn a request into concrete alternatives, cheapest first. Pure."""
     k = request.kind
-    kw = dict(count=request.count)
     if k is ShareKind.WHOLE:
-        alt = Alternative(ShareKind.WHOLE, request.count, 1000, request.memory_mib, reason=f"{request.count} whole card(s) as asked")
+        alt = Alternative(ShareKind.WHOLE, request.count, 1000, request.memory_mib, nvlink=request.nvlink,
+                          reason=f"{request.count} whole card(s) as asked" + (" in one NVLink island" if request.nvlink else ""))
         return ResolvedRequest(request, (alt,), alt.reason)
     if k is ShareKind.MIG:
         profs = tuple((m.name, request.profile) for m in CATALOGUE.values()
