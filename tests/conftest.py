@@ -1,0 +1,46 @@
+"""Test tiers (see docs/testing.md):
+
+* unit and property tests: pure, fast; Ray must not start (an autouse fixture
+  makes ``ray.init`` fail, as Ray Serve's unit tests do);
+* ``@pytest.mark.ray`` tests start a real local Ray cluster on 127.0.0.1,
+  shared per module;
+* ``@pytest.mark.gpu`` / ``@pytest.mark.k8s`` need real hardware or a real
+  cluster and skip with the reason when it is absent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(autouse=True)
+def _forbid_ray_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("ray") is not None:
+        return
+    try:
+        import ray
+    except ImportError:  # pragma: no cover
+        return
+
+    def _fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("unit tests must not start Ray: mark the test @pytest.mark.ray to use a real cluster")
+
+    monkeypatch.setattr(ray, "init", _fail)
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """``../shared`` beside the checkout; tests that need it skip when a fresh clone has none."""
+    if not SHARED.is_dir():
+        pytest.skip(f"needs ../shared (not present beside {REPO}): a fresh clone has no shared/ folder")
+    return SHARED
