@@ -269,12 +269,12 @@ def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative,
 # ---- per-state candidate enumeration -------------------------------------------------------------
 
 def _rows(st: _Static, ids: np.ndarray) -> dict[str, np.ndarray]:
-    return {f: np.stack([st.rep_rows[f][i] for i in ids]) for f in st.rep_rows}
+    return {f: a[ids] for f, a in st.rep_rows.items()}
 
 
 def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, table: _StateTable) -> None:
     """Fill ``table`` for the given new state ids (vectorised over them)."""
-    reps = np.array([st.rep_node[i] for i in ids], dtype=np.int64)
+    reps = st.rep_node[ids]
     before = _rows(st, ids)
     present = st.present[reps]
     healthy = present & before["healthy"]

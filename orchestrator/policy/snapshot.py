@@ -236,23 +236,26 @@ class _Static:
         ]
         # Intern table of GPU states: key bytes -> id, and for each id one representative row.
         self._ids: dict[bytes, int] = {}
-        self.rep_node: list[int] = []
-        self.rep_rows: dict[str, list[np.ndarray]] = {f: [] for f in _DYN_GPU_FIELDS}
+        self.n_states = 0
+        cap = max(64, n)
+        self.rep_node = np.zeros(cap, dtype=np.int64)
+        self.rep_rows: dict[str, np.ndarray] = {f: np.zeros((cap, g), dtype=_DTYPES[f]) for f in _DYN_GPU_FIELDS}
 
     def intern(self, i: int, rows: dict[str, np.ndarray]) -> int:
+        """The id of node ``i``'s GPU state ``rows``; a new id (and a stored copy) when unseen."""
         key = self._static_key[i] + b"".join(rows[f].tobytes() for f in _DYN_GPU_FIELDS)
         sid = self._ids.get(key)
         if sid is None:
-            sid = len(self.rep_node)
+            sid = self.n_states
+            if sid == len(self.rep_node):
+                self.rep_node = np.concatenate([self.rep_node, np.zeros_like(self.rep_node)])
+                self.rep_rows = {f: np.concatenate([a, np.zeros_like(a)]) for f, a in self.rep_rows.items()}
             self._ids[key] = sid
-            self.rep_node.append(i)
+            self.rep_node[sid] = i
             for f in _DYN_GPU_FIELDS:
-                self.rep_rows[f].append(rows[f].copy())
+                self.rep_rows[f][sid] = rows[f]
+            self.n_states = sid + 1
         return sid
-
-    @property
-    def n_states(self) -> int:
-        return len(self.rep_node)
 
 
 # Per-GPU dynamic fields; each is an (N, G) array in the snapshot.
@@ -263,19 +266,19 @@ _DTYPES = {"mode": np.int8, "used_milli": np.int32, "used_mem": np.int64, "mig_m
 
 @dataclass(frozen=True, eq=False)
 class ClusterSnapshot:
-    """An immutable view of the cluster's capacity and what is used; see the module docstring."""
+    """An immutable view of the cluster's capacity and what is used; see the module docstring.
+
+    The per-GPU arrays (``mode``, ``used_milli``, ``used_mem``, ``mig_mask``,
+    ``mig_compute``, ``holders``, ``healthy``; each (N, G)) are not stored:
+    a node's GPU rows are those of its interned state, so they are derived
+    on first use as ``rows[gstate]``. A change therefore copies three (N,)
+    vectors, not a cluster's worth of arrays.
+    """
 
     static: _Static
-    mode: np.ndarray
-    used_milli: np.ndarray
-    used_mem: np.ndarray
-    mig_mask: np.ndarray
-    mig_compute: np.ndarray
-    holders: np.ndarray
-    healthy: np.ndarray
+    gstate: np.ndarray
     cpu_used: np.ndarray
     mem_used: np.ndarray
-    gstate: np.ndarray
     version: int = 0
     _derived: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -293,10 +296,44 @@ class ClusterSnapshot:
         dyn["mode"][st.mig_enabled] = Mode.MIG
         dyn["healthy"][:] = st.present & ~st.initial_unhealthy
         gstate = np.array([st.intern(i, {f: dyn[f][i] for f in _DYN_GPU_FIELDS}) for i in range(n)], dtype=np.int32)
-        for a in dyn.values():
-            _ro(a)
-        return cls(st, cpu_used=_ro(np.zeros(n, dtype=np.int64)), mem_used=_ro(np.zeros(n, dtype=np.int64)),
-                   gstate=_ro(gstate), **dyn)
+        return cls(st, gstate=_ro(gstate), cpu_used=_ro(np.zeros(n, dtype=np.int64)),
+                   mem_used=_ro(np.zeros(n, dtype=np.int64)))
+
+    def _gpu_field(self, f: str) -> np.ndarray:
+        return self.derived(("field", f), lambda: _ro(self.static.rep_rows[f][self.gstate]))
+
+    @property
+    def mode(self) -> np.ndarray:
+        return self._gpu_field("mode")
+
+    @property
+    def used_milli(self) -> np.ndarray:
+        return self._gpu_field("used_milli")
+
+    @property
+    def used_mem(self) -> np.ndarray:
+        return self._gpu_field("used_mem")
+
+    @property
+    def mig_mask(self) -> np.ndarray:
+        return self._gpu_field("mig_mask")
+
+    @property
+    def mig_compute(self) -> np.ndarray:
+        return self._gpu_field("mig_compute")
+
+    @property
+    def holders(self) -> np.ndarray:
+        return self._gpu_field("holders")
+
+    @property
+    def healthy(self) -> np.ndarray:
+        return self._gpu_field("healthy")
+
+    def gpu_row(self, i: int) -> dict[str, np.ndarray]:
+        """Node ``i``'s per-GPU rows (copies)."""
+        sid = self.gstate[i]
+        return {f: self.static.rep_rows[f][sid].copy() for f in _DYN_GPU_FIELDS}
 
     # ---- queries ------------------------------------------------------------------------------
     @property
@@ -336,7 +373,7 @@ class ClusterSnapshot:
     def same_state(self, other: "ClusterSnapshot") -> bool:
         """True when every dynamic array equals ``other``'s (the static part must be shared)."""
         return self.static is other.static and all(
-            np.array_equal(getattr(self, f), getattr(other, f)) for f in (*_DYN_GPU_FIELDS, "cpu_used", "mem_used")
+            np.array_equal(getattr(self, f), getattr(other, f)) for f in ("gstate", "cpu_used", "mem_used")
         )
 
     # ---- changes ------------------------------------------------------------------------------
@@ -355,18 +392,15 @@ class ClusterSnapshot:
         cols = np.flatnonzero(self.static.gpu_index[i] == gpu_index)
         if not len(cols):
             raise InvalidRequestError("gpu_index", gpu_index, list(self.static.gpu_index[i][self.static.present[i]]))
-        h = self.healthy.copy()
-        h[i, cols[0]] = healthy
-        return self._with(i, healthy=h)
+        row = self.gpu_row(i)
+        row["healthy"][cols[0]] = healthy and bool(self.static.present[i, cols[0]])
+        return self._with(i, row, self.cpu_used, self.mem_used)
 
-    def _with(self, i: int, **arrays: np.ndarray) -> "ClusterSnapshot":
-        fields = {f: getattr(self, f) for f in (*_DYN_GPU_FIELDS, "cpu_used", "mem_used")}
-        fields.update(arrays)
+    def _with(self, i: int, row: dict[str, np.ndarray], cpu_used: np.ndarray, mem_used: np.ndarray) -> "ClusterSnapshot":
         gstate = self.gstate.copy()
-        gstate[i] = self.static.intern(i, {f: fields[f][i] for f in _DYN_GPU_FIELDS})
-        for a in arrays.values():
-            _ro(a)
-        return ClusterSnapshot(self.static, gstate=_ro(gstate), version=self.version + 1, **fields)
+        gstate[i] = self.static.intern(i, row)
+        return ClusterSnapshot(self.static, gstate=_ro(gstate), cpu_used=_ro(cpu_used), mem_used=_ro(mem_used),
+                               version=self.version + 1)
 
     def _change(self, a: Allocation, sign: int) -> "ClusterSnapshot":
         st = self.static
@@ -381,16 +415,10 @@ class ClusterSnapshot:
             raise CapacityError(f"node {a.node_name}: CPU or host memory over-committed")
         if sign < 0 and (cpu[i] < 0 or mem[i] < 0):
             raise CapacityError(f"node {a.node_name}: releasing more CPU or memory than allocated")
-        out: dict[str, np.ndarray] = {"cpu_used": cpu, "mem_used": mem}
-        if a.gpus:
-            row = {f: getattr(self, f)[i].copy() for f in _DYN_GPU_FIELDS}
-            for j in a.gpus:
-                self._change_gpu(row, i, j, a, sign)
-            for f in _DYN_GPU_FIELDS:
-                arr = getattr(self, f).copy()
-                arr[i] = row[f]
-                out[f] = arr
-        return self._with(i, **out)
+        row = self.gpu_row(i)
+        for j in a.gpus:
+            self._change_gpu(row, i, j, a, sign)
+        return self._with(i, row, cpu, mem)
 
     def _change_gpu(self, row: dict[str, np.ndarray], i: int, j: int, a: Allocation, sign: int) -> None:
         st = self.static

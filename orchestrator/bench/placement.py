@@ -1,0 +1,142 @@
+"""Placement throughput benchmark: a synthetic cluster filled by an openb-like request stream.
+
+The cluster: ``nodes`` nodes of 8 GPUs, a mix of models; one node in ten
+has two MIG-enabled cards (on-demand placements). The stream mirrors the
+openb ``default`` pod list (about 13% CPU-only pods, 48% one whole GPU, 38%
+a fraction of a GPU drawn from the trace's popular sizes, 1% multi-GPU) plus
+a few MIG slices and MPS shares. Requests are placed one by one (``place``
+then ``apply``) until the cluster is full: 500 requests in a row found no
+room, or the arrived GPU request reached 100% of capacity.
+
+Timing covers exactly what a scheduler does per request: the decision and
+the ledger update. Generating the stream is not timed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from orchestrator.model.request import GpuRequest
+from orchestrator.policy.placement import Placement, place
+from orchestrator.policy.policies import get_policy
+from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
+
+# (model, share of nodes, cpu milli, memory MiB, MIG-capable)
+_NODE_MIX = (
+    ("A100-80GB", 0.30, 128_000, 1_048_576, True),
+    ("H100-80GB", 0.20, 192_000, 2_097_152, True),
+    ("V100M32", 0.20, 96_000, 393_216, False),
+    ("T4", 0.15, 64_000, 262_144, False),
+    ("G2", 0.15, 96_000, 786_432, False),
+)
+# openb default: fractional gpu_milli values and their weights (top of the trace's histogram).
+_FRACTIONS = ((810, 1078), (470, 750), (320, 328), (650, 253), (230, 140), (460, 128), (590, 75),
+              (160, 74), (550, 72), (220, 62), (370, 47), (110, 24), (480, 19), (50, 7))
+
+
+def build_cluster(nodes: int, seed: int = 0) -> ClusterSnapshot:
+    rng = np.random.default_rng(seed)
+    shares = np.array([m[1] for m in _NODE_MIX])
+    picks = rng.choice(len(_NODE_MIX), size=nodes, p=shares / shares.sum())
+    specs = []
+    for i, k in enumerate(picks):
+        model, _, cpu, mem, mig = _NODE_MIX[k]
+        specs.append(NodeSpec(f"node-{i:05d}", model, 8, cpu_milli=cpu, memory_mib=mem,
+                              mig_enabled=(6, 7) if (mig and i % 10 == 0) else ()))
+    return ClusterSnapshot.build(specs)
+
+
+def request_stream(n: int, seed: int = 1) -> list[GpuRequest]:
+    """``n`` requests drawn like the openb default list (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    fr_vals = np.array([f for f, _ in _FRACTIONS])
+    fr_w = np.array([w for _, w in _FRACTIONS], dtype=float)
+    fr_w /= fr_w.sum()
+    kinds = rng.choice(7, size=n, p=[0.13, 0.46, 0.34, 0.01, 0.02, 0.02, 0.02])
+    out: list[GpuRequest] = []
+    for k in kinds:
+        cpu = int(rng.choice([1000, 2000, 4000, 6000, 8000, 12000, 16000]))
+        mem = int(rng.choice([2048, 4096, 8192, 12288, 16384, 32768]))
+        common = dict(cpu_milli=cpu, host_memory_mib=mem)
+        if k == 0:
+            r = GpuRequest.whole(0, **common)
+        elif k == 1:
+            r = GpuRequest.whole(1, **common)
+        elif k == 2:
+            r = GpuRequest.timeslice(float(rng.choice(fr_vals, p=fr_w)) / 1000, **common)
+        elif k == 3:
+            r = GpuRequest.whole(int(rng.choice([2, 4, 8])), **common)
+        elif k == 4:
+            r = GpuRequest.mig(str(rng.choice(["1g.10gb", "2g.20gb", "3g.40gb"])), **common)
+        elif k == 5:
+            r = GpuRequest.mps(int(rng.choice([20, 30, 50])), **common)
+        else:
+            r = GpuRequest(memory_mib=int(rng.choice([8192, 16384])), compute=float(rng.choice([0.1, 0.25])),
+                           isolation=str(rng.choice(["hard", "soft", "none"])), **common)
+        out.append(r)
+    return out
+
+
+def _gpu_demand(r: GpuRequest) -> float:
+    if r.kind is None:
+        return r.compute or 0.1
+    return {"whole": r.count, "timeslice": r.fraction or 0, "mps": (r.sm_percent or 0) / 100,
+            "mig": 0.3}.get(r.kind.value, 1.0)
+
+
+@dataclass
+class BenchResult:
+    nodes: int
+    gpus: int
+    policy: str
+    placements: int
+    unschedulable: int
+    placements_per_s: float
+    decisions_per_s: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    allocation_pct: float
+    wall_s: float
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def run(nodes: int, policy: str = "default", seed: int = 0, max_fail_streak: int = 500) -> BenchResult:
+    snap = build_cluster(nodes, seed)
+    cap_gpus = int(snap.static.present.sum())
+    pol = get_policy(policy)
+    rng = np.random.default_rng(seed + 7)
+    stream = request_stream(int(cap_gpus * 2.2), seed + 1)
+    lat: list[float] = []
+    placed = failed = streak = 0
+    arrived = 0.0
+    t_all = time.perf_counter()
+    for r in stream:
+        t0 = time.perf_counter()
+        res = place(snap, r, pol, rng=rng)
+        if isinstance(res, Placement):
+            snap = snap.apply(res.allocation)
+            placed += 1
+            streak = 0
+        else:
+            failed += 1
+            streak += 1
+        lat.append(time.perf_counter() - t0)
+        arrived += _gpu_demand(r)
+        if streak >= max_fail_streak or arrived >= cap_gpus:
+            break
+    wall = time.perf_counter() - t_all
+    ms = np.array(lat) * 1000
+    return BenchResult(
+        nodes=nodes, gpus=cap_gpus, policy=pol.name, placements=placed, unschedulable=failed,
+        placements_per_s=placed / wall, decisions_per_s=len(lat) / wall,
+        p50_ms=float(np.percentile(ms, 50)), p99_ms=float(np.percentile(ms, 99)), max_ms=float(ms.max()),
+        allocation_pct=100 * snap.allocated_milli() / snap.capacity_milli(), wall_s=wall, seed=seed,
+    )

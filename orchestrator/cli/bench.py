@@ -1,0 +1,31 @@
+"""``orchestrator bench ...``: benchmarks that print figures."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli.main import bench_app
+
+
+@bench_app.command("placement")
+def placement(
+    nodes: int = typer.Option(5000, min=1, help="Nodes of 8 GPUs each"),
+    policy: str = typer.Option("default", help="Placement policy"),
+    seed: int = typer.Option(0, help="Seed of the cluster mix and the request stream"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
+) -> None:
+    """Fill a synthetic cluster with an openb-like request stream and time every decision."""
+    from orchestrator.bench.placement import run
+
+    res = run(nodes, policy, seed)
+    if as_json:
+        typer.echo(json.dumps(res.to_dict()))
+        return
+    t = Table(title=f"placement benchmark: {res.nodes} nodes, {res.gpus} GPUs, policy {res.policy}")
+    for k, v in res.to_dict().items():
+        t.add_row(k, str(v))
+    Console().print(t)
