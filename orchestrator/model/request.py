@@ -30,10 +30,26 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.errors import InvalidRequestError
 from orchestrator.model.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, GpuModel, MigProfile, all_mig_profiles, gpu_model
+
+
+def typed_error(e: ValidationError, prefix: str) -> InvalidRequestError:
+    """The first error of a pydantic ``ValidationError`` as our typed error, naming the field.
+
+    Our own validators raise :class:`InvalidRequestError`, which pydantic wraps;
+    that one is returned as it was. Others (range, type) become one with the
+    field's dotted location and pydantic's own words for what is allowed.
+    """
+    err = e.errors()[0]
+    inner = (err.get("ctx") or {}).get("error")
+    if isinstance(inner, InvalidRequestError):
+        return inner
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    field_name = f"{prefix}.{loc}" if loc else prefix
+    return InvalidRequestError(field_name, err.get("input"), err.get("msg", "a valid value"))
 
 
 class ShareKind(str, Enum):
@@ -97,6 +113,12 @@ class GpuRequest(BaseModel):
     nvlink: bool = Field(default=False, description="Multi-GPU: all GPUs in one NVLink island")
     cpu_milli: Annotated[int, Field(ge=0)] = 0
     host_memory_mib: Annotated[int, Field(ge=0)] = 0
+
+    def __init__(self, **data: object) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise typed_error(e, "gpu") from None
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,71 @@
+"""The catalogue's MIG tables match NVIDIA's MIG user guide."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import InvalidRequestError
+from orchestrator.model.catalogue import CATALOGUE, MIG_MEMORY_SLICES, gpu_model
+from orchestrator.model.inventory import GpuDevice, MigDevice, NodeInventory
+
+
+@pytest.mark.parametrize("model,profiles", [
+    ("A100-40GB", ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]),
+    ("A100-80GB", ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+    ("H100-80GB", ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+    ("H100-NVL", ["1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"]),
+    ("H200-141GB", ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]),
+])
+def test_profiles(model, profiles) -> None:
+    assert [p.name for p in gpu_model(model).mig_profiles] == profiles
+
+
+def test_placements_are_the_guides() -> None:
+    p = {x.name: x for x in gpu_model("A100-80GB").mig_profiles}
+    assert p["1g.10gb"].placements == (0, 1, 2, 3, 4, 5, 6)
+    assert p["1g.20gb"].placements == (0, 2, 4, 6)
+    assert p["2g.20gb"].placements == (0, 2, 4)
+    assert p["3g.40gb"].placements == (0, 4)
+    assert p["4g.40gb"].placements == (0,)
+    assert p["7g.80gb"].placements == (0,)
+    for m in CATALOGUE.values():
+        for prof in m.mig_profiles:
+            for s in prof.placements:
+                assert s + prof.memory_slices <= MIG_MEMORY_SLICES
+
+
+def test_openb_models_have_no_mig() -> None:
+    for name in ("G1", "G2", "G3", "T4", "P100", "V100M16", "V100M32", "A10"):
+        assert not gpu_model(name).mig_capable
+
+
+def test_nvml_names_resolve() -> None:
+    assert gpu_model("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    with pytest.raises(InvalidRequestError) as e:
+        gpu_model("Voodoo2")
+    assert e.value.field == "gpu.model"
+
+
+def test_inventory_rejects_invalid_mig_layout() -> None:
+    ok = GpuDevice(index=0, uuid="GPU-0", model="A100-80GB", mig_enabled=True,
+                   mig_devices=(MigDevice(uuid="MIG-a", profile="3g.40gb", start=4),
+                                MigDevice(uuid="MIG-b", profile="2g.20gb", start=0)))
+    assert len(ok.mig_devices) == 2
+    with pytest.raises(ValueError, match="cannot start"):
+        GpuDevice(index=0, uuid="GPU-0", model="A100-80GB", mig_enabled=True,
+                  mig_devices=(MigDevice(uuid="MIG-a", profile="3g.40gb", start=2),))
+    with pytest.raises(ValueError, match="overlaps"):
+        GpuDevice(index=0, uuid="GPU-0", model="A100-80GB", mig_enabled=True,
+                  mig_devices=(MigDevice(uuid="MIG-a", profile="4g.40gb", start=0),
+                               MigDevice(uuid="MIG-b", profile="2g.20gb", start=2)))
+    with pytest.raises(ValueError, match="does not support MIG"):
+        GpuDevice(index=0, uuid="GPU-0", model="T4", mig_enabled=True)
+    with pytest.raises(ValueError, match="one model per node"):
+        NodeInventory(name="x", gpus=(GpuDevice(index=0, uuid="a", model="T4"), GpuDevice(index=1, uuid="b", model="A10")))
+
+
+def test_nvlink_islands() -> None:
+    inv = NodeInventory(name="x", gpus=tuple(
+        GpuDevice(index=i, uuid=f"g{i}", model="A100-80GB", nvlink_peers=peers)
+        for i, peers in enumerate([(1,), (0,), (3,), (2,)])))
+    assert inv.nvlink_islands() == [frozenset({0, 1}), frozenset({2, 3})]
