@@ -101,12 +101,31 @@ class Lease:
     history: tuple[Transition[LeaseState], ...] = field(default=())
     checkpoint_path: str | None = None
     last_checkpoint_at: float | None = None
+    queue: str = "default"
+    restore_estimate_s: float = 0.0
 
     @classmethod
     def new(cls, lease_id: str, request: GpuRequest, *, now: float, owner: str = "", priority: int = 0,
-            priority_class: str = "", reason: str = "requested") -> "Lease":
-        return cls(lease_id, request, owner, priority, priority_class,
+            priority_class: str = "", queue: str = "default", reason: str = "requested") -> "Lease":
+        return cls(lease_id, request, owner, priority, priority_class, queue=queue,
                    history=(Transition(now, LeaseState.PENDING, reason),))
+
+    @property
+    def gpus_held(self) -> float:
+        """GPUs this lease holds, fractions counted (a 3g MIG slice is 3/7, an MPS 30% share 0.3)."""
+        a = self.allocation
+        if a is None or not self.holding:
+            return 0.0
+        if a.kind.value == "mig":
+            from orchestrator.model.catalogue import gpu_model
+            return gpu_model(a.model or "").profile(a.mig_profile or "").compute_fraction
+        return len(a.gpus) * a.milli / 1000
+
+    @property
+    def started_at(self) -> float | None:
+        """When the holder started (entered ACTIVE), else when granted."""
+        active = self.entered(LeaseState.ACTIVE)
+        return active if active is not None else self.entered(LeaseState.GRANTED)
 
     @property
     def holding(self) -> bool:
@@ -142,5 +161,6 @@ class Lease:
             "fencing_token": self.fencing_token,
             "allocation": self.allocation.to_dict() if self.allocation else None,
             "checkpoint_path": self.checkpoint_path,
+            "queue": self.queue,
             "history": [t.to_dict() for t in self.history],
         }

@@ -1,0 +1,83 @@
+"""The scheduling cycle: ordering, aging, quotas, grants without over-commit, no churn."""
+
+from __future__ import annotations
+
+from orchestrator.lease import Lease, LeaseState
+from orchestrator.model.request import GpuRequest
+from orchestrator.policy.policies import get_policy
+from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.priorities import QueueConfig, SchedulerConfig
+from orchestrator.scheduler import PendingItem, effective_priority, order, schedule
+
+POLICY = get_policy("bestfit")
+CFG = SchedulerConfig(queues={"default": QueueConfig(), "small": QueueConfig(quota_gpus=1, borrowing=False),
+                              "lender": QueueConfig(quota_gpus=1, borrowing=True)})
+
+
+def snap(gpus: int = 2) -> ClusterSnapshot:
+    return ClusterSnapshot.build([NodeSpec("n0", "A100-80GB", gpus)])
+
+
+def item(i: str, req: GpuRequest, cls: str = "training", t: float = 0.0, queue: str = "default") -> PendingItem:
+    return PendingItem(i, req, CFG.classes[cls].priority, cls, t, queue)
+
+
+def test_priority_then_time_then_id() -> None:
+    items = [item("b", GpuRequest.whole(1), "batch", 0), item("t2", GpuRequest.whole(1), "training", 5),
+             item("t1", GpuRequest.whole(1), "training", 5), item("i", GpuRequest.whole(1), "inference", 9)]
+    assert [x.item_id for x in order(items, CFG, now=10)] == ["i", "t1", "t2", "b"]
+
+
+def test_aging_lifts_but_never_past_the_next_class() -> None:
+    old = item("b", GpuRequest.whole(1), "batch", 0)
+    assert effective_priority(old, CFG, now=60 * 30) == 10 + 30
+    assert effective_priority(old, CFG, now=60 * 10_000) < CFG.classes["training"].priority
+
+
+def test_grants_in_order_and_never_overcommit() -> None:
+    pending = [item(f"j{k}", GpuRequest.whole(1), t=k) for k in range(3)]
+    plan = schedule(snap(2), pending, [], CFG, now=10, policy=POLICY)
+    assert [g.item_id for g in plan.grants] == ["j0", "j1"]
+    assert len({g.placement.allocation.gpus for g in plan.grants}) == 2
+    (w,) = plan.waiting
+    assert w.item_id == "j2" and "fewer free whole GPUs" in w.reason
+
+
+def test_quota_without_borrowing_waits_with_reason() -> None:
+    pending = [item("a", GpuRequest.whole(1), queue="small", t=0), item("b", GpuRequest.whole(1), queue="small", t=1)]
+    plan = schedule(snap(2), pending, [], CFG, now=10, policy=POLICY)
+    assert [g.item_id for g in plan.grants] == ["a"]
+    assert "quota" in plan.waiting[0].reason
+
+
+def test_borrowing_grants_idle_capacity_and_says_so() -> None:
+    pending = [item("a", GpuRequest.whole(1), queue="lender", t=0), item("b", GpuRequest.whole(1), queue="lender", t=1)]
+    plan = schedule(snap(2), pending, [], CFG, now=10, policy=POLICY)
+    assert [g.item_id for g in plan.grants] == ["a", "b"]
+    assert "borrowing" in plan.grants[1].reason
+
+
+def test_preemption_is_planned_once_and_then_no_churn() -> None:
+    s = snap(2)
+    leases = []
+    for k in range(2):
+        p = schedule(s, [item(f"t{k}", GpuRequest.whole(1))], [], CFG, now=0, policy=POLICY).grants[0].placement
+        s = s.apply(p.allocation)
+        lease = Lease.new(f"t{k}", GpuRequest.whole(1), now=0, priority=100, priority_class="training")
+        leases.append(lease.grant(p.allocation, k + 1, now=0, reason="x").transition(LeaseState.ACTIVE, now=0, reason="x"))
+    inf = item("inf", GpuRequest.whole(1), "inference", t=100)
+    plan = schedule(s, [inf], leases, CFG, now=100, policy=POLICY)
+    assert len(plan.preemptions) == 1 and not plan.grants
+    victim = plan.preemptions[0].victim.lease_id
+    assert plan.waiting[0].would_preempt == (victim,)
+    # Extra rounds while the victim checkpoints: nothing new is preempted (no churn).
+    nominated = PendingItem(inf.item_id, inf.request, inf.priority, inf.priority_class, inf.submitted_at, nominated=True)
+    for now in (101, 102, 103):
+        again = schedule(s, [nominated], leases, CFG, now=now, policy=POLICY, in_flight=frozenset({victim}))
+        assert not again.preemptions and not again.grants
+    # Once the victim is released, the inference item is granted its card.
+    released = s.release(next(lease for lease in leases if lease.lease_id == victim).allocation)
+    rest = [lease for lease in leases if lease.lease_id != victim]
+    final = schedule(released, [nominated], rest, CFG, now=104, policy=POLICY)
+    assert [g.item_id for g in final.grants] == ["inf"] and not final.preemptions
+    assert s.same_state(s)
