@@ -98,3 +98,18 @@ def test_render_needs_no_kubernetes_client_configuration(tmp_path: Path, monkeyp
     shutil.rmtree(tmp_path, ignore_errors=True)
     r = runner.invoke(app, ["render", "--config", str(CONFIG), "--out", str(tmp_path / "k8s")])
     assert r.exit_code == 0, r.output
+
+
+def test_the_guide_exists_and_its_commands_parse() -> None:
+    """docs/kubernetes.md is the admin's guide: its `orchestrator k8s ...` lines must stay valid commands."""
+    import re
+    import shlex
+
+    guide = (REPO / "docs" / "kubernetes.md").read_text()
+    assert guide.startswith("# Deploy on Kubernetes")
+    lines = [m.group(1) for m in re.finditer(r"^orchestrator k8s (.+?)(?:\s+#.*)?$", guide, re.MULTILINE)]
+    assert len(lines) >= 6
+    for line in lines:
+        args = [a for a in shlex.split(line.replace("[", "").replace("]", "")) if a != "|"]
+        r = runner.invoke(app, [*args, "--help"])
+        assert r.exit_code == 0, f"{line}: {r.output}"
