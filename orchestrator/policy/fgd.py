@@ -155,3 +155,158 @@ def paper_score(delta: np.ndarray) -> np.ndarray:
     """
     s = 1.0 / (1.0 + np.exp(np.asarray(delta, dtype=np.float64) / MILLI))
     return -np.floor(s * 100.0)
+
+
+# ---- the engine-facing policies ------------------------------------------------------------------
+#
+# The engine memoises ``gpu_score`` per interned GPU state, and a GPU state
+# does not include the node's free CPU and host memory -- but a task type that
+# lacks CPU turns the node's whole free GPU into a fragment, so FGD's score
+# depends on them. The two terms are therefore split:
+#
+# * ``gpu_score`` ranks the slots (which GPU, which cards) of each state by
+#   the fragmentation increase with CPU and memory taken as plentiful, and is
+#   0 for each state's best slot (the rest > 0), so it never breaks ties
+#   between nodes;
+# * ``node_score`` finds that same slot again and scores it exactly, with the
+#   node's free CPU and memory; it is memoised per node until the node's
+#   state, CPU or memory changes (the memo hangs off the snapshot's static
+#   part, like the engine's own tables, so a fresh build starts clean).
+
+from orchestrator.model.catalogue import MODEL_NAMES  # noqa: E402
+from orchestrator.policy.policies import Policy  # noqa: E402
+
+_PLENTY = np.iinfo(np.int64).max // 4
+
+
+def _alt_key(alt: Any) -> tuple:
+    return (alt.kind, alt.count, alt.milli, alt.memory_mib, alt.profiles, getattr(alt, "nvlink", False))
+
+
+class _NodeMemo:
+    """Per node: the inputs its last score was computed from, and that score."""
+
+    __slots__ = ("gstate", "cpu", "mem", "score")
+
+    def __init__(self, n: int) -> None:
+        self.gstate = np.full(n, -1, dtype=np.int64)
+        self.cpu = np.full(n, -1, dtype=np.int64)
+        self.mem = np.full(n, -1, dtype=np.int64)
+        self.score = np.zeros(n, dtype=np.float64)
+
+
+def _lowest_free(free_card: np.ndarray, count: int) -> np.ndarray:
+    """(M, G) mask of the ``count`` lowest-index free cards of each row."""
+    return free_card & (np.cumsum(free_card, axis=1) <= count)
+
+
+class FgdPolicy(Policy):
+    """FGD as the reference simulator runs it (``fgd_score.go``).
+
+    Score of a node: ``int(sigmoid((frag_before - frag_after) / 1000) * 100)``,
+    negated so that lower is better, with the integer truncation kept -- it
+    makes the ties the reference simulator resolves by node order, and the
+    paper's figures are reproduced only with it (``docs/trace-evaluation.md``).
+    A sharing request takes the GPU with the best score (lowest index among
+    equals); whole cards take the lowest free indices.
+
+    ``quantize=False`` scores by the exact fragmentation increase;
+    ``with_memory=True`` also requires a task type's host memory to fit.
+    """
+
+    name = "fgd"
+
+    def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, quantize: bool = True,
+                 with_memory: bool = False, **params: Any) -> None:
+        wl = normalise_workload(workload)
+        super().__init__(workload=wl, quantize=quantize, with_memory=with_memory, **params)
+        self.workload = wl
+        self.quantize = quantize
+        self.frag_model = FragModel(wl, MODEL_NAMES, with_memory=with_memory)
+
+    def delta_score(self, delta: np.ndarray) -> np.ndarray:
+        """Lower-is-better score of a fragmentation increase (GPU-milli)."""
+        return paper_score(delta) if self.quantize else np.asarray(delta, dtype=np.float64)
+
+    # -- engine hooks ------------------------------------------------------------------------------
+    def gpu_score(self, view: Any, alt: Any) -> np.ndarray:
+        fm = self.frag_model
+        before, after = view.free("before"), view.free("after")
+        plenty = np.full(len(view.state), _PLENTY, dtype=np.int64)
+        s = self.delta_score(fm.frag(after, view.present, plenty, view.model, plenty)
+                             - fm.frag(before, view.present, plenty, view.model, plenty))
+        uniq, inv = np.unique(np.asarray(view.state), return_inverse=True)
+        mins = np.full(len(uniq), np.inf)
+        np.minimum.at(mins, inv, s)
+        return s - mins[inv]
+
+    def node_score(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any) -> np.ndarray:
+        st = snap.static
+        memos = st.__dict__.setdefault("_fgd_node_memo", {})
+        k = (self.key, _alt_key(alt), req.cpu_milli, req.host_memory_mib)
+        memo = memos.get(k)
+        if memo is None:
+            memo = memos[k] = _NodeMemo(st.n)
+        g = snap.gstate[nodes]
+        cpu_used, mem_used = snap.cpu_used[nodes], snap.mem_used[nodes]
+        stale = (memo.gstate[nodes] != g) | (memo.cpu[nodes] != cpu_used) | (memo.mem[nodes] != mem_used)
+        if stale.any():
+            s = nodes[stale]
+            memo.score[s] = self._node_scores(snap, s, alt, req)
+            memo.gstate[s], memo.cpu[s], memo.mem[s] = g[stale], cpu_used[stale], mem_used[stale]
+        return memo.score[nodes]
+
+    # -- the exact score of each node's chosen slot --------------------------------------------------
+    def _node_scores(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any) -> np.ndarray:
+        st = snap.static
+        fm = self.frag_model
+        present = st.present[nodes]
+        before = snap.free_milli()[nodes]
+        model = st.model[nodes].astype(np.int64)
+        cpu = st.cpu_total[nodes] - snap.cpu_used[nodes]
+        mem = st.mem_total[nodes] - snap.mem_used[nodes]
+        kind = alt.kind.value
+        if kind == "whole":
+            free_card = present & (snap.mode[nodes] == 0) & (before >= 1000)
+            after = before - np.where(_lowest_free(free_card, alt.count), 1000, 0)
+        elif kind in ("timeslice", "mps"):
+            after = before - np.where(self._share_slot(snap, nodes, alt, before, present, model), alt.milli, 0)
+        else:  # MIG and anything else: the fragmentation view of whole cards does not apply
+            after = before
+        delta = (fm.frag(after, present, cpu - req.cpu_milli, model, mem - req.host_memory_mib)
+                 - fm.frag(before, present, cpu, model, mem))
+        return self.delta_score(delta)
+
+    def _share_slot(self, snap: Any, nodes: np.ndarray, alt: Any, before: np.ndarray, present: np.ndarray,
+                    model: np.ndarray) -> np.ndarray:
+        """(M, G) mask of the GPU ``gpu_score`` prefers on each node (same ranking, lowest index on ties)."""
+        want = 2 if alt.kind.value == "mps" else 3  # Mode.MPS / Mode.TIMESLICE
+        mode = snap.mode[nodes]
+        ok = present & (before >= alt.milli) & ((mode == 0) | (mode == want))
+        m, gi = np.nonzero(ok)
+        take = np.zeros_like(present)
+        if not len(m):
+            return take
+        rows_before = before[m]
+        rows_after = rows_before.copy()
+        rows_after[np.arange(len(m)), gi] -= alt.milli
+        plenty = np.full(len(m), _PLENTY, dtype=np.int64)
+        fm = self.frag_model
+        s = self.delta_score(fm.frag(rows_after, present[m], plenty, model[m], plenty)
+                             - fm.frag(rows_before, present[m], plenty, model[m], plenty))
+        order = np.lexsort((gi, s, m))
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = m[order][1:] != m[order][:-1]
+        win = order[first]
+        take[m[win], gi[win]] = True
+        return take
+
+
+class DefaultPolicy(FgdPolicy):
+    """Ours: FGD with host memory in the fit test. See ``docs/trace-evaluation.md``."""
+
+    name = "default"
+
+    def __init__(self, workload: Iterable[tuple[Any, float]] = (), **params: Any) -> None:
+        params.setdefault("with_memory", True)
+        super().__init__(workload, **params)

@@ -1,0 +1,106 @@
+"""FGD's fragmentation measure and the policies on the engine, on hand-checked cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.model.catalogue import MODEL_NAMES
+from orchestrator.model.request import GpuRequest
+from orchestrator.policy.fgd import FgdPolicy, FragModel, TaskType, normalise_workload, paper_score
+from orchestrator.policy.placement import Placement, place
+from orchestrator.policy.policies import get_policy
+from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.sim.openb import load_pods
+from orchestrator.sim.workload import typical_workload
+
+T4 = MODEL_NAMES.index("T4")
+P100 = MODEL_NAMES.index("P100")
+# Half the pods want 0.5 GPU, a quarter one whole GPU on a P100 only, a quarter are CPU-only.
+WL = normalise_workload([(TaskType(1000, 500, 1), 2), (TaskType(4000, 1000, 1, ("P100",)), 1), (TaskType(8000, 0, 0), 1)])
+
+
+def frag(free: list[int], cpu: int = 32000, model: int = T4, wl=WL) -> float:
+    fm = FragModel(wl, MODEL_NAMES)
+    f = np.array([free])
+    return float(fm.frag(f, np.ones_like(f, dtype=bool), np.array([cpu]), np.array([model]))[0])
+
+
+def test_fragment_by_hand() -> None:
+    # GPUs free 300 and 1000 on a T4: the 0.5-share type fits, its fragment is the 300;
+    # the P100-only type cannot run here (all 1300 is fragment); CPU-only types use no GPU (all).
+    assert frag([300, 1000]) == pytest.approx(0.5 * 300 + 0.25 * 1300 + 0.25 * 1300)
+    # On a P100 the whole-GPU type fits and its fragment is the 300 too.
+    assert frag([300, 1000], model=P100) == pytest.approx(0.5 * 300 + 0.25 * 300 + 0.25 * 1300)
+    # Too little CPU for the 0.5-share type (needs 1000): all free GPU is fragment for it.
+    assert frag([300, 1000], cpu=500) == pytest.approx(1300.0)
+    # A node with nothing free has no fragment.
+    assert frag([0, 0]) == 0.0
+
+
+def test_paper_score_truncates_like_the_reference() -> None:
+    # int64(sigmoid((before - after) / 1000) * 100), negated: delta 0 -> 50, small increases tie.
+    assert paper_score(np.array([0.0]))[0] == -50
+    assert paper_score(np.array([10.0, 30.0])).tolist() == [-49.0, -49.0]
+    assert paper_score(np.array([-500.0]))[0] == -62
+
+
+def test_workload_normalises_and_accepts_requests() -> None:
+    wl = normalise_workload([(GpuRequest.timeslice(0.25, cpu_milli=100), 3), (GpuRequest.whole(0, cpu_milli=5), 1)])
+    assert [p for _, p in wl] == [0.75, 0.25]
+    assert wl[0][0] == TaskType(100, 250, 1) and wl[1][0] == TaskType(5, 0, 0)
+    with pytest.raises(ValueError):
+        normalise_workload([])
+
+
+def test_typical_workload_of_the_tiny_trace(tiny: tuple[Path, Path]) -> None:
+    wl = typical_workload(load_pods(tiny[1]), coverage=0.95)
+    assert sum(p for _, p in wl) == pytest.approx(1.0)
+    assert len(wl) == 7  # seven distinct shapes, one pod each: 95% needs all of them
+    assert typical_workload(load_pods(tiny[1]), coverage=0.5)[0][1] == pytest.approx(1 / 4)
+
+
+def snapshot() -> ClusterSnapshot:
+    return ClusterSnapshot.build([NodeSpec("a", "T4", 2, cpu_milli=32000), NodeSpec("b", "T4", 2, cpu_milli=32000)])
+
+
+def test_fgd_fills_the_partial_gpu_instead_of_opening_a_new_one() -> None:
+    policy = FgdPolicy(WL)
+    snap = snapshot()
+    first = place(snap, GpuRequest.timeslice(0.5, cpu_milli=1000), policy)
+    assert isinstance(first, Placement)
+    snap = snap.apply(first.allocation)
+    second = place(snap, GpuRequest.timeslice(0.5, cpu_milli=1000), policy)
+    assert isinstance(second, Placement)
+    # Completing the half-used GPU leaves no fragment; opening another GPU would.
+    assert (second.allocation.node, second.allocation.gpus) == (first.allocation.node, first.allocation.gpus)
+
+
+def test_fgd_node_memo_gives_the_fresh_answer() -> None:
+    """The policy memoises node scores across snapshots; a fresh policy on a fresh build must agree."""
+    rng = np.random.default_rng(7)
+    reqs = [GpuRequest.timeslice(f, cpu_milli=c) for f, c in [(0.5, 1000), (0.3, 12000), (0.2, 1000)]]
+    reqs.append(GpuRequest.whole(1, cpu_milli=2000))
+    warm, snap, applied = FgdPolicy(WL), snapshot(), []
+    for _ in range(8):
+        r = reqs[int(rng.integers(len(reqs)))]
+        got = place(snap, r, warm)
+        fresh_snap = snapshot()
+        for a in applied:
+            fresh_snap = fresh_snap.apply(a)
+        want = place(fresh_snap, r, FgdPolicy(WL))
+        assert type(got) is type(want)
+        if not isinstance(got, Placement):
+            break
+        assert (got.allocation.node, got.allocation.gpus, got.score) == (want.allocation.node, want.allocation.gpus, want.score)
+        applied.append(got.allocation)
+        snap = snap.apply(got.allocation)
+    assert applied
+
+
+def test_registry_builds_fgd_and_default() -> None:
+    assert get_policy("fgd", workload=WL).name == "fgd"
+    d = get_policy("default", workload=WL)
+    assert d.name == "default" and d.frag_model.with_memory
