@@ -1,0 +1,146 @@
+"""``orchestrator up | down | status``: start, stop and look at the orchestrator on Ray.
+
+Exit codes: 0 ok; 1 the operation failed; 2 bad input (the message names the
+field); 3 the orchestrator (or Ray) is not reachable. ``status --json``
+prints exactly one JSON object on stdout; progress and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from orchestrator.errors import InvalidRequestError, NotConnectedError, OrchestratorError
+
+app = typer.Typer(help="Start, stop and inspect the orchestrator on a Ray cluster.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 1, 2, 3
+
+_STATE_HELP = "Folder for everything `up` writes (state, logs, Ray session); default $RGO_STATE_DIR or $TMPDIR/rgo-<uid>"
+
+
+def _progress(msg: str) -> None:
+    typer.echo(f"[orchestrator] {msg}", err=True)
+
+
+def _fail(e: Exception, as_json: bool = False) -> "typer.Exit":
+    if isinstance(e, InvalidRequestError):
+        code = EXIT_BAD_INPUT
+    elif isinstance(e, NotConnectedError):
+        code = EXIT_UNREACHABLE
+    else:
+        code = EXIT_FAILED
+    if as_json and isinstance(e, OrchestratorError):
+        typer.echo(json.dumps(e.to_dict()))
+    typer.echo(f"error: {e}", err=True)
+    return typer.Exit(code)
+
+
+def _state_dir(state_dir: Optional[Path]) -> Path:
+    from orchestrator.runtime.launcher import default_state_dir
+
+    return state_dir or default_state_dir()
+
+
+@app.command()
+def up(
+    config: Path = typer.Option(None, "--config", "-c", help="Cluster file (default configs/cluster.demo.yaml)"),
+    address: Optional[str] = typer.Option(None, "--address", help="Attach to a running Ray cluster ('auto' or host:port) instead of starting one"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
+    timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for raylets and agents"),
+    dashboard: bool = typer.Option(False, "--dashboard/--no-dashboard", help="Start Ray's dashboard (on 127.0.0.1)"),
+) -> None:
+    """Start a local Ray cluster from the cluster file (or attach to one), the head and the agents."""
+    from orchestrator.runtime import launcher
+    from orchestrator.runtime.config import DEMO_CONFIG, load_config
+
+    try:
+        cfg = load_config(config or DEMO_CONFIG)
+        sd = _state_dir(state_dir)
+        if address:
+            state = launcher.attach(cfg, address, sd, progress=_progress, timeout_s=timeout)
+        else:
+            state = launcher.up_local(cfg, sd, progress=_progress, timeout_s=timeout, dashboard=dashboard)
+    except OrchestratorError as e:
+        raise _fail(e) from None
+    _progress(f"up in {state.up_seconds}s; state in {sd}")
+    typer.echo(state.address)
+
+
+@app.command()
+def down(
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
+    keep_logs: bool = typer.Option(False, "--keep-logs", help="Keep the state folder's logs"),
+) -> None:
+    """Stop exactly what `up` started (never `ray stop`)."""
+    from orchestrator.runtime import launcher
+
+    try:
+        report = launcher.down(_state_dir(state_dir), progress=_progress, keep_logs=keep_logs)
+    except OrchestratorError as e:
+        raise _fail(e) from None
+    _progress(f"stopped raylets {report.terminated}; removed {report.removed}")
+
+
+@app.command()
+def status(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray address (default: the one `up` recorded, else auto)"),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="Ray namespace of the head (default: recorded, else rgo)"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
+) -> None:
+    """Nodes, GPUs (MIG slots included), health, leases and queue."""
+    from orchestrator.runtime import launcher
+
+    state = launcher.load_state(_state_dir(state_dir))
+    addr = address or (state.address if state else None)
+    ns = namespace or (state.namespace if state else "rgo")
+    head_name = state.head_name if state else "rgo-head"
+    try:
+        from orchestrator.runtime import ray_api
+
+        ray_api.connect(addr, ns)
+        try:
+            data = ray_api.HeadClient(ns, head_name).status()
+        finally:
+            ray_api.disconnect()
+    except OrchestratorError as e:
+        raise _fail(e, as_json) from None
+    if state is not None:
+        data["cluster"] = launcher.describe(state)
+    if as_json:
+        typer.echo(json.dumps(data, sort_keys=True))
+    else:
+        typer.echo(render_status(data))
+
+
+def render_status(d: dict[str, Any]) -> str:
+    """A short human view of ``status``. Pure."""
+    lines = []
+    for n in d["nodes"]:
+        lines.append(f"node {n['name']}: {n['state']}  model={n['model']}  heartbeat {n['heartbeat_age_s']:.1f}s ago"
+                     + (f"  ({n['reason']})" if n["state"] != "registered" else ""))
+        for g in n["gpus"]:
+            health = "ok" if g["healthy"] else f"UNHEALTHY ({g['health_reason']})"
+            held = f"  leases: {', '.join(g['leases'])}" if g["leases"] else ""
+            lines.append(f"  gpu {g['index']} {g['uuid']} {g['model']} {g['memory_mib']}MiB {health}{held}")
+            for m in g["mig"]:
+                lines.append(f"    mig {m['profile']}@{m['start']} {m['uuid']}" + (f"  lease: {m['lease']}" if m.get("lease") else ""))
+    lines.append(f"leases ({len(d['leases'])}):")
+    for le in d["leases"]:
+        a = le.get("allocation") or {}
+        where = f"{a.get('node')} gpu {a.get('gpu_indices')}" if a else "-"
+        lines.append(f"  {le['lease_id']}: {le['state']}  {le['request']}  on {where}")
+    lines.append(f"queue ({len(d['queue'])}):")
+    for q in d["queue"]:
+        lines.append(f"  {q['lease_id']}: {q['request']} priority {q['priority']}" + (f"  -- {q['why_pending']}" if q.get("why_pending") else ""))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

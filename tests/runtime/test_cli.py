@@ -1,0 +1,46 @@
+"""The up/down/status commands' contract without a cluster: exit codes and one JSON object."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from orchestrator.cli.cluster import app, render_status
+from orchestrator.runtime.config import ClusterConfig
+from orchestrator.runtime.controller import HeadController
+
+from .conftest import FakeAgent
+
+runner = CliRunner()
+
+
+def test_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("nodes:\n  - {name: x, model: A100-80GB, gpus: 2, mig: {0: [{profile: 9g.1gb, start: 0}]}}\n")
+    r = runner.invoke(app, ["up", "--config", str(bad), "--state-dir", str(tmp_path / "s")])
+    assert r.exit_code == 2, r.output
+    assert "nodes[x].mig" in r.output and "9g.1gb" in r.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_status_without_an_orchestrator_exits_3_with_one_json_object(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["status", "--json", "--address", "127.0.0.1:1", "--state-dir", str(tmp_path)])
+    assert r.exit_code == 3
+    first_line = r.stdout.strip().splitlines()[0]
+    assert json.loads(first_line)["error"] == "NotConnectedError"
+
+
+def test_down_with_nothing_up_is_a_no_op(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["down", "--state-dir", str(tmp_path / "none")])
+    assert r.exit_code == 0
+
+
+def test_render_status(ctl: HeadController, agents: dict[str, FakeAgent], demo: ClusterConfig) -> None:
+    ctl.request_lease({"lease_id": "m", "request": "mig:1g.20gb"})
+    ctl.request_lease({"lease_id": "big", "request": "16"})
+    ctl.reconcile()
+    text = render_status(ctl.status())
+    assert "node a100-1: registered" in text and "mig 1g.20gb@6" in text and "lease: m" in text
+    assert "big: 16x whole" in text and "no node fits" in text

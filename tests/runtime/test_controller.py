@@ -1,0 +1,283 @@
+"""The head's control logic without Ray: ledger, queue, agents, TTL, restore. Injected clock, fake agents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import IllegalTransitionError, InvalidRequestError, StaleFencingTokenError, UnknownObjectError
+from orchestrator.runtime.config import RuntimeSettings
+from orchestrator.runtime.controller import HeadController, RayNodeInfo
+from orchestrator.runtime.handout import NOSET_CUDA_VISIBLE_DEVICES
+from orchestrator.runtime.store import MemoryStore
+
+from .conftest import FakeAgent, FakeClock
+
+
+def _req(lease_id: str, gpu: str = "1", **kw: Any) -> dict[str, Any]:
+    return {"lease_id": lease_id, "request": gpu, "owner": "test", **kw}
+
+
+def _granted(ctl: HeadController, lease_id: str) -> dict[str, Any]:
+    d = ctl.get_lease(lease_id)
+    assert d["state"] == "granted", d
+    return d
+
+
+def test_agents_register_and_status_lists_every_gpu_and_mig_slot(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    st = ctl.status()
+    assert [n["name"] for n in st["nodes"]] == ["a100-0", "a100-1", "h100-0"]
+    assert sum(len(n["gpus"]) for n in st["nodes"]) == 10
+    mig = {(n["name"], g["index"]): [m["profile"] for m in g["mig"]] for n in st["nodes"] for g in n["gpus"] if g["mig"]}
+    assert mig == {("a100-1", 2): ["3g.40gb", "2g.20gb", "1g.10gb"],
+                   ("a100-1", 3): ["4g.40gb", "1g.10gb", "1g.10gb", "1g.20gb"]}
+    assert st["leases"] == [] and st["queue"] == []
+
+
+def test_a_request_is_granted_in_one_cycle_with_a_usable_handout(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    assert ctl.request_lease(_req("w1", "2")) == "w1"
+    assert ctl.get_lease("w1")["state"] == "pending"
+    report = ctl.reconcile()
+    assert report.granted == ["w1"]
+    d = _granted(ctl, "w1")
+    h = d["handout"]
+    assert h["node_id"] == f"ray-{d['allocation']['node']}" and h["num_gpus"] == 2.0
+    assert h["env_vars"]["CUDA_VISIBLE_DEVICES"] == ",".join(d["allocation"]["gpu_uuids"])
+    assert h["env_vars"][NOSET_CUDA_VISIBLE_DEVICES] == "1"
+    assert h["env_vars"]["RGO_FENCING_TOKEN"] == str(d["fencing_token"]) == "1"
+
+
+def test_request_is_idempotent_by_client_id_and_refuses_a_reused_id(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    assert ctl.request_lease(_req("a", "mig:1g.10gb")) == "a"
+    assert ctl.request_lease(_req("a", "mig:1g.10gb")) == "a"
+    assert len(ctl.status()["queue"]) == 1
+    with pytest.raises(InvalidRequestError) as e:
+        ctl.request_lease(_req("a", "2"))
+    assert e.value.field == "lease_request.lease_id"
+    with pytest.raises(InvalidRequestError) as e:
+        ctl.request_lease(_req("bad id!"))
+    assert e.value.field == "lease_request.lease_id"
+    with pytest.raises(InvalidRequestError) as e:
+        ctl.request_lease(_req("b", "mig:9g.99gb"))
+    assert "profile" in e.value.field
+
+
+def test_activate_and_release_check_the_fencing_token_and_are_idempotent(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    ctl.request_lease(_req("w", "1"))
+    ctl.reconcile()
+    token = _granted(ctl, "w")["fencing_token"]
+    with pytest.raises(StaleFencingTokenError):
+        ctl.activate("w", token + 1)
+    assert ctl.activate("w", token, "actor-1")["state"] == "active"
+    assert ctl.activate("w", token, "actor-1")["state"] == "active"  # a retry
+    with pytest.raises(StaleFencingTokenError):
+        ctl.release("w", token - 1)
+    assert ctl.release("w", token)["state"] == "released"
+    assert ctl.release("w", token)["state"] == "released"  # a retry
+    with pytest.raises(IllegalTransitionError):
+        ctl.activate("w", token)
+    with pytest.raises(UnknownObjectError):
+        ctl.get_lease("nope")
+
+
+def test_release_frees_capacity_for_the_queue(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    # Only a100-0 has 4 whole cards without MIG: two requests for 4 cannot both be granted.
+    ctl.request_lease(_req("big", "4"))
+    ctl.request_lease(_req("big2", "4"))
+    ctl.reconcile()
+    states = {i: ctl.get_lease(i)["state"] for i in ("big", "big2")}
+    assert sorted(states.values()) == ["granted", "pending"]
+    waiting = next(i for i, s in states.items() if s == "pending")
+    assert ctl.get_lease(waiting)["why_pending"]
+    assert ctl.status()["queue"][0]["why_pending"]
+    holder = next(i for i, s in states.items() if s == "granted")
+    ctl.release(holder, ctl.get_lease(holder)["fencing_token"])
+    ctl.reconcile()
+    assert ctl.get_lease(waiting)["state"] == "granted"
+
+
+def test_every_kind_of_share_gets_its_env(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    for lid, gpu in (("w", "1"), ("m", "mig:3g.40gb"), ("p", "mps:30%,20GiB"), ("t", "timeslice:0.25")):
+        ctl.request_lease(_req(lid, gpu))
+    ctl.reconcile()
+    env = {lid: _granted(ctl, lid)["handout"]["env_vars"] for lid in "wmpt"}
+    assert env["m"]["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+    assert env["p"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["p"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert env["p"]["CUDA_MPS_PIPE_DIRECTORY"].startswith("/tmp/nvidia-mps/gpu-")
+    assert env["t"]["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
+    st = ctl.status()
+    mig_leases = [m["lease"] for n in st["nodes"] for g in n["gpus"] for m in g["mig"] if m["lease"]]
+    assert mig_leases == ["m"]
+
+
+def test_heartbeat_reply_carries_the_nodes_assignments(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    ctl.request_lease(_req("w", "1"))
+    ctl.reconcile()
+    node = _granted(ctl, "w")["allocation"]["node"]
+    reply = agents[node].beat()
+    assert list(reply["assignments"]) == ["w"]
+    assert reply["assignments"]["w"]["env"]["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
+    other = next(n for n in agents if n != node)
+    assert agents[other].beat()["assignments"] == {}
+
+
+def test_silent_agent_loses_its_node_and_requeues_its_leases(ctl: HeadController, agents: dict[str, FakeAgent],
+                                                              clock: FakeClock, demo: Any) -> None:
+    ctl.request_lease(_req("w", "1"))
+    ctl.reconcile()
+    d = _granted(ctl, "w")
+    node = d["allocation"]["node"]
+    ctl.activate("w", d["fencing_token"], "actor-w")
+    for _ in range(4):  # everyone else keeps beating
+        clock.advance(1.5)
+        for name, a in agents.items():
+            if name != node:
+                a.beat()
+        report = ctl.reconcile()
+    assert node in report.lost_nodes
+    lost = ctl.get_lease("w")
+    assert lost["state"] == "lost" and "silent" in lost["history"][-1]["reason"]
+    assert lost["requeued_as"] == "w#1" and ctl.current_attempt("w") == "w#1"
+    retry = ctl.get_lease("w#1")
+    assert retry["state"] == "granted" and retry["allocation"]["node"] != node and retry["attempt_of"] == "w"
+    assert [n["state"] for n in ctl.status()["nodes"] if n["name"] == node] == ["lost"]
+    # its heartbeats are refused; a new incarnation registers and the node is back
+    assert agents[node].beat() == {"ok": False, "reregister": True}
+    back = FakeAgent(ctl, demo, node, incarnation="inc-2")
+    back.register()
+    assert [n["state"] for n in ctl.status()["nodes"] if n["name"] == node] == ["registered"]
+
+
+def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSettings, store: MemoryStore,
+                                                            clock: FakeClock, demo: Any) -> None:
+    dead: set[str] = set()
+    ctl = HeadController(settings, store, clock=clock, holder_probe=lambda hs: {h: h not in dead for h in hs})
+    for n in demo.nodes:
+        FakeAgent(ctl, demo, n.name).register()
+    ctl.request_lease(_req("w", "1"))
+    ctl.reconcile()
+    ctl.activate("w", ctl.get_lease("w")["fencing_token"], "actor-w")
+    ctl.reconcile()
+    assert ctl.get_lease("w")["state"] == "active"
+    dead.add("actor-w")
+    report = ctl.reconcile()
+    assert report.lost_leases == ["w"] and report.requeued == []
+    d = ctl.get_lease("w")
+    assert d["state"] == "lost" and d["history"][-1]["reason"] == "holder died" and d["requeued_as"] is None
+
+
+def test_a_grant_never_activated_expires(ctl: HeadController, agents: dict[str, FakeAgent], clock: FakeClock) -> None:
+    ctl.request_lease(_req("w", "1"))
+    ctl.reconcile()
+    for _ in range(13):
+        clock.advance(5)
+        for a in agents.values():
+            a.beat()
+        report = ctl.reconcile()
+        if report.expired_leases:
+            break
+    assert report.expired_leases == ["w"]
+    assert ctl.get_lease("w")["state"] == "expired"
+
+
+def test_hard_state_is_written_before_it_is_visible_and_the_counter_first(ctl: HeadController, store: MemoryStore,
+                                                                          agents: dict[str, FakeAgent]) -> None:
+    ctl.request_lease(_req("w", "1"))
+    store.writes.clear()
+    ctl.reconcile()
+    puts = [k for op, k in store.writes if op == "put"]
+    assert puts == ["rgo/meta", "rgo/lease/w"]
+    assert store.get("rgo/lease/w")["state"] == "granted"
+    assert store.get("rgo/meta")["fencing"] == 1
+
+
+def test_a_restarted_head_resumes_from_the_store(settings: RuntimeSettings, store: MemoryStore, clock: FakeClock,
+                                                 ctl: HeadController, agents: dict[str, FakeAgent], demo: Any) -> None:
+    for lid, gpu in (("w", "4"), ("m", "mig:4g.40gb"), ("p", "mps:50%"), ("q", "4")):
+        ctl.request_lease(_req(lid, gpu))
+    ctl.reconcile()
+    before = {lid: ctl.get_lease(lid) for lid in "wmpq"}
+    ctl.activate("m", before["m"]["fencing_token"], "actor-m")
+
+    again = HeadController(settings, store, clock=clock)
+    assert again.restore() == 4
+    for lid in "wpq":
+        d = again.get_lease(lid)
+        assert (d["state"], d["fencing_token"], d["allocation"]) == (before[lid]["state"], before[lid]["fencing_token"],
+                                                                     before[lid]["allocation"])
+    assert again.get_lease("m")["state"] == "active" and again.get_lease("m")["holder"] == "actor-m"
+    # agents keep their incarnation: heartbeats are accepted by the new head
+    assert agents["a100-0"].ctl is ctl
+    assert again.heartbeat("a100-0", "inc-1")["ok"] is True
+    # the restored snapshot holds the same devices: the same requests again do not fit twice
+    again.request_lease(_req("w2", "4"))
+    again.reconcile()
+    assert before["q"]["state"] == "pending"  # only a100-0 has four whole cards, and "w" holds them
+    assert again.get_lease("w2")["state"] == "pending"
+    again.release("w", before["w"]["fencing_token"])
+    again.reconcile()
+    granted = {lid: again.get_lease(lid) for lid in ("q", "w2")}
+    winner = next(d for d in granted.values() if d["state"] == "granted")
+    assert winner["fencing_token"] > max(d["fencing_token"] for d in before.values())  # tokens never reissued
+
+
+def test_nodes_without_an_agent_get_one_once_and_a_vanished_node_is_lost(ctl: HeadController, clock: FakeClock,
+                                                                          demo: Any) -> None:
+    ctl.observe_ray_nodes([RayNodeInfo("ray-a100-0", "a100-0", True), RayNodeInfo("ray-h100-0", "h100-0")])
+    report = ctl.reconcile()
+    assert sorted(s.node_name for s in report.start_agents) == ["a100-0", "h100-0"]
+    for s in report.start_agents:
+        ctl.agent_start_requested(s.node_name)
+    assert ctl.reconcile().start_agents == []  # in flight
+    a100 = FakeAgent(ctl, demo, "a100-0")
+    a100.register()
+    clock.advance(3)
+    a100.beat()
+    clock.advance(3)  # the start on h100-0 never registered within a TTL: ask again
+    assert [s.node_name for s in ctl.reconcile().start_agents] == ["h100-0"]
+    # a registered node whose Ray node leaves is lost at once, without waiting for the TTL
+    ctl.observe_ray_nodes([RayNodeInfo("ray-h100-0", "h100-0")])
+    a100.beat()
+    report = ctl.reconcile()
+    assert report.lost_nodes == ["a100-0"]
+    assert "left the cluster" in ctl.status()["nodes"][0]["reason"]
+
+
+def test_an_unhealthy_gpu_takes_no_new_leases(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    a = agents["h100-0"]
+    inv = a.inventory
+    sick = inv.model_copy(update={"gpus": (inv.gpus[0].model_copy(update={"healthy": False, "health_reason": "XID 79"}),
+                                           inv.gpus[1]), "generation": 1})
+    assert ctl.update_inventory("h100-0", a.incarnation, sick.model_dump(mode="json"))["ok"]
+    ctl.request_lease({"lease_id": "h", "request": {"kind": "whole", "count": 1, "node": "h100-0"}})
+    ctl.request_lease({"lease_id": "h2", "request": {"kind": "whole", "count": 1, "node": "h100-0"}})
+    ctl.reconcile()
+    assert _granted(ctl, "h")["allocation"]["gpu_indices"] == [1]
+    assert ctl.get_lease("h2")["state"] == "pending"
+    gpu0 = ctl.status()["nodes"][2]["gpus"][0]
+    assert (gpu0["healthy"], gpu0["health_reason"]) == (False, "XID 79")
+    assert ctl.update_inventory("h100-0", "stale-incarnation", sick.model_dump(mode="json")) == {"ok": False, "reregister": True}
+
+
+def test_an_agent_that_refuses_devices_loses_the_lease_which_is_requeued(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    ctl.request_lease(_req("w", "1"))
+    ctl.reconcile()
+    node = _granted(ctl, "w")["allocation"]["node"]
+    agents[node].beat(rejected={"w": "device vanished"})
+    d = ctl.get_lease("w")
+    assert d["state"] == "lost" and "refused" in d["history"][-1]["reason"] and d["requeued_as"] == "w#1"
+
+
+def test_priority_class_orders_the_queue_and_unknown_classes_are_refused(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+    with pytest.raises(InvalidRequestError) as e:
+        ctl.request_lease(_req("x", priority_class="platinum"))
+    assert e.value.field == "priority"
+    ctl.request_lease(_req("low", "4", priority_class="batch"))
+    ctl.request_lease(_req("high", "4", priority_class="inference"))
+    ctl.request_lease(_req("mid", "4", priority_class="training"))
+    q = ctl.status()["queue"]
+    assert [x["lease_id"] for x in q] == ["high", "mid", "low"]
+    ctl.reconcile()
+    assert ctl.get_lease("high")["state"] == "granted"

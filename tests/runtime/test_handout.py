@@ -1,0 +1,71 @@
+"""Lease -> Ray actor options: num_gpus keeps Ray's accounting truthful; env binds the devices."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import InvalidRequestError
+from orchestrator.model.request import GpuRequest, ShareKind
+from orchestrator.policy.placement import Placement, place
+from orchestrator.policy.policies import get_policy
+from orchestrator.policy.snapshot import Allocation, ClusterSnapshot
+from orchestrator.runtime.config import ClusterConfig
+from orchestrator.runtime.handout import NOSET_CUDA_VISIBLE_DEVICES, device_env, make_handout, ray_num_gpus
+
+
+def _alloc(kind: ShareKind, **kw: object) -> Allocation:
+    base = dict(node=0, node_name="n", kind=kind, gpus=(0,), gpu_indices=(3,), gpu_uuids=("GPU-x",), model="A100-80GB",
+                milli=0, memory_mib=0)
+    base.update(kw)
+    return Allocation(**base)  # type: ignore[arg-type]
+
+
+def test_num_gpus_per_kind() -> None:
+    assert ray_num_gpus(_alloc(ShareKind.WHOLE, gpus=(0, 1), gpu_indices=(0, 1), gpu_uuids=("a", "b"))) == 2.0
+    assert ray_num_gpus(_alloc(ShareKind.MIG, mig_profile="3g.40gb", mig_start=0)) == 0.4285
+    assert ray_num_gpus(_alloc(ShareKind.MPS, sm_percent=30, milli=300)) == 0.3
+    assert ray_num_gpus(_alloc(ShareKind.TIMESLICE, milli=250)) == 0.25
+    assert ray_num_gpus(_alloc(ShareKind.TIMESLICE, milli=250), timeslice_capacity_milli=2000) == 0.125
+
+
+def test_shares_of_one_card_never_sum_above_one_in_rays_books(demo: ClusterConfig) -> None:
+    # The demo's fuller MIG card: 4g + 1g + 1g + 1g(20gb) = 7 of 7 compute slices.
+    layout = demo.node("a100-1").mig[3]  # type: ignore[union-attr]
+    total = sum(ray_num_gpus(_alloc(ShareKind.MIG, mig_profile=m.profile, mig_start=m.start)) for m in layout)
+    assert 0.99 < total <= 1.0
+    assert sum(ray_num_gpus(_alloc(ShareKind.MPS, sm_percent=p, milli=p * 10)) for p in (33, 33, 34)) <= 1.0
+
+
+def test_env_per_kind() -> None:
+    common = dict(lease_id="L", fencing_token=7, mps_pipe_root="/run/mps/")
+    whole = device_env(_alloc(ShareKind.WHOLE, gpu_uuids=("GPU-a", "GPU-b"), gpus=(0, 1), gpu_indices=(0, 1)), **common)
+    assert whole["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b" and whole[NOSET_CUDA_VISIBLE_DEVICES] == "1"
+    assert whole["RGO_LEASE_ID"] == "L" and whole["RGO_FENCING_TOKEN"] == "7"
+    mig = device_env(_alloc(ShareKind.MIG, mig_profile="1g.10gb", mig_start=6, mig_uuid="MIG-z"), **common)
+    assert mig["CUDA_VISIBLE_DEVICES"] == "MIG-z"
+    mps = device_env(_alloc(ShareKind.MPS, sm_percent=30, milli=300, memory_mib=20480, client_priority=1), **common)
+    assert mps["CUDA_VISIBLE_DEVICES"] == "GPU-x"
+    assert mps["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert mps["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert mps["CUDA_MPS_PIPE_DIRECTORY"] == "/run/mps/gpu-3"
+    assert mps["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    ts = device_env(_alloc(ShareKind.TIMESLICE, milli=250), **common)
+    assert ts["CUDA_VISIBLE_DEVICES"] == "GPU-x" and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in ts
+
+
+def test_a_mig_allocation_without_a_uuid_is_refused_until_the_instance_exists() -> None:
+    a = _alloc(ShareKind.MIG, mig_profile="1g.10gb", mig_start=0)
+    with pytest.raises(InvalidRequestError) as e:
+        device_env(a, lease_id="L", fencing_token=1, mps_pipe_root="/m")
+    assert e.value.field == "allocation.mig_uuid"
+    assert device_env(a, lease_id="L", fencing_token=1, mps_pipe_root="/m", mig_uuid="MIG-new")["CUDA_VISIBLE_DEVICES"] == "MIG-new"
+
+
+def test_handout_from_a_real_placement_on_the_demo(demo: ClusterConfig) -> None:
+    snap = ClusterSnapshot.build([n.inventory() for n in demo.nodes])
+    p = place(snap, GpuRequest.mig("2g.20gb"), get_policy("bestfit"))
+    assert isinstance(p, Placement)
+    h = make_handout(p.allocation, ray_node_id="abc", lease_id="L", fencing_token=1, mps_pipe_root="/m")
+    assert h.node_id == "abc" and h.node_name == "a100-1" and h.num_gpus == 0.2857
+    assert h.env_vars["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+    assert type(h).from_dict(h.to_dict()) == h

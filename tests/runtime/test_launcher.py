@@ -1,0 +1,111 @@
+"""up/down without Ray: the ray start commands, auth, the state file, and stopping only our own sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from itertools import count
+from pathlib import Path
+
+import pytest
+
+from orchestrator.runtime import launcher
+from orchestrator.runtime.config import ClusterConfig, parse_config
+from orchestrator.runtime.launcher import Proc, State, auth_env, down, plan_local_cluster, session_members
+
+
+def _opt(argv: tuple[str, ...], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) -> None:
+    ports = count(20000)
+    plan = plan_local_cluster(demo, tmp_path, ports=lambda: next(ports))
+    assert plan.address == "127.0.0.1:20000"
+    head, *workers = plan.nodes
+    assert head.head and head.name == "a100-0" and "--head" in head.argv and "--block" in head.argv
+    assert _opt(head.argv, "--port") == "20000" and _opt(head.argv, "--dashboard-host") == "127.0.0.1"
+    assert _opt(head.argv, "--temp-dir") == str(tmp_path / "ray")
+    for n in plan.nodes:
+        assert _opt(n.argv, "--node-ip-address") == "127.0.0.1"
+        node = demo.node(n.name)
+        assert _opt(n.argv, "--num-gpus") == str(node.gpus)  # type: ignore[union-attr]
+        assert json.loads(_opt(n.argv, "--resources")) == {f"rgo-node-{n.name}": 1.0}
+        assert f"rgo.io/node={n.name}" in _opt(n.argv, "--labels").split(",")
+        assert n.log.startswith(str(tmp_path))
+    for w in workers:
+        assert _opt(w.argv, "--address") == plan.address and "--head" not in w.argv
+    assert len({_opt(n.argv, "--dashboard-agent-listen-port") for n in plan.nodes}) == 3  # no port shared
+    with pytest.raises(Exception):
+        plan_local_cluster(parse_config({}), tmp_path)
+
+
+def test_auth_stays_on_and_writes_only_inside_the_state_dir(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    sd = tmp_path / "state"
+    env = auth_env(sd, environ={}, home=home)
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(sd / "auth_token")
+    assert (sd / "auth_token").stat().st_mode & 0o777 == 0o600 and not (home / ".ray").exists()
+    assert auth_env(sd, environ={}, home=home) == env  # idempotent, same token
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text("t")
+    assert auth_env(tmp_path / "s2", environ={}, home=home) == {"RAY_AUTH_MODE": "token"}
+    assert auth_env(tmp_path / "s3", environ={"RAY_AUTH_TOKEN_PATH": "/x"}, home=home)["RAY_AUTH_TOKEN_PATH"] == "/x"
+    assert auth_env(tmp_path / "s4", environ={"RAY_AUTH_MODE": "disabled"}) == {"RAY_AUTH_MODE": "disabled"}
+
+
+def _session(tmp_path: Path, name: str) -> Proc:
+    """A stand-in raylet: a session leader with a child, as `ray start --block` and its processes are."""
+    script = "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"
+    p = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    for _ in range(100):
+        if len(session_members(p.pid)) == 2:
+            break
+        time.sleep(0.05)
+    st = launcher._stat(p.pid)
+    assert st is not None
+    return Proc(name, p.pid, st[0], st[1])
+
+
+def test_down_stops_exactly_the_sessions_it_started_and_removes_the_state_dir(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    ours = [_session(tmp_path, "head"), _session(tmp_path, "w1")]
+    bystander = _session(tmp_path, "not-ours")
+    try:
+        State("127.0.0.1:1", "rgo", "rgo-head", attached=False, processes=ours).save(sd)
+        (sd / "logs").mkdir()
+        (sd / "logs" / "head.log").write_text("x")
+        report = down(sd, progress=lambda m: None, grace_s=1.0)
+        assert sorted(report.terminated) == ["head", "w1"]
+        assert all(session_members(p.sid) == [] for p in ours)
+        assert len(session_members(bystander.sid)) == 2
+        assert not sd.exists() and report.removed == str(sd)
+        assert down(sd, progress=lambda m: None).terminated == []  # idempotent
+    finally:
+        for pid in session_members(bystander.sid):
+            os.kill(pid, 9)
+
+
+def test_a_recycled_pid_is_never_signalled(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    other = _session(tmp_path, "someone-else")
+    try:
+        stale = Proc("head", other.pid, other.sid, other.start_ticks + 1)  # same pid, another process
+        State("127.0.0.1:1", "rgo", "rgo-head", attached=False, processes=[stale]).save(sd)
+        report = down(sd, progress=lambda m: None, grace_s=0.5)
+        assert report.terminated == [] and report.killed == []
+        assert len(session_members(other.sid)) == 2
+    finally:
+        for pid in session_members(other.sid):
+            os.kill(pid, 9)
+
+
+def test_state_round_trip(tmp_path: Path) -> None:
+    s = State("127.0.0.1:5", "ns", "h", attached=True, env={"RAY_AUTH_MODE": "token"}, processes=[Proc("a", 1, 1, 2)])
+    s.save(tmp_path)
+    assert State.load(tmp_path) == s
+    assert State.load(tmp_path / "nothing") is None
