@@ -64,12 +64,12 @@ class MemoryStore:
 
 
 class GcsKvStore:
-    """Ray's GCS internal KV, in its own KV namespace (``rgo:<namespace>``)."""
+    """Ray's GCS internal KV, in its own KV namespace (``rgo.<namespace>``; no colon: Ray splits listed keys at the first one)."""
 
     def __init__(self, namespace: str) -> None:
         from orchestrator.runtime import ray_api
 
-        self._kv = ray_api.GcsKv(f"rgo:{namespace}")
+        self._kv = ray_api.GcsKv(f"rgo.{namespace}")
 
     def get(self, key: str) -> Any | None:
         raw = self._kv.get(key)

@@ -1,0 +1,87 @@
+"""The integration tier's shared fixture: one real 3-node Ray cluster per test module.
+
+``ray_cluster`` starts ``ray.cluster_utils.Cluster`` on 127.0.0.1 with one node
+per node of ``configs/cluster.demo.yaml`` (``num_gpus``, our custom resource
+and our labels, as ``orchestrator up`` gives its raylets), and connects this
+process as its driver. Everything Ray writes goes to a fresh folder under
+/tmp (``RAY_TMPDIR``; short, because Ray's unix socket paths must stay under
+107 bytes), which is removed afterwards. Token auth stays on, with a token in
+that folder, not in ``~/.ray``. Ports are picked free, so two modules (or two
+developers) never collide.
+
+Modules that use it mark their tests ``@pytest.mark.ray``; other integration
+modules may reuse it as is. It does not start the orchestrator: see
+``tests/integration/test_runtime.py`` for a head on top of it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from orchestrator.runtime.config import DEMO_CONFIG, ClusterConfig, load_config
+from orchestrator.runtime.launcher import OBJECT_STORE_BYTES, free_port
+
+
+@dataclass
+class RayCluster:
+    cluster: object  # ray.cluster_utils.Cluster
+    config: ClusterConfig
+    address: str
+    tmpdir: Path
+
+
+_ENV_KEYS = ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="rgo-it-", dir="/tmp"))
+    saved = {k: os.environ.get(k) for k in _ENV_KEYS}
+    (tmp / "ray").mkdir()  # Ray's own temp root under RAY_TMPDIR (it writes ray_current_cluster there)
+    token = tmp / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    os.environ.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
+                      RAY_USAGE_STATS_ENABLED="0")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from orchestrator.runtime import ray_api
+
+    ray_api.keep_loopback()
+    ray_api._refresh_auth()
+    config = load_config(DEMO_CONFIG)
+    cluster = None
+    try:
+        for i, node in enumerate(config.nodes):
+            args = dict(node_ip_address="127.0.0.1", num_cpus=node.cpus, num_gpus=node.gpus,
+                        resources=node.ray_resources(), labels=node.ray_labels(),
+                        object_store_memory=OBJECT_STORE_BYTES, dashboard_agent_listen_port=free_port())
+            if i == 0:
+                args.update(include_dashboard=False, dashboard_host="127.0.0.1", dashboard_port=free_port(),
+                            ray_client_server_port=free_port(), temp_dir=str(tmp / "ray"))
+                cluster = Cluster(initialize_head=True, head_node_args=args)
+            else:
+                cluster.add_node(**args)  # type: ignore[union-attr]
+        assert cluster is not None
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, namespace="rgo-tests", logging_level="ERROR", log_to_driver=False)
+        yield RayCluster(cluster, config, cluster.address, tmp)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,243 @@
+"""The runtime on real Ray: the CLI's up/status/down cycle, then a head and agents on one shared 3-node cluster.
+
+Few tests, each proving something only a real cluster can: raylets started
+and stopped without ``ray stop``; agents pinned to their nodes registering
+their simulated GPUs; a lease of each kind becoming an actor that sees its
+devices in its own environment; a SIGKILLed agent noticed within the TTL; a
+killed head resuming from the GCS store. The control logic behind them is
+unit-tested in ``tests/runtime``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from orchestrator.runtime.config import RuntimeSettings
+from orchestrator.runtime.launcher import State, session_members
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+SETTINGS = RuntimeSettings(namespace="rgo-it", heartbeat_interval_s=0.5, agent_ttl_s=3.0, reconcile_interval_s=0.1)
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.cluster", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_up_status_down_leaves_nothing_behind() -> None:
+    """`orchestrator up`, `status --json`, `down`: 3 nodes, 10 GPUs, the MIG slots; then no process, no file."""
+    state_dir = Path(tempfile.mkdtemp(prefix="rgo-cli-", dir="/tmp"))
+    home_ray_before = (Path.home() / ".ray").exists()
+    tmp_ray_before = Path("/tmp/ray").exists()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RGO_STATE_DIR=str(state_dir), RAY_USAGE_STATS_ENABLED="0")
+    t0 = time.monotonic()
+    up = _cli("up", env=env)
+    up_s = time.monotonic() - t0
+    state = State.load(state_dir)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip().startswith("127.0.0.1:")
+        assert "agents registered 3/3" in up.stderr
+        status = _cli("status", "--json", env=env, timeout=60)
+        assert status.returncode == 0, status.stderr
+        d = json.loads(status.stdout)  # exactly one JSON object
+        assert [n["name"] for n in d["nodes"]] == ["a100-0", "a100-1", "h100-0"]
+        gpus = [g for n in d["nodes"] for g in n["gpus"]]
+        assert len(gpus) == 10 and {"index", "uuid", "model", "memory_mib", "mig"} <= set(gpus[0])
+        assert sorted(len(g["mig"]) for g in gpus if g["mig"]) == [3, 4]
+        assert d["leases"] == [] and d["queue"] == []
+        print(f"\nup took {up_s:.1f}s")
+    finally:
+        t1 = time.monotonic()
+        down = _cli("down", env=env, timeout=120)
+        print(f"down took {time.monotonic() - t1:.1f}s")
+    assert down.returncode == 0, down.stderr
+    assert state is not None and len(state.processes) == 3
+    time.sleep(0.5)
+    assert all(session_members(p.sid) == [] for p in state.processes), "a process of ours survived down"
+    assert not state_dir.exists()
+    assert (Path.home() / ".ray").exists() == home_ray_before, "up wrote ~/.ray"
+    assert Path("/tmp/ray").exists() == tmp_ray_before, "up wrote /tmp/ray"
+
+
+# ---- a head and agents on the shared cluster ------------------------------------------------------
+@pytest.fixture(scope="module")
+def head(ray_cluster: Any) -> Iterator[Any]:
+    from orchestrator.runtime import ray_api
+
+    handle = ray_api.start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
+    client = ray_api.HeadClient(handle=handle)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if ray_api.unwrap(__import__("ray").get(handle.ping.remote()))["registered_nodes"] == ["a100-0", "a100-1", "h100-0"]:
+            break
+        time.sleep(0.25)
+    yield client
+    for node in ray_cluster.config.nodes:
+        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
+    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
+    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+
+
+def test_agents_register_their_nodes_gpus(head: Any) -> None:
+    d = head.status()
+    assert [(n["name"], n["state"], len(n["gpus"])) for n in d["nodes"]] == [
+        ("a100-0", "registered", 4), ("a100-1", "registered", 4), ("h100-0", "registered", 2)]
+    import ray
+
+    by_name = {n["name"]: n["ray_node_id"] for n in d["nodes"]}
+    labelled = {x["Labels"].get("rgo.io/node"): x["NodeID"] for x in ray.nodes() if x["Alive"]}
+    assert by_name == labelled  # each agent runs on its own node
+
+
+def _probe() -> type:
+    """A stand-in workload that reports what it sees from inside its own process.
+
+    Made in a function so Ray ships the class by value (workers cannot import this test module).
+    """
+
+    class Probe:
+        def seen(self) -> dict[str, Any]:
+            import os
+
+            import ray
+
+            env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "RGO_", "RAY_EXPERIMENTAL_NOSET"))}
+            return {"env": env, "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids(),
+                    "actor_id": ray.get_runtime_context().get_actor_id(), "pid": os.getpid()}
+
+    return Probe
+
+
+def _lease(head: Any, lease_id: str, gpu: Any, **kw: Any) -> dict[str, Any]:
+    head.request_lease({"lease_id": lease_id, "request": gpu, "owner": "it", **kw})
+    return head.wait_lease(lease_id, 30)
+
+
+def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -> None:
+    import ray
+
+    from orchestrator.runtime import ray_api
+
+    kinds = {"whole": "1", "mig": "mig:3g.40gb", "mps-a": "mps:30%,20GiB", "mps-b": "mps:30%,20GiB",
+             "timeslice": "timeslice:0.5"}
+    leases = {k: _lease(head, f"k-{k}", gpu) for k, gpu in kinds.items()}
+    assert all(le["state"] == "granted" for le in leases.values())
+    probe = ray.remote(_probe())
+    actors = {k: probe.options(**ray_api.actor_options(le["handout"])).remote() for k, le in leases.items()}
+    seen = {k: ray.get(a.seen.remote(), timeout=90) for k, a in actors.items()}
+    for k, le in leases.items():
+        a, env = le["allocation"], seen[k]["env"]
+        assert seen[k]["node_id"] == le["handout"]["node_id"], k
+        assert env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+        assert env["RGO_LEASE_ID"] == le["lease_id"] and env["RGO_FENCING_TOKEN"] == str(le["fencing_token"])
+        want = a["mig_uuid"] if a["kind"] == "mig" else ",".join(a["gpu_uuids"])
+        assert env["CUDA_VISIBLE_DEVICES"] == want, k  # Ray did not overwrite it
+        assert seen[k]["gpu_ids"] == want.split(","), k
+        head.activate(le["lease_id"], le["fencing_token"], seen[k]["actor_id"])
+    assert leases["mig"]["allocation"]["node"] == "a100-1" and seen["mig"]["env"]["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+    for k in ("mps-a", "mps-b"):
+        env = seen[k]["env"]
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"].startswith("/tmp/nvidia-mps/gpu-")
+    assert leases["mps-a"]["allocation"]["gpu_uuids"] == leases["mps-b"]["allocation"]["gpu_uuids"]  # one card, two shares
+    # Ray's accounting agrees with the ledger: the GPU share held across the cluster
+    held = sum(le["handout"]["num_gpus"] for le in leases.values())
+    used = ray.cluster_resources()["GPU"] - ray.available_resources().get("GPU", 0.0)
+    assert abs(used - held) < 1e-3
+    # a holder that dies loses its lease and frees the devices
+    ray.kill(actors["timeslice"])
+    deadline = time.monotonic() + 15
+    while head.get_lease("k-timeslice")["state"] != "lost" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    d = head.get_lease("k-timeslice")
+    assert d["state"] == "lost" and d["history"][-1]["reason"] == "holder died"
+    for k, le in leases.items():
+        if k != "timeslice":
+            head.release(le["lease_id"], le["fencing_token"])
+            ray.kill(actors[k])
+
+
+def test_a_sigkilled_agent_is_noticed_within_the_ttl(head: Any) -> None:
+    import ray
+
+    from orchestrator.runtime import ray_api
+
+    le = _lease(head, "ttl-1", {"kind": "whole", "count": 1, "node": "h100-0"}, requeue_on_loss=True)
+    head.activate("ttl-1", le["fencing_token"])
+    agent = ray.get_actor(ray_api.agent_name("h100-0"), namespace=SETTINGS.namespace)
+    info = ray.get(agent.info.remote())
+    assert info["allocated"] == ["ttl-1"] or info["heartbeats"] > 0
+    t0 = time.monotonic()
+    os.kill(info["pid"], signal.SIGKILL)
+    while head.get_lease("ttl-1")["state"] != "lost":
+        assert time.monotonic() - t0 < SETTINGS.agent_ttl_s + 5, "not noticed"
+        time.sleep(0.05)
+    noticed = time.monotonic() - t0
+    print(f"\nagent SIGKILL noticed after {noticed:.2f}s (ttl {SETTINGS.agent_ttl_s}s)")
+    assert noticed <= SETTINGS.agent_ttl_s + 2 * SETTINGS.heartbeat_interval_s + 1.0
+    d = head.get_lease("ttl-1")
+    assert "silent" in d["history"][-1]["reason"] and d["requeued_as"] == "ttl-1#1"
+    node = next(n for n in head.status()["nodes"] if n["name"] == "h100-0")
+    assert node["state"] == "lost"
+    # the head starts a fresh agent; the requeued attempt is granted on the node again
+    retry = head.wait_lease("ttl-1", 60)
+    back = time.monotonic() - t0
+    print(f"agent back and the lease re-granted after {back:.2f}s")
+    assert retry["lease_id"] == "ttl-1#1" and retry["state"] == "granted"
+    assert next(n for n in head.status()["nodes"] if n["name"] == "h100-0")["incarnation"] != info["incarnation"]
+    head.release("ttl-1#1", retry["fencing_token"])
+
+
+def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> None:
+    import ray
+
+    le = _lease(head, "restart-1", "mig:1g.20gb")
+    head.activate("restart-1", le["fencing_token"])
+    counter = head.status()["head"]["fencing_counter"]
+    from orchestrator.runtime import ray_api
+
+    stored = ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").keys(f"{SETTINGS.namespace}/lease/")
+    assert f"{SETTINGS.namespace}/lease/restart-1" in stored  # hard state is in the GCS before we act on it
+    first_start = ray.get(head.handle.ping.remote())["ok"]["started_at"]
+    ray.kill(head.handle, no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            pong = ray.get(head.handle.ping.remote(), timeout=10)["ok"]
+            if pong["started_at"] != first_start:
+                break
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "head did not come back"
+        time.sleep(0.25)
+    assert pong["restored_leases"] >= 1
+    d = head.get_lease("restart-1")
+    assert (d["state"], d["fencing_token"], d["allocation"]) == ("active", le["fencing_token"], le["allocation"])
+    assert head.status()["head"]["fencing_counter"] == counter
+    # The restored ledger still holds the demo's only 1g.20gb slot: a second request waits, with the reason.
+    from orchestrator.errors import LeaseTimeoutError
+
+    head.request_lease({"lease_id": "restart-2", "request": "mig:1g.20gb"})
+    with pytest.raises(LeaseTimeoutError) as e:
+        head.wait_lease("restart-2", 2)
+    assert "no free valid placement" in str(e.value)
+    head.release("restart-1", le["fencing_token"])
+    nxt = head.wait_lease("restart-2", 30)
+    assert nxt["fencing_token"] > counter
+    assert nxt["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == le["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"]
+    head.release("restart-2", nxt["fencing_token"])
