@@ -155,6 +155,7 @@ class State:
     processes: list[Proc] = field(default_factory=list)
     started_at: float = 0.0
     up_seconds: float | None = None
+    started_head: bool = True  # False when `up --address` found a head already running: down leaves it
 
     @staticmethod
     def path(state_dir: Path) -> Path:
@@ -282,8 +283,8 @@ def attach(config: ClusterConfig, address: str, state_dir: Path, *, progress: Pr
     t0 = time.monotonic()
     s = config.settings
     state = State(address, s.namespace, s.head_name, attached=True, started_at=time.time())
+    state.started_head = _start_orchestrator(config, address, progress, timeout_s, expect_nodes=None)
     state.save(state_dir)
-    _start_orchestrator(config, address, progress, timeout_s, expect_nodes=None)
     state.up_seconds = round(time.monotonic() - t0, 2)
     state.save(state_dir)
     return state
@@ -307,7 +308,8 @@ def _wait_started(proc: Proc, node: NodeLaunch, deadline: float) -> None:
 
 
 def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress, timeout_s: float,
-                        expect_nodes: int | None) -> None:
+                        expect_nodes: int | None) -> bool:
+    """Start the head (unless one runs) and wait for every agent. True if this call started the head."""
     from orchestrator.runtime import ray_api
 
     s = config.settings
@@ -325,6 +327,12 @@ def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress,
             if time.monotonic() > deadline:
                 raise NotConnectedError(f"only {len(nodes)} of {expect_nodes} raylets joined within {timeout_s:g}s")
             time.sleep(0.25)
+        try:
+            ray_api.get_head(s.namespace, s.head_name)
+            started = False
+            progress(f"head {s.head_name!r} already runs in namespace {s.namespace!r}; using it")
+        except NotConnectedError:
+            started = True
         head = ray_api.start_head(s, config, node_id=ray_api.head_node_id())
         client = ray_api.HeadClient(handle=head)
         want = {n.name for n in ray_api.alive_nodes()}
@@ -337,7 +345,7 @@ def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress,
                 registered = now_registered
                 progress(f"agents registered {len(registered & want)}/{len(want)}: {', '.join(sorted(registered))}")
             if want <= registered:
-                return
+                return started
             if time.monotonic() > deadline:
                 raise NotConnectedError(f"agents of {sorted(want - registered)} did not register within {timeout_s:g}s")
             time.sleep(0.25)
@@ -361,7 +369,7 @@ def down(state_dir: Path, *, progress: Progress, keep_logs: bool = False, grace_
     if state is None:
         progress(f"nothing to stop: no state in {state_dir}")
         return report
-    if state.attached:
+    if state.attached and state.started_head:
         _apply_env(state.env)
         from orchestrator.runtime import ray_api
 
