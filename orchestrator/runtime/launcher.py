@@ -79,6 +79,7 @@ class NodeLaunch:
 class LaunchPlan:
     address: str
     nodes: tuple[NodeLaunch, ...]
+    dashboard: str = ""  # Ray's API server (jobs, state), which runs even without the dashboard UI
 
 
 def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[], int] = free_port,
@@ -88,6 +89,7 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
         raise ConfigError("nodes", [], "at least one node")
     gcs = ports()
     address = f"127.0.0.1:{gcs}"
+    dashboard_url = ""
     out = []
     for i, node in enumerate(config.nodes):
         argv = ["start", "--block", "--node-ip-address", "127.0.0.1",
@@ -100,13 +102,15 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
                 "--disable-usage-stats"]
         if i == 0:
             # Ray runs its API server (jobs, state) even without the dashboard UI: give it a free port.
+            api_port = ports()
+            dashboard_url = f"http://127.0.0.1:{api_port}"
             argv[1:1] = ["--head", "--port", str(gcs), "--ray-client-server-port", str(ports()),
                          "--temp-dir", str(state_dir / "ray"), "--dashboard-host", "127.0.0.1",
-                         "--dashboard-port", str(ports()), "--include-dashboard", "true" if dashboard else "false"]
+                         "--dashboard-port", str(api_port), "--include-dashboard", "true" if dashboard else "false"]
         else:
             argv[1:1] = ["--address", address]
         out.append(NodeLaunch(node.name, i == 0, tuple(argv), str(state_dir / "logs" / f"{node.name}.log")))
-    return LaunchPlan(address, tuple(out))
+    return LaunchPlan(address, tuple(out), dashboard_url)
 
 
 def auth_env(state_dir: Path, environ: dict[str, str] | None = None, home: Path | None = None) -> dict[str, str]:
@@ -156,6 +160,7 @@ class State:
     started_at: float = 0.0
     up_seconds: float | None = None
     started_head: bool = True  # False when `up --address` found a head already running: down leaves it
+    dashboard: str = ""  # Ray's API server (job submission), local clusters only
 
     @staticmethod
     def path(state_dir: Path) -> Path:
@@ -253,7 +258,7 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     plan = plan_local_cluster(config, state_dir, dashboard=dashboard)
     s = config.settings
     state = State(plan.address, s.namespace, s.head_name, attached=False,
-                  env={k: env[k] for k in (*auth, "RAY_TMPDIR")}, started_at=time.time())
+                  env={k: env[k] for k in (*auth, "RAY_TMPDIR")}, started_at=time.time(), dashboard=plan.dashboard)
     try:
         head = plan.nodes[0]
         progress(f"starting raylet {head.name} (Ray head node) at {plan.address}")
@@ -428,4 +433,5 @@ def load_state(state_dir: Path) -> State | None:
 
 def describe(state: State) -> dict[str, Any]:
     return {"address": state.address, "namespace": state.namespace, "attached": state.attached,
+            "dashboard": state.dashboard or None,
             "raylets": [p.node for p in state.processes], "up_seconds": state.up_seconds}

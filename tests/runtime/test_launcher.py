@@ -28,6 +28,7 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
     head, *workers = plan.nodes
     assert head.head and head.name == "a100-0" and "--head" in head.argv and "--block" in head.argv
     assert _opt(head.argv, "--port") == "20000" and _opt(head.argv, "--dashboard-host") == "127.0.0.1"
+    assert plan.dashboard == f"http://127.0.0.1:{_opt(head.argv, '--dashboard-port')}"
     assert _opt(head.argv, "--temp-dir") == str(tmp_path / "ray")
     for n in plan.nodes:
         assert _opt(n.argv, "--node-ip-address") == "127.0.0.1"
