@@ -81,6 +81,29 @@ def request_stream(n: int, seed: int = 1) -> list[GpuRequest]:
     return out
 
 
+def stream_workload(stream: list[GpuRequest], coverage: float = 0.95) -> tuple:
+    """FGD's target workload for a stream: its most frequent task shapes covering ``coverage``
+    of the requests, popularity-weighted (the paper's *typical pods*)."""
+    from collections import Counter
+
+    from orchestrator.policy.fgd import TaskType
+
+    counts: Counter = Counter()
+    for r in stream:
+        try:
+            counts[TaskType.of(r)] += 1
+        except TypeError:  # MIG and unified requests have no share-of-a-card shape
+            continue
+    total = sum(counts.values())
+    kept, cum = [], 0
+    for t, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if cum >= coverage * total:
+            break
+        kept.append((t, n / total))
+        cum += n
+    return tuple(kept)
+
+
 def _gpu_demand(r: GpuRequest) -> float:
     if r.kind is None:
         return r.compute or 0.1
@@ -111,9 +134,9 @@ class BenchResult:
 def run(nodes: int, policy: str = "default", seed: int = 0, max_fail_streak: int = 500) -> BenchResult:
     snap = build_cluster(nodes, seed)
     cap_gpus = int(snap.static.present.sum())
-    pol = get_policy(policy)
     rng = np.random.default_rng(seed + 7)
     stream = request_stream(int(cap_gpus * 2.2), seed + 1)
+    pol = get_policy(policy, workload=stream_workload(stream)) if policy in ("fgd", "default") else get_policy(policy)
     lat: list[float] = []
     placed = failed = streak = 0
     arrived = 0.0

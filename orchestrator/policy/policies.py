@@ -45,8 +45,14 @@ class Policy:
 
     @property
     def key(self) -> tuple:
-        """Hashable identity of the scoring function, for the engine's memo tables."""
-        return (type(self).__qualname__, self.name, tuple(sorted((k, _hashable(v)) for k, v in self.params.items())))
+        """Hashable identity of the scoring function, for the engine's memo tables.
+
+        Computed once: a policy's parameters never change after construction."""
+        k = self.__dict__.get("_key")
+        if k is None:
+            k = self.__dict__["_key"] = (type(self).__qualname__, self.name,
+                                         tuple(sorted((n, _hashable(v)) for n, v in self.params.items())))
+        return k
 
     def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
         return np.zeros(len(view.state))
