@@ -25,7 +25,10 @@ app.add_typer(bench_app, name="bench")
 def _register() -> None:
     # Sub-command groups live next to the code they drive; each module exposes `app`.
     from orchestrator.cli import bench as _bench  # noqa: F401  (registers on bench_app)
+    from orchestrator.cli import cluster as _cluster
     from orchestrator.k8s.cli import app as k8s_app
+
+    app.add_typer(_cluster.app)  # up, down, status at top level
 
     app.add_typer(k8s_app, name="k8s", help="Deploy on Kubernetes through KubeRay (render, apply, status, delete).")
 
