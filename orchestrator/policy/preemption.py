@@ -115,7 +115,7 @@ def ineligibility(lease: Lease, *, priority: int, queue: str, config: SchedulerC
     if cls is not None and cls.min_runtime_s:
         ran = now - (lease.started_at if lease.started_at is not None else now)
         if ran < cls.min_runtime_s:
-            return f"ran {ran:.0f}s < minimum runtime {cls.min_runtime_s:.0f}s of class {lease.priority_class}"
+            return f"younger than the {cls.min_runtime_s:g}s minimum runtime of class {lease.priority_class}"
     return None
 
 
@@ -134,7 +134,7 @@ def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Seq
         else:
             ineligible.append((lease.lease_id, why))
     if not eligible:
-        return NoPreemption("no running lease may be preempted for it", tuple(ineligible))
+        return NoPreemption("no running lease may be preempted for it" + _grouped(ineligible), tuple(ineligible))
     eligible.sort(key=lambda lease: victim_order_key(lease, now))
 
     sim = snapshot
@@ -167,6 +167,16 @@ def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Seq
     return PreemptionPlan(victims, fits, len(eligible),
                           f"preempting {len(victims)} of {len(eligible)} eligible lease(s) admits "
                           f"{request.describe()} on {fits.allocation.node_name}")
+
+
+def _grouped(ineligible: Sequence[tuple[str, str]]) -> str:
+    if not ineligible:
+        return ""
+    counts: dict[str, int] = {}
+    for _, why in ineligible:
+        counts[why] = counts.get(why, 0) + 1
+    return " (" + "; ".join(f"{n} lease{'s' if n != 1 else ''}: {why}" for why, n in
+                            sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) + ")"
 
 
 def _victim_reason(lease: Lease, request: GpuRequest, priority: int, now: float, fits: Placement) -> str:

@@ -82,6 +82,9 @@ class LeaseRequest(BaseModel):
     priority: int = 0
     priority_class: str = ""
     requeue_on_loss: bool = Field(default=True, description="When the node is lost, queue a new attempt")
+    queue: str = Field(default="default", description="Queue (quota group) the lease counts against")
+    enqueued_at: float | None = Field(default=None, description="Keep this queue position (a resumed job keeps "
+                                      "its original submission time); None = now")
 
     @classmethod
     def parse(cls, data: "LeaseRequest | Mapping[str, Any]") -> "LeaseRequest":
@@ -138,6 +141,10 @@ class LedgerEntry:
     attempt_of: str | None = None
     requeued_as: str | None = None
     why_pending: str = ""
+    preempt_for: str | None = None
+    preempt_reason: str = ""
+    preempt_deadline: float | None = None
+    waiting: Any = None  # soft state: the scheduler's Waiting for a pending lease, recomputed every cycle
 
     @property
     def lease_id(self) -> str:
@@ -152,7 +159,9 @@ class LedgerEntry:
             "allocation": allocation_json(a) if a else None,
             "history": [t.to_dict() for t in self.lease.history],
             "handout": self.handout, "holder": self.holder, "attempt_of": self.attempt_of,
-            "requeued_as": self.requeued_as,
+            "requeued_as": self.requeued_as, "checkpoint_path": self.lease.checkpoint_path,
+            "last_checkpoint_at": self.lease.last_checkpoint_at, "preempt_for": self.preempt_for,
+            "preempt_reason": self.preempt_reason, "preempt_deadline": self.preempt_deadline,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,7 +169,9 @@ class LedgerEntry:
         d = self.lease.to_dict()
         d.update(request_spec=self.spec.request.model_dump(mode="json", exclude_defaults=True),
                  handout=self.handout, holder=self.holder, attempt_of=self.attempt_of,
-                 requeued_as=self.requeued_as, why_pending=self.why_pending or None)
+                 requeued_as=self.requeued_as, why_pending=self.why_pending or None,
+                 preempt_for=self.preempt_for, preempt_reason=self.preempt_reason or None,
+                 preempt_deadline=self.preempt_deadline)
         return d
 
 
@@ -192,6 +203,8 @@ class ReconcileReport:
     granted: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     start_agents: list[AgentStart] = field(default_factory=list)
+    checkpoint_requested: list[str] = field(default_factory=list)  # victims asked to checkpoint
+    preempted: list[str] = field(default_factory=list)  # victims whose holders must now be stopped
 
 
 class _Keys:
@@ -236,6 +249,7 @@ class HeadController:
         self._last_enqueued = 0.0
         self._snapshot = ClusterSnapshot.build([], timeslice_capacity_milli=settings.timeslice_capacity_milli)
         self._dirty = False  # the queue may have become schedulable (new request, freed devices, new node)
+        self._last_schedule = float("-inf")
 
     # ---- persistence ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -268,10 +282,13 @@ class HeadController:
             alloc = allocation_from_json(d["allocation"], self._snapshot) if d.get("allocation") else None
             lease = Lease(spec.lease_id, spec.request, spec.owner, d["priority"], d["priority_class"],
                           state=LeaseState(d["state"]), allocation=alloc, fencing_token=d["fencing_token"],
-                          history=history)
+                          history=history, checkpoint_path=d.get("checkpoint_path"),
+                          last_checkpoint_at=d.get("last_checkpoint_at"), queue=spec.queue)
             self._leases[spec.lease_id] = LedgerEntry(
                 lease, spec, d["seq"], d["enqueued_at"], handout=d.get("handout"), holder=d.get("holder"),
-                attempt_of=d.get("attempt_of"), requeued_as=d.get("requeued_as"))
+                attempt_of=d.get("attempt_of"), requeued_as=d.get("requeued_as"),
+                preempt_for=d.get("preempt_for"), preempt_reason=d.get("preempt_reason", ""),
+                preempt_deadline=d.get("preempt_deadline"))
             self._seq = max(self._seq, d["seq"])
             self._last_enqueued = max(self._last_enqueued, d["enqueued_at"])
             self._fencing = max(self._fencing, d["fencing_token"])
@@ -304,14 +321,19 @@ class HeadController:
                                           detail="that id already names a different request")
             return spec.lease_id
         class_name, pclass = self.sched_config.priority_class(spec.priority_class or None)
+        self.sched_config.queue(spec.queue)
         now = self.clock()
         self._seq += 1
         self._put_meta()
-        # The scheduler breaks priority ties by submission time, then id: keep arrival order strict.
-        self._last_enqueued = max(now, self._last_enqueued + 1e-6)
+        if spec.enqueued_at is not None:
+            enqueued = spec.enqueued_at
+        else:
+            # The scheduler breaks priority ties by submission time, then id: keep arrival order strict.
+            self._last_enqueued = enqueued = max(now, self._last_enqueued + 1e-6)
         entry = LedgerEntry(Lease.new(spec.lease_id, spec.request, now=now, owner=spec.owner,
-                                      priority=spec.priority or pclass.priority, priority_class=class_name),
-                            spec, self._seq, self._last_enqueued)
+                                      priority=spec.priority or pclass.priority, priority_class=class_name,
+                                      queue=spec.queue),
+                            spec, self._seq, enqueued)
         self._commit([entry])
         self._dirty = True
         return spec.lease_id
@@ -414,9 +436,14 @@ class HeadController:
         self._expire_agents(now, report)        # 1
         self._release_dead_holders(report)      # 2
         self._expire_grants(now, report)        # 3
-        if self._dirty:                         # 4
+        self._end_overdue_checkpoints(now, report)  # 4
+        # 5: schedule on change, and at least once a second while anything waits: time alone
+        # makes work preemptible (minimum runtimes pass) and ages the queue.
+        if self._dirty or (now - self._last_schedule >= 1.0 and any(
+                e.lease.state is LeaseState.PENDING for e in self._leases.values())):
+            self._last_schedule = now
             self._schedule(now, report)
-        self._desired_agents(now, report)       # 5
+        self._desired_agents(now, report)       # 6
         return report
 
     def _expire_agents(self, now: float, report: ReconcileReport) -> None:
@@ -503,18 +530,114 @@ class HeadController:
             report.granted.extend(g.lease_id for g in grants)
         for w in plan.waiting:
             e = self._leases[w.item_id]
-            self._leases[w.item_id] = replace(e, why_pending=w.reason)  # soft state: recomputed every cycle
+            self._leases[w.item_id] = replace(e, why_pending=w.reason, waiting=w)  # soft state: recomputed every cycle
+        if plan.preemptions:
+            self._start_preemptions(plan, now, report)
 
     def _plan(self, pending: Sequence[LedgerEntry], now: float) -> Plan:
-        """The one call site of the scheduler (``orchestrator.scheduler.schedule``).
-
-        Its preemptions are not carried out yet: the head does not stop holders; an item
-        that would need them stays pending with the planner's reason.
-        """
-        items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at)
+        """The one call site of the scheduler (``orchestrator.scheduler.schedule``)."""
+        nominated = {e.preempt_for for e in self._leases.values()
+                     if e.lease.state is LeaseState.CHECKPOINTING and e.preempt_for}
+        items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at,
+                             queue=e.spec.queue, nominated=e.lease_id in nominated)
                  for e in pending]
         holding = [e.lease for e in self._leases.values() if e.lease.holding]
-        return schedule(self._snapshot, items, holding, self.sched_config, now, self.policy)
+        in_flight = frozenset(e.lease_id for e in self._leases.values() if e.lease.state is LeaseState.CHECKPOINTING)
+        return schedule(self._snapshot, items, holding, self.sched_config, now, self.policy, in_flight=in_flight)
+
+    # ---- preemption ------------------------------------------------------------------------------
+    def _start_preemptions(self, plan: Plan, now: float, report: ReconcileReport) -> None:
+        """Carry out the plan's preemptions: ask checkpointing victims to checkpoint (grace period),
+        stop the others at once. Written to the store before anyone is told."""
+        asked: list[LedgerEntry] = []
+        stopped: list[LedgerEntry] = []
+        freed: list[LedgerEntry] = []
+        for p in plan.preemptions:
+            e = self._leases.get(p.victim.lease_id)
+            if e is None or not e.lease.holding or e.lease.state is LeaseState.CHECKPOINTING:
+                continue
+            _, pclass = self.sched_config.priority_class(e.lease.priority_class or None)
+            for_owner = self._leases[p.for_item].spec.owner if p.for_item in self._leases else p.for_item
+            why = f"preempted for {for_owner or p.for_item}: {p.reason}"
+            if e.lease.state is LeaseState.ACTIVE and pclass.checkpoint:
+                asked.append(replace(e, lease=e.lease.transition(
+                    LeaseState.CHECKPOINTING, now=now, reason=f"asked to checkpoint within {pclass.grace_period_s:g}s; {why}"),
+                    preempt_for=p.for_item, preempt_reason=why, preempt_deadline=now + pclass.grace_period_s))
+            else:
+                stopped.append(replace(e, lease=e.lease.transition(
+                    LeaseState.PREEMPTED, now=now,
+                    reason=why + ("" if e.lease.state is LeaseState.ACTIVE else " (not started: nothing to checkpoint)")),
+                    preempt_for=p.for_item, preempt_reason=why))
+                freed.append(e)
+        self._commit(asked + stopped)
+        for e in freed:
+            self._free(e)
+        report.checkpoint_requested.extend(e.lease_id for e in asked)
+        report.preempted.extend(e.lease_id for e in stopped)
+
+    def ack_preemption(self, lease_id: str, checkpoint_path: str | None, token: int | None = None,
+                       reason: str = "checkpoint acknowledged") -> dict[str, Any]:
+        """The victim checkpointed (or stopped): end the lease as PREEMPTED and free its devices. Idempotent."""
+        e = self._entry(lease_id)
+        if e.lease.state is LeaseState.PREEMPTED:
+            return e.to_dict()
+        if token is not None:
+            self._check_token(e, token)
+        if e.lease.state is not LeaseState.CHECKPOINTING:
+            raise InvalidRequestError("lease_id", lease_id, "a lease being preempted (checkpointing)",
+                                      detail=f"lease is {e.lease.state.value}")
+        now = self.clock()
+        lease = e.lease.transition(LeaseState.PREEMPTED, now=now, reason=f"{reason}; {e.preempt_reason}",
+                                   checkpoint_path=checkpoint_path or e.lease.checkpoint_path,
+                                   last_checkpoint_at=now if checkpoint_path else e.lease.last_checkpoint_at)
+        new = replace(e, lease=lease)
+        self._commit([new])
+        self._free(e)
+        return new.to_dict()
+
+    def report_checkpoint(self, lease_id: str, checkpoint_path: str, at: float | None = None) -> dict[str, Any]:
+        """A holder wrote a checkpoint (periodic or not): less work is lost if it is preempted now."""
+        e = self._entry(lease_id)
+        if not e.lease.holding:
+            return e.to_dict()
+        new = replace(e, lease=replace(e.lease, checkpoint_path=checkpoint_path,
+                                       last_checkpoint_at=self.clock() if at is None else at))
+        self._commit([new])
+        return new.to_dict()
+
+    def _end_overdue_checkpoints(self, now: float, report: ReconcileReport) -> None:
+        overdue = [e for e in self._leases.values() if e.lease.state is LeaseState.CHECKPOINTING
+                   and e.preempt_deadline is not None and now > e.preempt_deadline]
+        for e in overdue:
+            self.ack_preemption(e.lease_id, None, reason="grace period over without a checkpoint: stopped")
+            report.preempted.append(e.lease_id)
+
+    def explain_lease(self, lease_id: str) -> dict[str, Any]:
+        """Why a lease is where it is: pending reasons and would-be victims, or its placement reason."""
+        e = self._entry(lease_id)
+        out: dict[str, Any] = {"lease_id": e.lease_id, "state": e.lease.state.value, "reason": e.lease.history[-1].reason}
+        w = e.waiting
+        if e.lease.state is LeaseState.PENDING and w is not None:
+            out["pending"] = {
+                "position": w.position, "reason": w.reason,
+                "reasons": [{"alternative": a, "reason": r, "nodes": c} for a, r, c in
+                            (w.unschedulable.reasons if w.unschedulable else ())],
+                "would_preempt": [{"lease_id": v, "owner": self._leases[v].spec.owner if v in self._leases else ""}
+                                  for v in w.would_preempt],
+                "being_preempted": [{"lease_id": x.lease_id, "owner": x.spec.owner} for x in self._leases.values()
+                                    if x.preempt_for == e.lease_id and x.lease.state is LeaseState.CHECKPOINTING],
+                "preemption_blocked": w.preemption_blocked,
+            }
+        granted = next((t for t in e.lease.history if t.state is LeaseState.GRANTED), None)
+        if granted is not None and e.lease.allocation is not None:
+            a = e.lease.allocation
+            out["placement"] = {"node": a.node_name, "gpu_indices": list(a.gpu_indices), "kind": a.kind.value,
+                                "reason": granted.reason}
+        if e.preempt_for:
+            by = self._leases.get(e.preempt_for)
+            out["preempted"] = {"for": e.preempt_for, "for_owner": by.spec.owner if by else "",
+                                "reason": e.preempt_reason, "checkpoint_path": e.lease.checkpoint_path}
+        return out
 
     def _desired_agents(self, now: float, report: ReconcileReport) -> None:
         for name, rn in sorted(self._ray_nodes.items()):
@@ -570,6 +693,10 @@ class HeadController:
                      "fencing_counter": self._fencing, "agent_ttl_s": self.settings.agent_ttl_s,
                      "heartbeat_interval_s": self.settings.heartbeat_interval_s},
         }
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The current cluster snapshot (immutable; the head's ledger applied to the registered nodes)."""
+        return self._snapshot
 
     def registered_nodes(self) -> list[str]:
         return sorted(n for n, r in self._nodes.items() if r.state is NodeState.REGISTERED)

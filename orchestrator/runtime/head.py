@@ -48,6 +48,12 @@ class HeadActor:
         self.ctl = HeadController(self.settings, GcsKvStore(self.settings.namespace), clock=time.time,
                                   holder_probe=self._holders_alive)
         self.restored = self.ctl.restore()
+        from orchestrator.runtime.jobs import JobManager
+
+        self.jobs = JobManager(self.ctl, self.ctl.store, ray_api.RayJobRunner(), clock=time.time,
+                               namespace=self.settings.namespace, head_name=self.settings.head_name,
+                               status_poll_s=0.5)
+        self.jobs.restore()
         self.started_at = time.time()
         self._nodes_read_at = 0.0
         self._wake = asyncio.Event()
@@ -86,6 +92,8 @@ class HeadActor:
             except Exception:
                 log.exception("could not start the agent of %s", start.node_name)
             self.ctl.agent_start_requested(start.node_name)
+        for event in self.jobs.reconcile():
+            log.info("%s", event)
         if report.lost_nodes or report.lost_leases:
             log.warning("lost nodes %s, lost leases %s, requeued %s", report.lost_nodes, report.lost_leases,
                         report.requeued)
@@ -130,6 +138,37 @@ class HeadActor:
 
     async def status(self) -> dict[str, Any]:
         return answer(self.ctl.status)
+
+    # ---- jobs ----------------------------------------------------------------------------------
+    async def submit_job(self, spec: dict[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        reply = answer(self.jobs.submit, spec, job_id)
+        self._wake.set()
+        return reply
+
+    async def get_job(self, job_id: str) -> dict[str, Any]:
+        return answer(self.jobs.get, job_id)
+
+    async def list_jobs(self) -> dict[str, Any]:
+        return answer(self.jobs.list)
+
+    async def cancel_job(self, job_id: str) -> dict[str, Any]:
+        reply = answer(self.jobs.cancel, job_id)
+        self._wake.set()
+        return reply
+
+    async def job_logs(self, job_id: str) -> dict[str, Any]:
+        return answer(self.jobs.logs, job_id)
+
+    async def explain_job(self, job_id: str) -> dict[str, Any]:
+        return answer(self.jobs.explain, job_id)
+
+    async def job_preemption_requested(self, job_id: str) -> dict[str, Any]:
+        return answer(self.jobs.preemption_requested, job_id)
+
+    async def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> dict[str, Any]:
+        reply = answer(self.jobs.ack_checkpoint, job_id, path, step)
+        self._wake.set()
+        return reply
 
     async def register_agent(self, node_name: str, ray_node_id: str, incarnation: str,
                              inventory: dict[str, Any]) -> dict[str, Any]:

@@ -255,6 +255,57 @@ def actor_options(handout: Mapping[str, Any], *, extra_env: Mapping[str, str] | 
             "num_cpus": handout.get("num_cpus", 0.0), "runtime_env": {"env_vars": env}}
 
 
+# ---- Ray jobs (the job layer's JobRunner) -------------------------------------------------------
+def api_server_url() -> str:
+    """The cluster's job API (dashboard) URL, as Ray itself records it in the GCS."""
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    if not raw:
+        raise NotConnectedError("the cluster's job API address is not in the GCS (is the dashboard/API server up?)")
+    return "http://" + (raw.decode() if isinstance(raw, bytes) else str(raw))
+
+
+class RayJobRunner:
+    """:class:`orchestrator.runtime.jobs.JobRunner` over Ray's ``JobSubmissionClient``."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self._address = address
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from ray.job_submission import JobSubmissionClient
+
+            self._client = JobSubmissionClient(self._address or api_server_url())
+        return self._client
+
+    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
+               entrypoint_resources: dict[str, float], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None:
+        self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
+                               entrypoint_resources=entrypoint_resources or None,
+                               entrypoint_num_gpus=entrypoint_num_gpus or None, metadata=metadata)
+
+    def status(self, submission_id: str) -> str | None:
+        try:
+            return str(self.client.get_job_status(submission_id).value)
+        except RuntimeError:
+            return None
+
+    def stop(self, submission_id: str) -> None:
+        self.client.stop_job(submission_id)
+
+    def logs(self, submission_id: str) -> str:
+        return str(self.client.get_job_logs(submission_id))
+
+
+def checkpoint_actor(name: str, namespace: str, directory: str) -> Any:
+    """Ask a named holder actor implementing ``checkpoint(dir) -> path`` to checkpoint; returns the ref."""
+    return ray.get_actor(name, namespace=namespace).checkpoint.remote(directory)
+
+
 # ---- the head, as a client sees it --------------------------------------------------------------
 class HeadClient:
     """Calls the head actor and raises its typed errors (never ``RayTaskError``) again."""
@@ -287,6 +338,31 @@ class HeadClient:
 
     def status(self) -> dict[str, Any]:
         return self.call("status")
+
+    # jobs
+    def submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        return self.call("submit_job", dict(spec), job_id)
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self.call("get_job", job_id)
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        return self.call("list_jobs")
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self.call("cancel_job", job_id)
+
+    def job_logs(self, job_id: str) -> str:
+        return self.call("job_logs", job_id)
+
+    def explain_job(self, job_id: str) -> dict[str, Any]:
+        return self.call("explain_job", job_id)
+
+    def job_preemption_requested(self, job_id: str) -> dict[str, Any]:
+        return self.call("job_preemption_requested", job_id)
+
+    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> dict[str, Any]:
+        return self.call("job_ack_checkpoint", job_id, path, step)
 
 
 def ray_cli(argv: list[str]) -> None:
