@@ -53,7 +53,7 @@ def up(
     address: Optional[str] = typer.Option(None, "--address", help="Attach to a running Ray cluster ('auto' or host:port) instead of starting one"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
     timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for raylets and agents"),
-    dashboard: bool = typer.Option(False, "--dashboard/--no-dashboard", help="Start Ray's dashboard (on 127.0.0.1)"),
+    dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Start Ray's dashboard and job API (on 127.0.0.1); jobs need it"),
 ) -> None:
     """Start a local Ray cluster from the cluster file (or attach to one), the head and the agents."""
     from orchestrator.runtime import launcher

@@ -53,6 +53,10 @@ OBJECT_STORE_BYTES = 128 * 1024 * 1024
 Progress = Callable[[str], None]
 
 
+#: Folder with the ``sitecustomize`` that keeps loopback loopback in every Python process of the cluster.
+LOOPBACK_SITE = str(Path(__file__).resolve().parent / "loopback")
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("RGO_STATE_DIR")
     if base:
@@ -83,7 +87,7 @@ class LaunchPlan:
 
 
 def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[], int] = free_port,
-                       dashboard: bool = False) -> LaunchPlan:
+                       dashboard: bool = True) -> LaunchPlan:
     """The ``ray start`` command of every node; the first node of the file is the Ray head node."""
     if not config.nodes:
         raise ConfigError("nodes", [], "at least one node")
@@ -101,7 +105,7 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
                 "--min-worker-port", "0", "--max-worker-port", "0",
                 "--disable-usage-stats"]
         if i == 0:
-            # Ray runs its API server (jobs, state) even without the dashboard UI: give it a free port.
+            # The dashboard process serves the job API that Ray jobs are submitted through: a free loopback port.
             api_port = ports()
             dashboard_url = f"http://127.0.0.1:{api_port}"
             argv[1:1] = ["--head", "--port", str(gcs), "--ray-client-server-port", str(ports()),
@@ -234,7 +238,8 @@ def _child_env(state_dir: Path, auth: dict[str, str]) -> dict[str, str]:
     # `down` stops the whole cluster: a SIGTERMed raylet need not wait (30 s by default) for
     # its detached actors to drain away first.
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["RGO_KEEP_LOOPBACK"] = "1"
     return env
 
 
@@ -244,7 +249,7 @@ def _apply_env(env: dict[str, str]) -> None:
 
 
 def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, timeout_s: float = 180.0,
-             dashboard: bool = False) -> State:
+             dashboard: bool = True) -> State:
     """Start a local cluster for ``config`` and the orchestrator on it; see the module docstring."""
     if State.load(state_dir) is not None:
         raise ConfigError("state_dir", str(state_dir), "a directory without a running orchestrator",
