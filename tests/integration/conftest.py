@@ -27,7 +27,7 @@ from typing import Iterator
 import pytest
 
 from orchestrator.runtime.config import DEMO_CONFIG, ClusterConfig, load_config
-from orchestrator.runtime.launcher import OBJECT_STORE_BYTES, free_port
+from orchestrator.runtime.launcher import LOOPBACK_SITE, OBJECT_STORE_BYTES, REPO_ROOT, free_port
 
 
 @dataclass
@@ -38,7 +38,8 @@ class RayCluster:
     tmpdir: Path
 
 
-_ENV_KEYS = ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED")
+_ENV_KEYS = ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED", "PYTHONPATH",
+             "RGO_KEEP_LOOPBACK")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,10 @@ def ray_cluster() -> Iterator[RayCluster]:
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     os.environ.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
-                      RAY_USAGE_STATS_ENABLED="0")
+                      RAY_USAGE_STATS_ENABLED="0", RGO_KEEP_LOOPBACK="1",
+                      # every Ray process of the cluster keeps loopback loopback (see runtime/loopback)
+                      PYTHONPATH=os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT),
+                                                             saved.get("PYTHONPATH") or "") if p))
     import ray
     from ray.cluster_utils import Cluster
 
@@ -66,7 +70,8 @@ def ray_cluster() -> Iterator[RayCluster]:
                         resources=node.ray_resources(), labels=node.ray_labels(),
                         object_store_memory=OBJECT_STORE_BYTES, dashboard_agent_listen_port=free_port())
             if i == 0:
-                args.update(include_dashboard=False, dashboard_host="127.0.0.1", dashboard_port=free_port(),
+                # The dashboard process serves Ray's job API, which job submission needs.
+                args.update(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=free_port(),
                             ray_client_server_port=free_port(), temp_dir=str(tmp / "ray"))
                 cluster = Cluster(initialize_head=True, head_node_args=args)
             else:
