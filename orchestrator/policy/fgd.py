@@ -303,10 +303,17 @@ class FgdPolicy(Policy):
 
 
 class DefaultPolicy(FgdPolicy):
-    """Ours: FGD with host memory in the fit test. See ``docs/trace-evaluation.md``."""
+    """Ours: FGD with host memory in the fit test (a task type whose memory does not fit
+    the node counts like one whose CPU does not).
+
+    ``repack=True`` also asks the replay to move small shares when a GPU request
+    fits nowhere (:mod:`orchestrator.sim.repack`); off by default, because on
+    openb it finds room for ~3 pods a run at 2-4x the cost (``docs/trace-evaluation.md``).
+    """
 
     name = "default"
 
-    def __init__(self, workload: Iterable[tuple[Any, float]] = (), **params: Any) -> None:
+    def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, repack: bool = False, **params: Any) -> None:
         params.setdefault("with_memory", True)
-        super().__init__(workload, **params)
+        super().__init__(workload, repack=repack, **params)
+        self.repack = repack

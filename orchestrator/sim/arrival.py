@@ -43,6 +43,7 @@ from orchestrator.policy.policies import get_policy
 from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.model.catalogue import MODEL_NAMES
 from orchestrator.sim.openb import MILLI, NodeTable, PodTable
+from orchestrator.sim.repack import Ledger, try_repack
 from orchestrator.sim.workload import typical_workload
 
 PAPER_POLICIES: tuple[str, ...] = ("random", "bestfit", "dotproduct", "packing", "clustering", "fgd", "default")
@@ -64,6 +65,7 @@ class ArrivalResult:
     failed: int
     failed_gpu_milli: int
     wall_s: float
+    migrations: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,7 +74,7 @@ class ArrivalResult:
             "fragmentation_pct": {str(k): round(v, 4) for k, v in zip(self.checkpoints, self.fragmentation_pct)},
             "unallocated_gpus_at_end": round(self.unallocated_gpus, 3),
             "pods": self.pods, "placed": self.placed, "failed": self.failed,
-            "failed_gpu_milli": self.failed_gpu_milli, "wall_s": round(self.wall_s, 3),
+            "failed_gpu_milli": self.failed_gpu_milli, "migrations": self.migrations, "wall_s": round(self.wall_s, 3),
         }
 
 
@@ -89,6 +91,7 @@ class ArrivalSummary:
     unallocated_gpus: float
     failed: float
     wall_s: float
+    migrations: float = 0.0
     runs: tuple[ArrivalResult, ...] = field(repr=False, default=())
 
     @classmethod
@@ -100,7 +103,7 @@ class ArrivalSummary:
         return cls(runs[0].policy, tuple(r.seed for r in runs), runs[0].checkpoints, tuple(a.mean(0)),
                    tuple(a.std(0)), tuple(f.mean(0)), float(np.mean([r.unallocated_gpus for r in runs])),
                    float(np.mean([r.failed for r in runs])), float(sum(r.wall_s for r in runs)),
-                   tuple(sorted(runs, key=lambda r: r.seed)))
+                   float(np.mean([r.migrations for r in runs])), tuple(sorted(runs, key=lambda r: r.seed)))
 
     def at(self, step: int) -> list[int]:
         """Indices of the checkpoints that are multiples of ``step`` (always including the last)."""
@@ -117,7 +120,8 @@ class ArrivalSummary:
             "allocation_std": pick(self.allocation_std),
             "fragmentation_pct": pick(self.fragmentation_pct),
             f"unallocated_gpus_at_{key}": round(self.unallocated_gpus, 3),
-            "failed_pods": round(self.failed, 2), "cpu_s": round(self.wall_s, 2),
+            "failed_pods": round(self.failed, 2), "migrations": round(self.migrations, 2),
+            "cpu_s": round(self.wall_s, 2),
         }
         if per_seed:
             d["runs"] = [r.to_dict() for r in self.runs]
@@ -237,17 +241,27 @@ def replay(nodes: NodeTable, pods: PodTable, policy_name: str, seed: int, *, tar
         alloc_at.append(100.0 * allocated / capacity)
         frag_at.append(gauge.rate_pct(snap))
 
-    for j in seq:
+    ledger = Ledger() if getattr(policy, "repack", False) else None
+    placed_req: dict[int, tuple[GpuRequest, Any]] = {}
+    for k, j in enumerate(seq):
         g = int(gpu_req[j])
         while next_k < len(checkpoints) and arrived + g > checkpoints[next_k] / 100.0 * capacity:
             record()
             next_k += 1
         s = int(shape[j])
         res = place(snap, reqs[s], policy, rng=rng, resolved=resolved[s])
-        if isinstance(res, Placement):
+        if not isinstance(res, Placement) and ledger is not None and g:
+            done = try_repack(snap, reqs[s], resolved[s], policy, ledger, placed_req)
+            if done is not None:
+                snap, res = done[0], done[1]
+        elif isinstance(res, Placement):
             snap = snap.apply(res.allocation)
+        if isinstance(res, Placement):
             allocated += g
             placed += 1
+            if ledger is not None:
+                ledger.add(k, res.allocation)
+                placed_req[k] = (reqs[s], resolved[s])
         else:
             failed += 1
             failed_milli += g
@@ -257,7 +271,7 @@ def replay(nodes: NodeTable, pods: PodTable, policy_name: str, seed: int, *, tar
         next_k += 1
     return ArrivalResult(policy_name, seed, checkpoints, tuple(alloc_at), tuple(frag_at),
                          (capacity - allocated) / MILLI, len(seq), placed, failed, failed_milli,
-                         time.perf_counter() - t0)
+                         time.perf_counter() - t0, ledger.migrations if ledger is not None else 0)
 
 
 # ---- many runs, in parallel --------------------------------------------------------------------------
