@@ -30,6 +30,7 @@ from orchestrator.errors import ConfigError, InvalidRequestError
 from orchestrator.model.catalogue import gpu_model
 from orchestrator.model.inventory import GpuDevice, MigDevice, NodeInventory
 from orchestrator.model.request import parse_memory_mib
+from orchestrator.priorities import SchedulerConfig
 
 #: Ray node label that names the simulated (or configured) node a raylet stands for.
 NODE_LABEL = "rgo.io/node"
@@ -158,6 +159,8 @@ class ClusterConfig(_Frozen):
 
     settings: RuntimeSettings = Field(default_factory=RuntimeSettings)
     nodes: tuple[SimNode, ...] = ()
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig,
+                                       description="Priority classes, queues and quotas (see configs/priorities.yaml)")
 
     @model_validator(mode="after")
     def _unique_names(self) -> "ClusterConfig":
@@ -205,6 +208,11 @@ def load_config(path: str | Path) -> ClusterConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError("config", str(p), "valid YAML", detail=str(e).splitlines()[0]) from None
+    if isinstance(data, dict) and "scheduler_file" in data:
+        # The priority classes and queues may live in their own file (configs/priorities.yaml).
+        data = dict(data)
+        ref = p.parent / str(data.pop("scheduler_file"))
+        data["scheduler"] = SchedulerConfig.load(ref).model_dump(mode="json")
     return parse_config(data, str(p))
 
 

@@ -45,8 +45,9 @@ class HeadActor:
         self.settings = RuntimeSettings.model_validate(settings)
         self.cluster = ClusterConfig.model_validate(cluster)
         self._alive_cache: tuple[float, dict[str, bool]] = (0.0, {})
+        sched = self.cluster.scheduler.model_copy(update={"policy": self.settings.policy})
         self.ctl = HeadController(self.settings, GcsKvStore(self.settings.namespace), clock=time.time,
-                                  holder_probe=self._holders_alive)
+                                  holder_probe=self._holders_alive, sched_config=sched)
         self.restored = self.ctl.restore()
         from orchestrator.runtime.jobs import JobManager
 

@@ -240,6 +240,8 @@ def _child_env(state_dir: Path, auth: dict[str, str]) -> dict[str, str]:
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env["RGO_KEEP_LOOPBACK"] = "1"
+    # Job entrypoints say `python ...`: make that the interpreter the orchestrator runs on (its venv).
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
     return env
 
 

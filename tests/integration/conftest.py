@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ class RayCluster:
 
 
 _ENV_KEYS = ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED", "PYTHONPATH",
-             "RGO_KEEP_LOOPBACK")
+             "RGO_KEEP_LOOPBACK", "PATH")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,8 @@ def ray_cluster() -> Iterator[RayCluster]:
     token.chmod(0o600)
     os.environ.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
                       RAY_USAGE_STATS_ENABLED="0", RGO_KEEP_LOOPBACK="1",
+                      # job entrypoints say `python ...`: the venv's interpreter
+                      PATH=os.pathsep.join(p for p in (os.path.dirname(sys.executable), saved.get("PATH") or "") if p),
                       # every Ray process of the cluster keeps loopback loopback (see runtime/loopback)
                       PYTHONPATH=os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT),
                                                              saved.get("PYTHONPATH") or "") if p))
