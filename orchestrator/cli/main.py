@@ -27,6 +27,9 @@ def _register() -> None:
     from orchestrator.cli import bench as _bench  # noqa: F401  (registers on bench_app)
     from orchestrator.cli import cluster as _cluster
     from orchestrator.k8s.cli import app as k8s_app
+    from orchestrator.sim.cli import app as sim_app
+
+    app.add_typer(sim_app, name="sim", help="Replay GPU traces (Alibaba openb) through the placement policies.")
 
     app.add_typer(_cluster.app)  # up, down, status at top level
 
