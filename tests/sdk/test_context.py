@@ -1,0 +1,62 @@
+"""The job side: the context from the environment, a rate-limited preemption poll, checkpoint acks. No Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.context import job_context
+
+from .fakes import FakeClock, FakeHead
+
+ENV = {"ORCHESTRATOR_JOB_ID": "train-1", "ORCHESTRATOR_NAMESPACE": "ns", "ORCHESTRATOR_HEAD_NAME": "h",
+       "ORCHESTRATOR_CHECKPOINT_DIR": "/ck", "ORCHESTRATOR_RESUME_FROM": "/ck/checkpoint.pt",
+       "ORCHESTRATOR_LEASE_ID": "train-1.a2", "ORCHESTRATOR_ATTEMPT": "2", "ORCHESTRATOR_POLL_S": "2"}
+
+
+@pytest.fixture
+def head() -> FakeHead:
+    h = FakeHead()
+    h.submit_job({"name": "train", "entrypoint": "python jobs/train.py"}, "train-1")
+    h.calls.clear()
+    return h
+
+
+def test_the_context_reads_what_the_head_put_in_the_environment() -> None:
+    ctx = job_context(ENV)
+    assert (ctx.job_id, ctx.namespace, ctx.head_name, ctx.checkpoint_dir, ctx.resume_from, ctx.lease_id, ctx.attempt,
+            ctx.min_interval_s) == ("train-1", "ns", "h", "/ck", "/ck/checkpoint.pt", "train-1.a2", 2, 2.0)
+    assert ctx.managed
+
+
+def test_unmanaged_runs_are_never_asked_and_acks_do_nothing() -> None:
+    ctx = job_context({})
+    assert not ctx.managed and ctx.preemption_requested() is False and ctx.acknowledge_checkpoint("/x", 1) is None
+    assert ctx.head is None  # never connected
+
+
+def test_preemption_requested_asks_at_most_once_per_interval_and_stays_true(head: FakeHead) -> None:
+    clock = FakeClock(50.0)
+    ctx = job_context(ENV, head=head, clock=clock)
+    head.preemption_answers = [False, True]
+    assert [ctx.preemption_requested() for _ in range(100)] == [False] * 100
+    assert head.calls == [("job_preemption_requested", ("train-1",))]
+    clock.t += 2.0
+    assert ctx.preemption_requested() is True
+    clock.t += 100
+    assert ctx.preemption_requested() is True and len(head.calls) == 2
+
+
+def test_a_head_that_does_not_answer_is_no_reason_to_stop(head: FakeHead, capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    ctx = job_context(ENV, head=head, clock=clock)
+    head.unreachable = True
+    for _ in range(3):
+        assert ctx.preemption_requested() is False
+        clock.t += 5
+    assert capsys.readouterr().err.count("head not reachable") == 1
+
+
+def test_acknowledge_checkpoint_tells_the_head_path_and_step(head: FakeHead) -> None:
+    ctx = job_context(ENV, head=head)
+    d = ctx.acknowledge_checkpoint("/ck/checkpoint.pt", 120)
+    assert head.calls == [("job_ack_checkpoint", ("train-1", "/ck/checkpoint.pt", 120))] and d["job_id"] == "train-1"
