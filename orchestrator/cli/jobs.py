@@ -1,0 +1,416 @@
+"""``orchestrator submit | jobs | logs | cancel | explain | nodes | leases | queue``.
+
+Thin: each command builds what it needs, calls :class:`orchestrator.sdk.Client`
+and renders the answer. Conventions, as ``up``/``down``/``status``:
+
+* the head is found as ``status`` finds it: ``--address``, else the state
+  file ``up`` wrote (``--state-dir``), else ``auto``; ``--namespace`` overrides;
+* ``--json`` on every read command prints exactly one JSON object or list on
+  stdout; tables, progress and errors otherwise, progress and errors on stderr;
+* ``submit`` validates everything it can (``--gpu``, ``--env``, the command,
+  the name) before it connects: bad input exits 2 even with no cluster;
+* exit codes: 0 ok; 1 the operation failed, a wait timed out, or the job
+  failed or was cancelled; 2 bad input (the message names the field and what
+  is allowed; an unknown job id lists known ones); 3 orchestrator not reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterator, Optional
+
+import typer
+
+from orchestrator.errors import InvalidRequestError, NotConnectedError, OrchestratorError, UnknownObjectError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_CODES = ("Exit codes: 0 ok; 1 operation failed or timed out, or the job failed; 2 bad input (names the "
+              "field and what is allowed); 3 orchestrator not reachable.")
+
+app = typer.Typer(help="Jobs, leases, nodes and the queue.\n\n" + EXIT_CODES, no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+
+Address = Annotated[Optional[str], typer.Option("--address", help="Ray address (default: the one `up` recorded, else auto)")]
+Namespace = Annotated[Optional[str], typer.Option("--namespace", help="Ray namespace of the head (default: recorded, else rgo)")]
+StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="Where `up` wrote its state; default $RGO_STATE_DIR or $TMPDIR/rgo-<uid>")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print exactly one JSON value on stdout")]
+JobId = Annotated[str, typer.Argument(help="Job id (as `submit` printed it; `orchestrator jobs` lists them)")]
+
+
+# ---- plumbing ------------------------------------------------------------------------------------
+def make_client(address: Optional[str], namespace: Optional[str], state_dir: Optional[Path]) -> Any:
+    """The SDK client the commands use (tests replace this with one around a fake head)."""
+    from orchestrator.sdk import Client
+
+    return Client(address, namespace=namespace, state_dir=state_dir)
+
+
+def exit_code(e: BaseException) -> int:
+    if isinstance(e, (InvalidRequestError, UnknownObjectError)):
+        return EXIT_BAD_INPUT
+    if isinstance(e, NotConnectedError):
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED
+
+
+@contextmanager
+def _errors(as_json: bool) -> Iterator[None]:
+    """Our typed errors become a message on stderr (and the error as JSON on stdout) and an exit code."""
+    try:
+        yield
+    except OrchestratorError as e:
+        if as_json:
+            typer.echo(json.dumps(e.to_dict()))
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(exit_code(e)) from None
+
+
+@contextmanager
+def _client(address: Optional[str], namespace: Optional[str], state_dir: Optional[Path], as_json: bool) -> Iterator[Any]:
+    with _errors(as_json):
+        client = make_client(address, namespace, state_dir)
+        try:
+            yield client
+        finally:
+            client.close()
+
+
+def _progress(msg: str) -> None:
+    typer.echo(f"[orchestrator] {msg}", err=True)
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, sort_keys=True, default=str))
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+
+
+def _show(fetch: Callable[[Any], Any], table: Callable[[Any], Any], address: Optional[str], namespace: Optional[str],
+          state_dir: Optional[Path], as_json: bool) -> None:
+    """A read command: fetch with a client, print one JSON value or a table."""
+    with _client(address, namespace, state_dir, as_json) as client:
+        data = fetch(client)
+    if as_json:
+        _print_json(data)
+    else:
+        _console().print(table(data))
+
+
+def _job(client: Any, job_id: str) -> Any:
+    """A handle on ``job_id``; an unknown id is bad input whose message lists the known ones."""
+    try:
+        return client.job(job_id)
+    except UnknownObjectError:
+        known = [j["job_id"] for j in client.jobs()]
+        shown = known[-10:] if known else ["(no jobs yet)"]
+        raise InvalidRequestError("job", job_id, (["..."] if len(known) > 10 else []) + shown,
+                                  detail="no such job") from None
+
+
+# ---- submit --------------------------------------------------------------------------------------
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in pairs:
+        k, eq, v = p.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise InvalidRequestError("env", p, "KEY=VALUE with KEY a shell variable name")
+        out[k] = v
+    return out
+
+
+def default_name(command: list[str]) -> str:
+    """A job name from its command: the first ``*.py``/``*.sh`` file's stem, else the program's name."""
+    words = [w for w in command if not w.startswith("-")]
+    script = next((w for w in words if w.endswith((".py", ".sh"))), words[0] if words else "job")
+    name = re.sub(r"[^a-z0-9_.-]+", "-", Path(script).stem.lower()).strip("-_.")[:63].strip("-_.")
+    return name or "job"
+
+
+def build_spec(command: list[str], *, gpu: str, priority: Optional[str], name: Optional[str], queue: str,
+               checkpoint_dir: Optional[str], env: list[str], working_dir: Optional[str]) -> Any:
+    """The :class:`JobSpec` of a ``submit`` command line. Raises ``InvalidRequestError`` naming the field."""
+    from orchestrator.job import JobSpec
+    from orchestrator.model.request import GpuRequest
+
+    request = GpuRequest.parse(gpu)
+    runtime_env: dict[str, Any] = {}
+    env_vars = parse_env(env)
+    if env_vars:
+        runtime_env["env_vars"] = env_vars
+    if working_dir:
+        if "://" in working_dir:
+            runtime_env["working_dir"] = working_dir
+        else:
+            wd = Path(working_dir).expanduser().resolve()
+            if not wd.is_dir():
+                raise InvalidRequestError("working_dir", working_dir, "an existing directory, or a URI (s3://, gs://, https://...zip)")
+            runtime_env["working_dir"] = str(wd)
+    if checkpoint_dir and "://" not in checkpoint_dir:
+        checkpoint_dir = str(Path(checkpoint_dir).expanduser().resolve())
+    # As `ray job submit -- ...`: the words after `--` are joined into one shell command.
+    entrypoint = shlex.join(command) if command else ""
+    return JobSpec(name=name or default_name(command), entrypoint=entrypoint, gpu=request, priority=priority,
+                   queue=queue, runtime_env=runtime_env, checkpoint_dir=checkpoint_dir)
+
+
+@app.command(context_settings={"allow_interspersed_args": False}, epilog=EXIT_CODES)
+def submit(
+    command: Annotated[Optional[list[str]], typer.Argument(help="-- COMMAND [ARGS...]: the shell command to run as a Ray job", show_default=False)] = None,
+    gpu: Annotated[str, typer.Option("--gpu", help="1, 2 (whole cards), mig:1g.10gb, mps:30%,20GiB, timeslice:0.25, or mem=20GiB,compute=0.3,isolation=hard|soft|none")] = "1",
+    priority: Annotated[Optional[str], typer.Option("--priority", help="Priority class: inference, training, batch or one from the config (default: the config's)")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Job name (default: from the command)")] = None,
+    queue: Annotated[str, typer.Option("--queue", help="Queue (quota group)")] = "default",
+    checkpoint_dir: Annotated[Optional[str], typer.Option("--checkpoint-dir", help="Where a training job checkpoints (ORCHESTRATOR_CHECKPOINT_DIR inside it)")] = None,
+    env: Annotated[Optional[list[str]], typer.Option("--env", help="KEY=VALUE in the job's environment (repeatable)")] = None,
+    working_dir: Annotated[Optional[str], typer.Option("--working-dir", help="Directory shipped with the job (read on the Ray head node) or a URI")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the job ends, printing progress; exit 1 unless it succeeded")] = False,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="With --wait: give up after this many seconds (exit 1)")] = None,
+    job_id: Annotated[Optional[str], typer.Option("--job-id", help="Choose the job id (a retry with the same id and spec returns the same job)")] = None,
+    as_json: AsJson = False,
+    address: Address = None,
+    namespace: Namespace = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Queue a command as a job on a GPU lease: `orchestrator submit --gpu mig:1g.10gb -- python jobs/inference.py`."""
+    with _errors(as_json):  # everything local is checked before connecting
+        spec = build_spec(command or [], gpu=gpu, priority=priority, name=name, queue=queue,
+                          checkpoint_dir=checkpoint_dir, env=env or [], working_dir=working_dir)
+    with _client(address, namespace, state_dir, as_json) as client:
+        handle = client.submit(spec, job_id=job_id)
+        if not as_json:
+            _progress(f"submitted {handle.job_id} ({spec.name}): {spec.gpu.describe()}, "
+                      f"priority {handle.info.get('priority_class')}, queue {spec.queue}")
+        if not wait:
+            if as_json:
+                _print_json(handle.info)
+            else:
+                typer.echo(handle.job_id)
+            return
+        t0 = time.monotonic()
+
+        def changed(d: dict[str, Any]) -> None:
+            _progress(f"{time.monotonic() - t0:6.1f}s {d['job_id']}: {d['state']} -- {_why(handle, d)}")
+
+        final = handle.wait(timeout, on_change=changed)
+    if as_json:
+        _print_json(final)
+    else:
+        typer.echo(f"{final['job_id']}: {final['state']}")
+    if final["state"] != "succeeded":
+        if not as_json:
+            typer.echo(f"see `orchestrator logs {final['job_id']}` and `orchestrator explain {final['job_id']}`", err=True)
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _why(handle: Any, d: dict[str, Any]) -> str:
+    if d["state"] == "queued":
+        try:
+            return handle.explain().get("summary") or ""
+        except OrchestratorError:
+            pass
+    if d.get("message"):
+        return d["message"]
+    hist = d.get("history") or []
+    return hist[-1]["reason"] if hist else ""
+
+
+# ---- read commands -------------------------------------------------------------------------------
+@app.command("jobs", epilog=EXIT_CODES)
+def jobs_cmd(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+             state_dir: StateDir = None) -> None:
+    """Every job the head knows, oldest first."""
+    _show(lambda c: c.jobs(), lambda d: jobs_table(d, now=time.time()), address, namespace, state_dir, as_json)
+
+
+@app.command(epilog=EXIT_CODES)
+def logs(job_id: JobId, follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")] = False,
+         as_json: AsJson = False, address: Address = None, namespace: Namespace = None, state_dir: StateDir = None) -> None:
+    """The job's output (its Ray job's logs, current attempt)."""
+    from orchestrator.sdk import TERMINAL_STATES
+
+    with _client(address, namespace, state_dir, as_json) as client:
+        handle = _job(client, job_id)
+        text = handle.logs()
+        if as_json:
+            _print_json({"job_id": job_id, "state": handle.state, "logs": text})
+            return
+        typer.echo(text, nl=False)
+        while follow and handle.status()["state"] not in TERMINAL_STATES:
+            time.sleep(1.0)
+            more = handle.logs()
+            typer.echo(more[len(text):] if more.startswith(text) else more, nl=False)
+            text = more
+        if follow:
+            rest = handle.logs()
+            typer.echo(rest[len(text):] if rest.startswith(text) else "", nl=False)
+            _progress(f"{job_id}: {handle.state}")
+
+
+@app.command(epilog=EXIT_CODES)
+def cancel(job_id: JobId, as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+           state_dir: StateDir = None) -> None:
+    """Stop a job (queued, running or checkpointing) and release its lease. Cancelling an ended job changes nothing."""
+    with _client(address, namespace, state_dir, as_json) as client:
+        handle = _job(client, job_id)
+        was = handle.state
+        d = handle.cancel()
+    if as_json:
+        _print_json(d)
+    else:
+        typer.echo(f"{job_id}: {d['state']}" + (f" (was {was})" if was != d["state"] else " (already ended)"))
+
+
+@app.command(epilog=EXIT_CODES)
+def explain(job_id: JobId, as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+            state_dir: StateDir = None) -> None:
+    """Why a job waits (reasons grouped by node, queue position, what preemption would admit it), where it runs and why, who preempted it."""
+    with _client(address, namespace, state_dir, as_json) as client:
+        d = _job(client, job_id).explain()
+    if as_json:
+        _print_json(d)
+    else:
+        typer.echo(render_explain(d))
+
+
+@app.command(epilog=EXIT_CODES)
+def nodes(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+          state_dir: StateDir = None) -> None:
+    """Nodes and their GPUs: model, memory, health, MIG slices and the leases holding them."""
+    _show(lambda c: c.nodes(), nodes_table, address, namespace, state_dir, as_json)
+
+
+@app.command(epilog=EXIT_CODES)
+def leases(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+           state_dir: StateDir = None) -> None:
+    """Live leases: pending, granted, active and checkpointing."""
+    _show(lambda c: c.leases(), lambda d: leases_table(d, now=time.time()), address, namespace, state_dir, as_json)
+
+
+@app.command("queue", epilog=EXIT_CODES)
+def queue_cmd(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+              state_dir: StateDir = None) -> None:
+    """Pending leases in the order the scheduler considers them, each with why it waits."""
+    _show(lambda c: c.queue(), queue_table, address, namespace, state_dir, as_json)
+
+
+# ---- rendering (pure) ----------------------------------------------------------------------------
+_STATE_STYLE = {"queued": "yellow", "admitted": "cyan", "running": "green", "preempting": "magenta",
+                "succeeded": "bold green", "failed": "bold red", "cancelled": "dim", "pending": "yellow",
+                "granted": "cyan", "active": "green", "checkpointing": "magenta"}
+
+
+def _styled(state: str) -> str:
+    style = _STATE_STYLE.get(state)
+    return f"[{style}]{state}[/]" if style else state
+
+
+def _age(now: float, then: float | None) -> str:
+    if not then:
+        return "-"
+    s = max(0.0, now - then)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def _where(lease: dict[str, Any] | None) -> str:
+    a = (lease or {}).get("allocation")
+    if not a:
+        return "-"
+    s = f"{a['node']} gpu {','.join(str(i) for i in a['gpu_indices'])}"
+    if a.get("mig_profile"):
+        s += f" {a['mig_profile']}"
+    elif a.get("kind") in ("mps", "timeslice"):
+        s += f" ({a['kind']} {a.get('milli', 0) / 10:g}%)"
+    return s
+
+
+def _table(title: str, *columns: str) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    return t
+
+
+def jobs_table(jobs: list[dict[str, Any]], *, now: float) -> Any:
+    t = _table(f"jobs ({len(jobs)})", "JOB", "STATE", "CLASS", "GPU", "QUEUE", "WHERE", "TRY", "AGE", "MESSAGE")
+    for j in jobs:
+        msg = j.get("message") or ((j.get("history") or [{}])[-1].get("reason") or "")
+        t.add_row(j["job_id"], _styled(j["state"]), j.get("priority_class") or "-", j.get("gpu") or "-",
+                  j.get("queue") or "-", _where(j.get("lease")), str(j.get("attempt") or "-"),
+                  _age(now, j.get("submitted_at")), msg)
+    return t
+
+
+def leases_table(leases: list[dict[str, Any]], *, now: float) -> Any:
+    t = _table(f"leases ({len(leases)})", "LEASE", "STATE", "OWNER", "CLASS", "PRIO", "REQUEST", "WHERE", "TOKEN", "AGE")
+    for le in leases:
+        hist = le.get("history") or []
+        t.add_row(le["lease_id"], _styled(le["state"]), le.get("owner") or "-", le.get("priority_class") or "-",
+                  str(le.get("priority", "-")), le.get("request") or "-", _where(le),
+                  str(le.get("fencing_token") or "-"), _age(now, hist[0]["at"] if hist else None))
+    return t
+
+
+def queue_table(queue: list[dict[str, Any]]) -> Any:
+    t = _table(f"queue ({len(queue)})", "#", "LEASE", "OWNER", "REQUEST", "PRIO", "WHY PENDING")
+    for i, q in enumerate(queue, 1):
+        t.add_row(str(i), q["lease_id"], q.get("owner") or "-", q.get("request") or "-", str(q.get("priority", "-")),
+                  q.get("why_pending") or "(not considered yet)")
+    return t
+
+
+def nodes_table(nodes: list[dict[str, Any]]) -> Any:
+    t = _table(f"nodes ({len(nodes)})", "NODE", "STATE", "GPU", "MODEL", "MEMORY", "HEALTH", "MIG", "LEASES")
+    for n in nodes:
+        state = n["state"] if n["state"] == "registered" else f"[red]{n['state']}[/]"
+        if not n.get("gpus"):
+            t.add_row(n["name"], state, "-", n.get("model") or "-", "-", "-", "-", "-")
+        for i, g in enumerate(n.get("gpus") or []):
+            mig = ", ".join(f"{m['profile']}" + (f"={m['lease']}" if m.get("lease") else "") for m in g.get("mig") or [])
+            health = "ok" if g.get("healthy", True) else f"[red]{g.get('health_reason') or 'unhealthy'}[/]"
+            t.add_row(n["name"] if i == 0 else "", state if i == 0 else "", str(g["index"]), g.get("model") or "-",
+                      f"{g.get('memory_mib', 0) / 1024:g}GiB", health, mig or "-", ", ".join(g.get("leases") or []) or "-")
+    return t
+
+
+def render_explain(d: dict[str, Any]) -> str:
+    """``explain``'s answer as text: summary first, then the details behind it. Pure."""
+    lines = [f"job {d['job_id']} ({d.get('name', '')}): {d['state']}", f"  {d.get('summary') or ''}".rstrip()]
+    p = d.get("pending")
+    if p:
+        lines.append(f"  queue position: {p['position'] + 1}" + (f" -- {p['reason']}" if p.get("reason") else ""))
+        if p.get("reasons"):
+            lines.append("  why no node fits:")
+            for r in p["reasons"]:
+                lines.append(f"    {r['nodes']} node{'s' if r['nodes'] != 1 else ''}: {r['reason']}  [{r['alternative']}]")
+        if p.get("being_preempted"):
+            lines.append("  waiting for these to checkpoint and yield:")
+            lines += [f"    {v['owner']} (lease {v['lease_id']})" for v in p["being_preempted"]]
+        if p.get("would_preempt"):
+            lines.append("  preempting these would admit it:")
+            lines += [f"    {v['owner']} (lease {v['lease_id']})" for v in p["would_preempt"]]
+        elif p.get("preemption_blocked"):
+            lines.append(f"  no preemption: {p['preemption_blocked']}")
+    pl = d.get("placement")
+    if pl:
+        lines.append(f"  placed on {pl['node']} GPU {','.join(str(i) for i in pl['gpu_indices'])} ({pl['kind']}): {pl['reason']}")
+    for i, pr in enumerate(d.get("preemptions") or [], 1):
+        at = time.strftime("%H:%M:%S", time.localtime(pr["at"])) if pr.get("at") else "?"
+        lines.append(f"  preempted #{i} at {at} by {pr['by']}: {pr['reason']}; checkpoint {pr.get('checkpoint_path') or '(none)'}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

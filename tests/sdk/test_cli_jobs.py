@@ -1,0 +1,189 @@
+"""The job commands' contract against a fake head: refusals (exit 2) before connecting, one JSON value with
+--json, exit codes, progress on stderr, and the rendering of tables and explanations. No Ray."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli import jobs as cli
+from orchestrator.sdk import Client
+
+from .fakes import FakeHead
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def head(monkeypatch: pytest.MonkeyPatch) -> FakeHead:
+    fake = FakeHead()
+    monkeypatch.setattr(cli, "make_client", lambda *a: Client(head=fake))
+    return fake
+
+
+@pytest.fixture
+def no_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*a: Any) -> Any:
+        raise AssertionError("bad input must be refused before connecting")
+
+    monkeypatch.setattr(cli, "make_client", refuse)
+
+
+def run(*args: str) -> Any:
+    return runner.invoke(cli.app, list(args))
+
+
+@pytest.mark.parametrize("args, field, shown", [
+    (["--gpu", "mig:9g.99gb"], "profile", "9g.99gb"),          # a MIG profile no GPU offers
+    (["--gpu", "mps:130%"], "gpu.sm_percent", "130%"),          # an SM share over 100%
+    (["--gpu", "mps:30%,-2GiB"], "gpu.memory", "-2GiB"),        # negative memory
+    (["--gpu", "mem=lots,isolation=soft"], "gpu.memory", "lots"),  # unparsable memory
+    (["--gpu", "0"], "gpu", "0"),
+    (["--env", "NOEQUALS"], "env", "NOEQUALS"),
+    (["--name", "Bad Name"], "name", "Bad Name"),
+    (["--working-dir", "/no/such/dir"], "working_dir", "/no/such/dir"),
+])
+def test_bad_input_exits_2_naming_the_field_before_connecting(no_head: None, args: list[str], field: str, shown: str) -> None:
+    r = run("submit", *args, "--", "python", "x.py")
+    assert r.exit_code == 2, r.output
+    assert f"invalid {field}=" in r.stderr and shown in r.stderr and "allowed:" in r.stderr
+
+
+def test_an_empty_command_exits_2(no_head: None) -> None:
+    r = run("submit", "--gpu", "1", "--json")
+    assert r.exit_code == 2
+    err = json.loads(r.stdout)
+    assert err["error"] == "InvalidRequestError" and err["field"] == "entrypoint" and "empty command" in err["message"]
+
+
+def test_the_heads_refusals_exit_2_listing_what_is_allowed(head: FakeHead) -> None:
+    r = run("submit", "--priority", "urgent", "--", "true")
+    assert r.exit_code == 2 and "invalid priority='urgent'" in r.stderr and "batch, inference, training" in r.stderr
+    r = run("submit", "--gpu", "mig:7g.80gb", "--json", "--", "true")
+    assert r.exit_code == 2 and json.loads(r.stdout)["field"] == "gpu.profile"
+
+
+def test_an_unreachable_orchestrator_exits_3_with_one_json_object(tmp_path: Path) -> None:
+    r = run("jobs", "--json", "--address", "127.0.0.1:1", "--state-dir", str(tmp_path))
+    assert r.exit_code == 3
+    assert json.loads(r.stdout)["error"] == "NotConnectedError"
+
+
+def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: FakeHead, tmp_path: Path) -> None:
+    r = run("submit", "--gpu", "mps:30%,20GiB", "--priority", "training", "--checkpoint-dir", str(tmp_path),
+            "--env", "A=1", "--env", "B=x=y", "--working-dir", str(tmp_path), "--",
+            "python", "jobs/train.py", "--steps", "10", "--note", "two words")
+    assert r.exit_code == 0, r.output
+    job_id = r.stdout.strip()
+    spec = head.calls[0][1][0]
+    assert job_id.startswith("train-") and spec["name"] == "train"
+    assert shlex.split(spec["entrypoint"]) == ["python", "jobs/train.py", "--steps", "10", "--note", "two words"]
+    assert spec["runtime_env"] == {"env_vars": {"A": "1", "B": "x=y"}, "working_dir": str(tmp_path)}
+    assert spec["checkpoint_dir"] == str(tmp_path) and spec["priority"] == "training"
+    assert "submitted " + job_id in r.stderr and "mps:30%,20480MiB" in r.stderr
+
+
+def test_submit_json_prints_exactly_one_object(head: FakeHead) -> None:
+    r = run("submit", "--json", "--gpu", "timeslice:0.25", "--name", "ts", "--", "true")
+    assert r.exit_code == 0
+    d = json.loads(r.stdout)
+    assert d["name"] == "ts" and d["state"] == "queued" and d["gpu"] == "timeslice:0.25"
+
+
+def test_submit_wait_prints_progress_and_exits_by_the_outcome(head: FakeHead, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("orchestrator.sdk.time.sleep", lambda s: None)
+    orig = head.submit_job
+
+    def submit_then_script(spec: dict[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        d = orig(spec, job_id)
+        outcome = "succeeded" if spec["name"] == "ok" else "failed"
+        head.script(d["job_id"], ("admitted", "granted on a100-0"), ("running", "submitted to Ray"),
+                    (outcome, f"Ray job {outcome.upper()}"))
+        return d
+
+    head.submit_job = submit_then_script  # type: ignore[method-assign]
+    r = run("submit", "--wait", "--name", "ok", "--", "true")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().endswith(": succeeded")
+    assert [ln.split()[3] for ln in r.stderr.splitlines()[1:]] == ["admitted", "running", "succeeded"]
+    r = run("submit", "--wait", "--name", "bad", "--", "false")
+    assert r.exit_code == 1 and "failed" in r.stdout and "orchestrator logs" in r.stderr
+
+
+def test_read_commands_print_one_json_value(head: FakeHead) -> None:
+    head.submit_job({"name": "a", "entrypoint": "true"}, "a-1")
+    head.request_lease({"lease_id": "l-1", "request": "1", "owner": "o"})
+    head.logs["a-1"] = "out\n"
+    for cmd, check in ((["jobs"], lambda v: v[0]["job_id"] == "a-1"),
+                       (["nodes"], lambda v: v[0]["name"] == "a100-0"),
+                       (["leases"], lambda v: v[0]["lease_id"] == "l-1"),
+                       (["queue"], lambda v: v[0]["lease_id"] == "l-1"),
+                       (["logs", "a-1"], lambda v: v["logs"] == "out\n"),
+                       (["explain", "a-1"], lambda v: v["pending"]["position"] == 0),
+                       (["cancel", "a-1"], lambda v: v["state"] == "cancelled")):
+        r = run(*cmd, "--json")
+        assert r.exit_code == 0, (cmd, r.output)
+        assert check(json.loads(r.stdout)), cmd
+
+
+def test_tables_show_what_matters(head: FakeHead) -> None:
+    head.submit_job({"name": "a", "entrypoint": "true", "gpu": {"kind": "mig", "profile": "1g.10gb"}}, "a-1")
+    head.request_lease({"lease_id": "l-1", "request": "1", "owner": "job:a-1"})
+    out = run("jobs").stdout
+    assert "a-1" in out and "queued" in out and "mig:1g.10gb" in out
+    out = run("nodes").stdout
+    assert "a100-0" in out and "A100-80GB" in out and "80GiB" in out and "l-1" in out
+    out = run("leases").stdout
+    assert "l-1" in out and "pending" in out and "job:a-1" in out
+    out = run("queue").stdout
+    assert "no node fits" in out
+
+
+def test_unknown_job_ids_exit_2_listing_known_ones(head: FakeHead) -> None:
+    head.submit_job({"name": "a", "entrypoint": "true"}, "a-1")
+    for cmd in ("logs", "cancel", "explain"):
+        r = run(cmd, "zzz")
+        assert r.exit_code == 2 and "invalid job='zzz': no such job (allowed: a-1)" in r.stderr, cmd
+
+
+def test_cancel_says_what_it_was(head: FakeHead) -> None:
+    head.submit_job({"name": "a", "entrypoint": "true"}, "a-1")
+    assert run("cancel", "a-1").stdout.strip() == "a-1: cancelled (was queued)"
+    assert run("cancel", "a-1").stdout.strip() == "a-1: cancelled (already ended)"
+
+
+def test_help_documents_the_exit_codes() -> None:
+    for args in ([], ["submit"]):
+        r = run(*args, "--help")
+        assert "3 orchestrator not reachable" in " ".join(r.stdout.split()), args
+
+
+# ---- explain, rendered ---------------------------------------------------------------------------
+def test_render_explain_pending() -> None:
+    text = cli.render_explain({
+        "job_id": "big-1", "name": "big", "state": "queued", "summary": "pending at queue position 2: no node fits",
+        "pending": {"position": 1, "reason": "no node fits 4x whole (3 nodes)",
+                    "reasons": [{"alternative": "whole", "reason": "not enough free GPUs", "nodes": 2},
+                                {"alternative": "whole", "reason": "only 2 GPUs", "nodes": 1}],
+                    "would_preempt": [{"lease_id": "t-1.a1", "owner": "t-1"}], "being_preempted": [],
+                    "preemption_blocked": ""},
+        "placement": None, "preemptions": []})
+    assert text.splitlines()[:2] == ["job big-1 (big): queued", "  pending at queue position 2: no node fits"]
+    assert "  queue position: 2 -- no node fits 4x whole (3 nodes)" in text
+    assert "    2 nodes: not enough free GPUs  [whole]" in text and "    1 node: only 2 GPUs  [whole]" in text
+    assert "preempting these would admit it:\n    t-1 (lease t-1.a1)" in text
+
+
+def test_render_explain_running_and_preempted() -> None:
+    text = cli.render_explain({
+        "job_id": "t-1", "name": "t", "state": "running", "summary": "running on a100-1 GPU 2 (mig): best fit",
+        "pending": None, "placement": {"node": "a100-1", "gpu_indices": [2], "kind": "mig", "reason": "best fit"},
+        "preemptions": [{"by": "serve-1", "reason": "inference needs the card", "at": 0.0,
+                         "checkpoint_path": "/ck/checkpoint.pt"}]})
+    assert "  placed on a100-1 GPU 2 (mig): best fit" in text
+    assert "preempted #1 at " in text and "by serve-1: inference needs the card; checkpoint /ck/checkpoint.pt" in text
