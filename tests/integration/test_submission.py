@@ -1,0 +1,214 @@
+"""Job submission on a real 3-node Ray cluster: the SDK, the CLI, and a plain `ray job submit` taking a lease.
+
+One head on the module's shared cluster (``tests/integration/conftest.py``).
+What only a real cluster shows: a job of each GPU kind admitted on its lease
+and run by Ray's job API with the lease's ``CUDA_VISIBLE_DEVICES``; a job
+that waits, explained and cancelled; the head's refusals coming back typed
+through the actor boundary; the CLI's exit codes and JSON against a live
+head; and a driver started by Ray's own ``ray job submit`` that takes a lease
+with ``orchestrator.lease`` and starts an actor on the leased device. The
+logic behind them is unit-tested in ``tests/sdk`` (and ``tests/runtime``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from orchestrator.errors import InvalidRequestError
+from orchestrator.job import JobSpec
+from orchestrator.runtime.config import RuntimeSettings
+from orchestrator.runtime.launcher import LOOPBACK_SITE
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+SETTINGS = RuntimeSettings(namespace="rgo-sub", heartbeat_interval_s=0.5, agent_ttl_s=5.0, reconcile_interval_s=0.1)
+PRINT_CVD = f"{sys.executable} -c \"import os; print('CVD=' + os.environ.get('CUDA_VISIBLE_DEVICES', ''))\""
+
+
+@pytest.fixture(scope="module")
+def job_env() -> Iterator[None]:
+    """What `orchestrator up` gives its raylets so Ray's job drivers keep 127.0.0.1 (see runtime/loopback)."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RGO_KEEP_LOOPBACK")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO), saved["PYTHONPATH"]) if p)
+    os.environ["RGO_KEEP_LOOPBACK"] = "1"
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def head(job_env: None, ray_cluster: Any) -> Iterator[Any]:
+    import ray
+
+    from orchestrator.runtime import ray_api
+
+    handle = ray_api.start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
+    deadline = time.monotonic() + 120
+    while ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"] != ["a100-0", "a100-1", "h100-0"]:
+        assert time.monotonic() < deadline, "agents did not register"
+        time.sleep(0.25)
+    yield ray_api.HeadClient(handle=handle)
+    for node in ray_cluster.config.nodes:
+        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
+    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
+    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+
+
+@pytest.fixture(scope="module")
+def client(head: Any) -> Any:
+    from orchestrator import Client
+
+    return Client(namespace=SETTINGS.namespace)  # this process is already a driver: it is used as it is
+
+
+def _live_leases(head: Any) -> list[str]:
+    return [le["lease_id"] for le in head.status()["leases"]]
+
+
+def test_a_job_of_each_gpu_kind_runs_on_its_lease(client: Any, head: Any) -> None:
+    kinds = {"whole": "1", "mig": "mig:1g.10gb", "mps": "mps:30%,20GiB", "timeslice": "timeslice:0.25",
+             "unified": "mem=20GiB,compute=0.3,isolation=hard"}
+    t0 = time.monotonic()
+    handles = {k: client.submit({"name": f"kind-{k}", "entrypoint": PRINT_CVD, "gpu": g}) for k, g in kinds.items()}
+    final = {k: h.wait(180) for k, h in handles.items()}
+    print(f"\n{len(kinds)} jobs submitted -> all ended in {time.monotonic() - t0:.1f}s")
+    for k, d in final.items():
+        assert d["state"] == "succeeded", (k, d["message"], handles[k].logs())
+        assert d["ray_submission_id"] == f"{d['job_id']}-1" and d["attempt"] == 1
+        states = [t["state"] for t in d["history"]]
+        assert states == ["queued", "admitted", "running", "succeeded"], (k, states)
+        lease = head.get_lease(d["lease_id"])
+        assert lease["state"] == "released"
+        cvd = lease["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"]
+        assert f"CVD={cvd}\n" in handles[k].logs(), k
+    assert head.get_lease(final["mig"]["lease_id"])["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+    assert head.get_lease(final["unified"]["lease_id"])["allocation"]["kind"] == "mig"  # isolation=hard -> a MIG slice
+    assert head.get_lease(final["mps"]["lease_id"])["handout"]["env_vars"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert {j["job_id"] for j in client.jobs()} >= {d["job_id"] for d in final.values()}
+
+
+def test_the_heads_refusals_come_back_typed_before_queueing(client: Any) -> None:
+    before = len(client.jobs())
+    for spec, field in (({"priority": "urgent"}, "priority"),              # an unknown priority class
+                        ({"gpu": "mig:7g.80gb"}, "gpu.profile"),           # a profile the cluster's layouts lack
+                        ({"gpu": "mig:1g.12gb"}, "gpu.profile"),           # a profile no GPU here offers (H100 94GB)
+                        ({"gpu": "8"}, "gpu.count")):                      # more cards than any node has
+        with pytest.raises(InvalidRequestError) as e:
+            client.submit({"name": "refused", "entrypoint": "true", **spec})
+        assert e.value.field == field, spec
+        assert e.value.allowed, spec
+    assert len(client.jobs()) == before  # nothing was queued
+
+
+def test_a_waiting_job_is_explained_then_cancelled(client: Any, head: Any) -> None:
+    # The demo cluster has one 1g.20gb slice: the first job holds it, the second waits behind it.
+    holder = client.submit({"name": "holder", "entrypoint": f"{sys.executable} -c 'import time; time.sleep(120)'",
+                            "gpu": "mig:1g.20gb", "priority": "batch"})
+    deadline = time.monotonic() + 90
+    while holder.status()["state"] != "running":
+        assert time.monotonic() < deadline, holder.info
+        time.sleep(0.25)
+    waiting = client.submit(JobSpec(name="waiter", entrypoint="true", gpu={"kind": "mig", "profile": "1g.20gb"},
+                                    priority="batch"))
+    time.sleep(1.0)  # a reconcile cycle or two
+    ex = waiting.explain()
+    assert ex["state"] == "queued" and ex["pending"] is not None, ex
+    assert ex["pending"]["position"] == 0 and ex["pending"]["reasons"], ex
+    assert ex["summary"].startswith("pending at queue position 1"), ex["summary"]
+    running = holder.explain()
+    assert running["placement"]["node"] == "a100-1" and running["placement"]["kind"] == "mig", running
+    assert waiting.cancel()["state"] == "cancelled"
+    t0 = time.monotonic()
+    assert holder.cancel()["state"] == "cancelled"
+    lease_id = holder.info["lease_id"]
+    while lease_id in _live_leases(head):
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.2)
+    assert head.get_lease(lease_id)["state"] == "released"
+
+
+def _cli(command: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.jobs", command, "--namespace", SETTINGS.namespace, *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_the_cli_submits_waits_and_reads_back(head: Any, ray_cluster: Any) -> None:
+    addr = ray_cluster.address
+    t0 = time.monotonic()
+    r = _cli("submit", "--gpu", "mps:30%,20GiB", "--name", "cli-mps", "--env", "GREETING=hi", "--wait", "--json",
+             "--address", addr, "--", sys.executable, "-c",
+             "import os; print(os.environ['GREETING'], os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'])")
+    print(f"\nsubmit --wait took {time.monotonic() - t0:.1f}s")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)  # exactly one JSON object
+    assert d["state"] == "succeeded" and d["name"] == "cli-mps"
+    assert "running" in r.stderr and "succeeded" in r.stderr  # progress, on stderr
+    job_id = d["job_id"]
+    r = _cli("logs", job_id, "--address", addr)
+    assert r.returncode == 0 and "hi 30" in r.stdout, r.stderr
+    r = _cli("explain", job_id, "--json", "--address", addr)
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "succeeded", r.stderr
+    r = _cli("jobs", "--json", "--address", addr)
+    assert r.returncode == 0 and job_id in [j["job_id"] for j in json.loads(r.stdout)]
+    r = _cli("submit", "--priority", "urgent", "--address", addr, "--", "true")
+    assert r.returncode == 2 and "invalid priority='urgent'" in r.stderr and "inference" in r.stderr
+    r = _cli("cancel", "no-such-job", "--address", addr)
+    assert r.returncode == 2 and "no such job" in r.stderr and job_id in r.stderr
+
+
+def test_orchestrator_lease_inside_this_driver(head: Any) -> None:
+    import ray
+
+    import orchestrator
+
+    @ray.remote
+    class Seen:
+        def cvd(self) -> str:
+            return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+    with orchestrator.lease("timeslice:0.5", priority="inference", timeout=60,
+                            namespace=SETTINGS.namespace) as lease:
+        assert head.get_lease(lease.lease_id)["state"] == "active"
+        assert head.get_lease(lease.lease_id)["holder"]  # the fate-sharing holder actor
+        actor = Seen.options(**lease.actor_options()).remote()
+        assert ray.get(actor.cvd.remote(), timeout=90) == lease.cuda_visible_devices
+        ray.kill(actor)
+    assert head.get_lease(lease.lease_id)["state"] == "released"
+    assert ray.is_initialized()  # a driver that was connected stays connected
+
+
+def test_plain_ray_job_submit_takes_a_lease_from_inside_the_job(head: Any, ray_cluster: Any) -> None:
+    from ray.dashboard.utils import ray_address_to_api_server_url
+
+    api = ray_address_to_api_server_url(ray_cluster.address)
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    runtime_env = {"env_vars": {"ORCHESTRATOR_NAMESPACE": SETTINGS.namespace}}
+    t0 = time.monotonic()
+    r = subprocess.run([str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", api,
+                        "--runtime-env-json", json.dumps(runtime_env), "--",
+                        sys.executable, str(REPO / "jobs" / "lease_example.py"), "--gpu", "mig:1g.10gb"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    print(f"\nray job submit of jobs/lease_example.py took {time.monotonic() - t0:.1f}s")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("CUDA_VISIBLE_DEVICES="))
+    print(line)
+    assert line.startswith("CUDA_VISIBLE_DEVICES=MIG-")
+    seen = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("SEEN "))[5:])
+    assert seen["gpu_ids"] == [line.split("=", 1)[1]]
+    lease_id = next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("lease ") and "granted" in ln)
+    d = head.get_lease(lease_id)
+    assert d["state"] == "released" and d["history"][-1]["reason"] == "holder left the lease block"
+    assert d["owner"].startswith("driver:")
