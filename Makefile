@@ -23,7 +23,7 @@ unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
 demo: install
-	$(BIN)/orchestrator bench placement --nodes 1000
+	$(BIN)/orchestrator demo
 
 bench: install
 	$(BIN)/orchestrator bench placement --nodes 5000 --json

@@ -120,7 +120,7 @@ class Trainer:
 
 
 def run(steps: int, *, seed: int = 0, width: int = 64, checkpoint_dir: str | None = None, resume_from: str | None = None,
-        checkpoint_every: int = 0, step_delay_s: float = 0.0,
+        checkpoint_every: int = 0, step_delay_s: float = 0.0, log_every: int = 0,
         should_checkpoint: Callable[[], bool] | None = None, on_checkpoint: Callable[[str, int], None] | None = None,
         log: Callable[[str], None] = print) -> dict:
     """Train to ``steps``; stop early (after checkpointing) when ``should_checkpoint()`` says so."""
@@ -131,6 +131,8 @@ def run(steps: int, *, seed: int = 0, width: int = 64, checkpoint_dir: str | Non
     preempted = False
     while t.step < steps:
         t.train_step()
+        if log_every and t.step % log_every == 0:
+            log(f"step {t.step} loss {t.loss:.6f}")
         if checkpoint_every and checkpoint_dir and t.step % checkpoint_every == 0:
             t.checkpoint(checkpoint_dir)
         if step_delay_s:
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume-from", default=os.environ.get("ORCHESTRATOR_RESUME_FROM"))
     p.add_argument("--checkpoint-every", type=int, default=0, help="Also checkpoint every N steps (0: only on request)")
     p.add_argument("--step-delay", type=float, default=0.0, help="Seconds to sleep per step (to make runs observable)")
+    p.add_argument("--log-every", type=int, default=0, help="Print the step and loss every N steps (0: never)")
     a = p.parse_args(argv)
     if a.resume_from is None and a.checkpoint_dir and (Path(a.checkpoint_dir) / CKPT_NAME).exists():
         a.resume_from = str(Path(a.checkpoint_dir) / CKPT_NAME)
@@ -173,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         should, on_ck = ctx.preemption_requested, ctx.acknowledge_checkpoint
     print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
     res = run(a.steps, seed=a.seed, width=a.width, checkpoint_dir=a.checkpoint_dir, resume_from=a.resume_from,
-              checkpoint_every=a.checkpoint_every, step_delay_s=a.step_delay, should_checkpoint=should,
+              checkpoint_every=a.checkpoint_every, step_delay_s=a.step_delay, log_every=a.log_every,
+              should_checkpoint=should,
               on_checkpoint=on_ck, log=lambda s: print(s, flush=True))
     print("RESULT " + json.dumps(res), flush=True)
     return 0

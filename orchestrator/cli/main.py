@@ -32,6 +32,9 @@ def _register() -> None:
     app.add_typer(sim_app, name="sim", help="Replay GPU traces (Alibaba openb) through the placement policies.")
 
     app.add_typer(_cluster.app)  # up, down, status at top level
+    from orchestrator.cli import demo as _demo
+
+    app.add_typer(_demo.app)  # demo at top level
 
     app.add_typer(k8s_app, name="k8s", help="Deploy on Kubernetes through KubeRay (render, apply, status, delete).")
 
