@@ -17,6 +17,7 @@ and renders the answer. Conventions, as ``up``/``down``/``status``:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -92,7 +93,8 @@ def _print_json(value: Any) -> None:
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    # Piped output is not cut to 80 columns; COLUMNS, when set, still wins (rich reads it).
+    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160, highlight=False)
 
 
 def _show(fetch: Callable[[Any], Any], table: Callable[[Any], Any], address: Optional[str], namespace: Optional[str],
@@ -309,9 +311,10 @@ _STATE_STYLE = {"queued": "yellow", "admitted": "cyan", "running": "green", "pre
                 "granted": "cyan", "active": "green", "checkpointing": "magenta"}
 
 
-def _styled(state: str) -> str:
-    style = _STATE_STYLE.get(state)
-    return f"[{style}]{state}[/]" if style else state
+def _styled(state: str) -> Any:
+    from rich.text import Text
+
+    return Text(state, style=_STATE_STYLE.get(state, ""))
 
 
 def _age(now: float, then: float | None) -> str:
@@ -338,16 +341,23 @@ def _table(title: str, *columns: str) -> Any:
     from rich.table import Table
 
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for c in columns:
-        t.add_column(c, overflow="fold")
+    for i, c in enumerate(columns):  # the first column is an id, copied from here: never cut or folded
+        t.add_column(c, no_wrap=i == 0, overflow="fold")
     return t
+
+
+def _row(t: Any, *cells: Any) -> None:
+    """Add a row of plain text: brackets in reasons ("[mig:1g.20gb]") are not rich markup."""
+    from rich.text import Text
+
+    t.add_row(*(c if isinstance(c, Text) else Text(str(c)) for c in cells))
 
 
 def jobs_table(jobs: list[dict[str, Any]], *, now: float) -> Any:
     t = _table(f"jobs ({len(jobs)})", "JOB", "STATE", "CLASS", "GPU", "QUEUE", "WHERE", "TRY", "AGE", "MESSAGE")
     for j in jobs:
         msg = j.get("message") or ((j.get("history") or [{}])[-1].get("reason") or "")
-        t.add_row(j["job_id"], _styled(j["state"]), j.get("priority_class") or "-", j.get("gpu") or "-",
+        _row(t, j["job_id"], _styled(j["state"]), j.get("priority_class") or "-", j.get("gpu") or "-",
                   j.get("queue") or "-", _where(j.get("lease")), str(j.get("attempt") or "-"),
                   _age(now, j.get("submitted_at")), msg)
     return t
@@ -357,7 +367,7 @@ def leases_table(leases: list[dict[str, Any]], *, now: float) -> Any:
     t = _table(f"leases ({len(leases)})", "LEASE", "STATE", "OWNER", "CLASS", "PRIO", "REQUEST", "WHERE", "TOKEN", "AGE")
     for le in leases:
         hist = le.get("history") or []
-        t.add_row(le["lease_id"], _styled(le["state"]), le.get("owner") or "-", le.get("priority_class") or "-",
+        _row(t, le["lease_id"], _styled(le["state"]), le.get("owner") or "-", le.get("priority_class") or "-",
                   str(le.get("priority", "-")), le.get("request") or "-", _where(le),
                   str(le.get("fencing_token") or "-"), _age(now, hist[0]["at"] if hist else None))
     return t
@@ -366,21 +376,23 @@ def leases_table(leases: list[dict[str, Any]], *, now: float) -> Any:
 def queue_table(queue: list[dict[str, Any]]) -> Any:
     t = _table(f"queue ({len(queue)})", "#", "LEASE", "OWNER", "REQUEST", "PRIO", "WHY PENDING")
     for i, q in enumerate(queue, 1):
-        t.add_row(str(i), q["lease_id"], q.get("owner") or "-", q.get("request") or "-", str(q.get("priority", "-")),
+        _row(t, str(i), q["lease_id"], q.get("owner") or "-", q.get("request") or "-", str(q.get("priority", "-")),
                   q.get("why_pending") or "(not considered yet)")
     return t
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Any:
+    from rich.text import Text
+
     t = _table(f"nodes ({len(nodes)})", "NODE", "STATE", "GPU", "MODEL", "MEMORY", "HEALTH", "MIG", "LEASES")
     for n in nodes:
-        state = n["state"] if n["state"] == "registered" else f"[red]{n['state']}[/]"
+        state = Text(n["state"], style="green" if n["state"] == "registered" else "bold red")
         if not n.get("gpus"):
-            t.add_row(n["name"], state, "-", n.get("model") or "-", "-", "-", "-", "-")
+            _row(t, n["name"], state, "-", n.get("model") or "-", "-", "-", "-", "-")
         for i, g in enumerate(n.get("gpus") or []):
             mig = ", ".join(f"{m['profile']}" + (f"={m['lease']}" if m.get("lease") else "") for m in g.get("mig") or [])
-            health = "ok" if g.get("healthy", True) else f"[red]{g.get('health_reason') or 'unhealthy'}[/]"
-            t.add_row(n["name"] if i == 0 else "", state if i == 0 else "", str(g["index"]), g.get("model") or "-",
+            health = "ok" if g.get("healthy", True) else (g.get("health_reason") or "unhealthy")
+            _row(t, n["name"] if i == 0 else "", state if i == 0 else "", str(g["index"]), g.get("model") or "-",
                       f"{g.get('memory_mib', 0) / 1024:g}GiB", health, mig or "-", ", ".join(g.get("leases") or []) or "-")
     return t
 
@@ -390,7 +402,7 @@ def render_explain(d: dict[str, Any]) -> str:
     lines = [f"job {d['job_id']} ({d.get('name', '')}): {d['state']}", f"  {d.get('summary') or ''}".rstrip()]
     p = d.get("pending")
     if p:
-        lines.append(f"  queue position: {p['position'] + 1}" + (f" -- {p['reason']}" if p.get("reason") else ""))
+        lines.append(f"  queue position: {p['position'] + 1}")
         if p.get("reasons"):
             lines.append("  why no node fits:")
             for r in p["reasons"]:
@@ -405,7 +417,7 @@ def render_explain(d: dict[str, Any]) -> str:
             lines.append(f"  no preemption: {p['preemption_blocked']}")
     pl = d.get("placement")
     if pl:
-        lines.append(f"  placed on {pl['node']} GPU {','.join(str(i) for i in pl['gpu_indices'])} ({pl['kind']}): {pl['reason']}")
+        lines.append(f"  placed on: {pl['node']} GPU {','.join(str(i) for i in pl['gpu_indices'])} ({pl['kind']})")
     for i, pr in enumerate(d.get("preemptions") or [], 1):
         at = time.strftime("%H:%M:%S", time.localtime(pr["at"])) if pr.get("at") else "?"
         lines.append(f"  preempted #{i} at {at} by {pr['by']}: {pr['reason']}; checkpoint {pr.get('checkpoint_path') or '(none)'}")
