@@ -300,13 +300,15 @@ class JobHandle:
 
     def wait(self, timeout: float | None = None, *, poll_s: float = 0.5, max_poll_s: float = 2.0,
              on_change: Callable[[dict[str, Any]], None] | None = None,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+             clock: Callable[[], float] | None = None, sleep: Callable[[float], None] | None = None) -> dict[str, Any]:
         """Wait for succeeded, failed or cancelled; return the final job dict.
 
         ``on_change`` sees the job dict each time its state or message changes
         (the CLI prints progress from it). Polls every ``poll_s``, backing off
         to ``max_poll_s``. Raises :class:`JobWaitTimeoutError` after ``timeout``.
         """
+        clock = clock or time.monotonic
+        sleep = sleep or time.sleep
         deadline = None if timeout is None else clock() + timeout
         seen: tuple[Any, ...] | None = None
         delay = poll_s
