@@ -33,6 +33,9 @@ def _register() -> None:
 
     app.add_typer(_cluster.app)  # up, down, status at top level
     from orchestrator.cli import demo as _demo
+    from orchestrator.cli import jobs as _jobs
+
+    app.add_typer(_jobs.app)  # submit, jobs, logs, cancel, explain, nodes, leases, queue at top level
 
     app.add_typer(_demo.app)  # demo at top level
 
