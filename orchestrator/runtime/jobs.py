@@ -401,7 +401,7 @@ class JobManager:
         if job.preemptions:
             last = job.preemptions[-1]
             return (f"{job.state.value}; preempted {len(job.preemptions)}x, last by {last.by}: {last.reason}; "
-                    f"checkpoint {last.checkpoint_path}")
+                    + (f"checkpoint {last.checkpoint_path}" if last.checkpoint_path else "no checkpoint was written"))
         return f"{job.state.value}: {job.history[-1].reason}"
 
 
