@@ -410,7 +410,7 @@ class TrainingJobSpec(_Frozen):
     enabled: bool = True
     name: str = Field(default="train", description="RayJob name suffix (<cluster>-<name>)")
     entrypoint: str = Field(
-        default="orchestrator submit --address auto --wait --gpus 1 -- python jobs/train.py",
+        default="orchestrator submit --address auto --wait --gpu 1 --priority training --checkpoint-dir /tmp/checkpoints/train -- python jobs/train.py --steps 1000",
         description="Command the submitter runs on the cluster",
     )
     active_deadline_seconds: Annotated[int, Field(gt=0)] | None = Field(default=None)
