@@ -97,6 +97,21 @@ class FragModel:
     an index into it; index -1 or '' is a node without GPUs).
     ``with_memory`` also requires a type's host memory to fit (the paper's
     fragment ignores memory; its filter does not).
+
+    **Decomposition.** A type's fragment is ``total`` (all the node's free
+    milli) unless it fits, and then ``partial`` (the free milli of the GPUs
+    too small for it); so, with popularities summing to ``p_sum``::
+
+        frag = total * p_sum - sum over GPU shapes g of  S_g(GPU state) * P_g(cpu_free, mem_free)
+
+    where a *GPU shape* is ``(gpu_milli, gpu_count, models)``, ``S_g`` is
+    ``total - partial_g`` when the shape fits the GPUs (enough of them with
+    enough free milli, on a model it may use) and 0 otherwise -- a function of
+    the GPU state alone -- and ``P_g`` is the popularity of the types of shape
+    ``g`` whose CPU (and memory) fit: a step function of the node's free CPU
+    and memory. Quantising them at the workload's distinct thresholds gives a
+    few *levels* (:meth:`levels`); ``plev[level]`` is the (G_shapes,) vector of
+    ``P_g`` at a level. CPU-only types enter through ``p_sum`` only.
     """
 
     def __init__(self, workload: Workload, model_names: Sequence[str], *, with_memory: bool = False) -> None:
@@ -104,20 +119,68 @@ class FragModel:
         self.model_names = tuple(model_names)
         self.with_memory = with_memory
         types = [t for t, _ in workload]
-        self.p = np.array([p for _, p in workload], dtype=np.float64)
-        self.milli = np.array([t.gpu_milli for t in types], dtype=np.int64)
-        self.count = np.array([t.gpu_count for t in types], dtype=np.int64)
-        self.cpu = np.array([t.cpu_milli for t in types], dtype=np.int64)
-        self.mem = np.array([t.memory_mib for t in types], dtype=np.int64)
-        self.gpu_type = self.milli > 0
-        # access[t, m]: may type t run on model m? Last column: a node without GPUs.
-        access = np.zeros((len(types), len(self.model_names) + 1), dtype=bool)
-        for i, t in enumerate(types):
-            for j, m in enumerate(self.model_names):
-                access[i, j] = bool(m) and (not t.models or m in t.models)
-        self.access = access
-        # p of CPU-only types: their fragment is always all the free GPU-milli.
-        self.p_cpu_only = float(self.p[~self.gpu_type].sum())
+        p = np.array([pp for _, pp in workload], dtype=np.float64)
+        self.p_sum = float(p.sum())
+        self.p_cpu_only = float(sum(pp for t, pp in workload if t.gpu_milli <= 0))
+        # GPU shapes, in order of first appearance, and each GPU type's shape.
+        shapes: dict[tuple, int] = {}
+        gpu = [i for i, t in enumerate(types) if t.gpu_milli > 0]
+        shape_of = np.array([shapes.setdefault((types[i].gpu_milli, types[i].gpu_count, types[i].models), len(shapes))
+                             for i in gpu], dtype=np.int64)
+        self.shapes = tuple(shapes)
+        self.g_milli = np.array([m for m, _, _ in self.shapes], dtype=np.int64)
+        self.g_count = np.array([c for _, c, _ in self.shapes], dtype=np.int64)
+        # g_access[g, m]: may shape g run on model m? Last column: a node without GPUs.
+        self.g_access = np.zeros((len(self.shapes), len(self.model_names) + 1), dtype=bool)
+        for g, (_, _, models) in enumerate(self.shapes):
+            for j, name in enumerate(self.model_names):
+                self.g_access[g, j] = bool(name) and (not models or name in models)
+        # Thresholds: a type fits at CPU level lc iff its CPU's rank < lc (likewise memory).
+        cpu = np.array([types[i].cpu_milli for i in gpu], dtype=np.int64)
+        mem = np.array([types[i].memory_mib for i in gpu], dtype=np.int64)
+        self.cpu_thr = np.unique(cpu)
+        self.mem_thr = np.unique(mem) if with_memory else np.zeros(0, dtype=np.int64)
+        rc = np.searchsorted(self.cpu_thr, cpu)
+        rm = np.searchsorted(self.mem_thr, mem) if with_memory else np.full(len(gpu), -1)
+        nc, nm = len(self.cpu_thr) + 1, len(self.mem_thr) + 1
+        fit_c = rc[None, :] < np.arange(nc)[:, None]                                  # (nc, T)
+        fit_m = rm[None, :] < np.arange(nm)[:, None]                                  # (nm, T)
+        onehot = np.zeros((len(gpu), len(self.shapes)))
+        onehot[np.arange(len(gpu)), shape_of] = p[gpu]
+        table = np.einsum("ct,mt,tg->cmg", fit_c.astype(np.float64), fit_m.astype(np.float64), onehot)
+        # Levels: the distinct P vectors; level_of[lc * nm + lm] -> level id.
+        if self.shapes:
+            self.plev, inv = np.unique(table.reshape(nc * nm, len(self.shapes)), axis=0, return_inverse=True)
+            self.level_of = inv.reshape(-1).astype(np.int64)
+        else:
+            self.plev, self.level_of = np.zeros((1, 0)), np.zeros(nc * nm, dtype=np.int64)
+        self.nm = nm
+        self.top_level = int(self.level_of[-1])  # CPU and memory plentiful: every type fits
+
+    # -- the two factors ---------------------------------------------------------------------------
+    def levels(self, cpu_free: np.ndarray, mem_free: np.ndarray | None = None) -> np.ndarray:
+        """(M,) level of each node's free CPU and memory (memory ignored when None or not ``with_memory``)."""
+        lc = np.searchsorted(self.cpu_thr, np.asarray(cpu_free), side="right")
+        if self.with_memory and mem_free is not None:
+            lm = np.searchsorted(self.mem_thr, np.asarray(mem_free), side="right")
+        else:
+            lm = self.nm - 1
+        return self.level_of[lc * self.nm + lm]
+
+    def supply(self, free: np.ndarray, model: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``total`` (M,) and ``S`` (M, G_shapes) of M rows of free milli per GPU (absent GPUs: 0)."""
+        f = np.asarray(free).astype(np.int64, copy=False)
+        total = f.sum(axis=1)
+        ge = f[:, None, :] >= self.g_milli[None, :, None]                              # (M, Gs, G)
+        midx = np.where(np.asarray(model) < 0, len(self.model_names), model)
+        fits = (ge.sum(axis=2) >= self.g_count[None, :]) & self.g_access[:, midx].T
+        partial = np.where(ge, 0, f[:, None, :]).sum(axis=2)
+        return total.astype(np.float64), np.where(fits, total[:, None] - partial, 0).astype(np.float64)
+
+    def combine(self, total: np.ndarray, supply: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """Fragmentation from the two factors, rounded to 1e-6 milli so that equal
+        fragmentation computed two ways compares equal."""
+        return np.round(total * self.p_sum - np.einsum("mg,mg->m", supply, self.plev[level]), 6)
 
     def frag(self, free: np.ndarray, present: np.ndarray, cpu_free: np.ndarray, model: np.ndarray,
              mem_free: np.ndarray | None = None) -> np.ndarray:
@@ -129,21 +192,8 @@ class FragModel:
         Reference: ``NodeGpuShareFragAmountScore`` = ``NodeGpuShareFragAmount``
         summed over all quadrants but Q3 (the satisfied part).
         """
-        f = np.where(present, free, 0).astype(np.int64, copy=False)
-        total = f.sum(axis=1).astype(np.float64)                               # (M,)
-        gi = np.flatnonzero(self.gpu_type)
-        if gi.size == 0:
-            return total * self.p_cpu_only
-        milli = self.milli[gi]
-        ge = f[:, None, :] >= milli[None, :, None]                             # (M, T, G)
-        enough_gpus = ge.sum(axis=2) >= self.count[gi][None, :]               # (M, T)
-        midx = np.where(np.asarray(model) < 0, len(self.model_names), model)
-        fits = enough_gpus & (np.asarray(cpu_free)[:, None] >= self.cpu[gi][None, :]) & self.access[gi][:, midx].T
-        if self.with_memory and mem_free is not None:
-            fits &= np.asarray(mem_free)[:, None] >= self.mem[gi][None, :]
-        partial = np.where(ge, 0, f[:, None, :]).sum(axis=2)                  # (M, T)
-        per_type = np.where(fits, partial, total[:, None])                     # (M, T)
-        return per_type @ self.p[gi] + total * self.p_cpu_only
+        total, sup = self.supply(np.where(present, free, 0), model)
+        return self.combine(total, sup, self.levels(cpu_free, mem_free))
 
 
 def paper_score(delta: np.ndarray) -> np.ndarray:
@@ -168,36 +218,151 @@ def paper_score(delta: np.ndarray) -> np.ndarray:
 #   the fragmentation increase with CPU and memory taken as plentiful, and is
 #   0 for each state's best slot (the rest > 0), so it never breaks ties
 #   between nodes;
-# * ``node_score`` finds that same slot again and scores it exactly, with the
-#   node's free CPU and memory; it is memoised per node until the node's
-#   state, CPU or memory changes (the memo hangs off the snapshot's static
-#   part, like the engine's own tables, so a fresh build starts clean).
+# * ``node_score`` scores the slot the engine chose for each node's state
+#   exactly, with the node's free CPU and memory, as a gather from tables:
+#   ``frag = table[frag_state, level]`` before and after (:class:`_FragTables`).
 
 from orchestrator.model.catalogue import MODEL_NAMES  # noqa: E402
 from orchestrator.policy.policies import Policy  # noqa: E402
 
-_PLENTY = np.iinfo(np.int64).max // 4
+_MIG = "mig"
+
+
+class _FragTables:
+    """FGD's memo for one family of snapshots (it hangs off their static part).
+
+    * A *frag state* is what fragmentation depends on in a GPU state: the
+      model and the multiset of free milli per GPU (sorted; absent and
+      unhealthy GPUs count 0). Many GPU states share one; ids are interned.
+    * ``of_state[sid]``: the frag state of interned GPU state ``sid`` (-1: not yet).
+    * ``after[alt][sid]``: the frag state after ``alt`` takes the slot the
+      engine chose on ``sid`` (-1: not yet).
+    * ``frag[f, level]``: the fragmentation of frag state ``f`` at a CPU/memory
+      level, filled lazily (NaN: not yet).
+
+    Every entry is a pure function of its key, so the tables only ever save
+    work; they never change an answer.
+    """
+
+    def __init__(self, fm: FragModel, st: Any) -> None:
+        self.fm = fm
+        self.st = st
+        self.ids: dict[bytes, int] = {}
+        self.n = 0
+        self.total = np.zeros(64)
+        self.supply = np.zeros((64, len(fm.shapes)))
+        self.frag = np.full((64, len(fm.plev)), np.nan)
+        self.of_state = np.full(max(64, st.n_states), -1, dtype=np.int64)
+        self.after: dict[tuple, np.ndarray] = {}
+        self.n_levels = len(fm.plev)
+        # Level lookup tables: free CPU (memory) // q -> level index, q the gcd of the thresholds.
+        self._lut_c = self._lut(fm.cpu_thr, int(st.cpu_total.max(initial=0)), fm.nm)
+        self._lut_m = self._lut(fm.mem_thr, int(st.mem_total.max(initial=0)), 1) if fm.with_memory else None
+
+    @staticmethod
+    def _lut(thr: np.ndarray, top: int, scale: int) -> tuple[int, np.ndarray] | None:
+        q = (int(np.gcd.reduce(thr)) if len(thr) else 1) or 1
+        if top // q > 1 << 22:
+            return None  # too fine a grid: searchsorted instead
+        return q, (np.searchsorted(thr, np.arange(top // q + 1) * q, side="right") * scale).astype(np.int64)
+
+    def levels(self, cpu_free: np.ndarray, mem_free: np.ndarray) -> np.ndarray:
+        fm = self.fm
+        if self._lut_c is None:
+            lc = np.searchsorted(fm.cpu_thr, cpu_free, side="right") * fm.nm
+        else:
+            q, lut = self._lut_c
+            lc = lut[cpu_free // q if q > 1 else cpu_free]
+        if not fm.with_memory:
+            return fm.level_of[lc + (fm.nm - 1)]
+        if self._lut_m is None:
+            lm = np.searchsorted(fm.mem_thr, mem_free, side="right")
+        else:
+            q, lut = self._lut_m
+            lm = lut[mem_free // q if q > 1 else mem_free]
+        return fm.level_of[lc + lm]
+
+    # -- frag states ---------------------------------------------------------------------------------
+    def intern(self, free: np.ndarray, model: np.ndarray) -> np.ndarray:
+        """Frag-state ids of K rows of free milli (K, G) on models (K,)."""
+        free = np.sort(free.astype(np.int32), axis=1)
+        out = np.empty(len(free), dtype=np.int64)
+        new: list[int] = []
+        for k in range(len(free)):
+            key = int(model[k]).to_bytes(2, "little", signed=True) + free[k].tobytes()
+            f = self.ids.get(key)
+            if f is None:
+                f = self.ids[key] = self.n + len(new)
+                new.append(k)
+            out[k] = f
+        if new:
+            need = self.n + len(new)
+            if need > len(self.total):
+                cap = max(need, 2 * len(self.total))
+                self.total = np.concatenate([self.total, np.zeros(cap - len(self.total))])
+                self.supply = np.concatenate([self.supply, np.zeros((cap - len(self.supply), self.supply.shape[1]))])
+                self.frag = np.concatenate([self.frag, np.full((cap - len(self.frag), self.n_levels), np.nan)])
+            rows = np.asarray(new)
+            self.total[self.n:need], self.supply[self.n:need] = self.fm.supply(free[rows], model[rows])
+            self.n = need
+        return out
+
+    def states(self, sids: np.ndarray) -> np.ndarray:
+        """Frag states of GPU states ``sids``."""
+        from orchestrator.policy.placement import state_free
+
+        if len(self.of_state) < self.st.n_states:
+            self.of_state = np.concatenate([self.of_state, np.full(self.st.n_states, -1, dtype=np.int64)])
+        f = self.of_state[sids]
+        miss = f < 0
+        if miss.any():
+            ids = np.unique(sids[miss])
+            self.of_state[ids] = self.intern(state_free(self.st, ids), self.st.model[self.st.rep_node[ids]])
+            f = self.of_state[sids]
+        return f
+
+    def states_after(self, alt: Any, sids: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Frag states after ``alt`` takes ``slots`` on GPU states ``sids``."""
+        from orchestrator.policy.placement import state_free
+
+        key = _alt_key(alt)
+        a = self.after.get(key)
+        if a is None or len(a) < self.st.n_states:
+            grown = np.full(max(64, 2 * self.st.n_states), -1, dtype=np.int64)
+            if a is not None:
+                grown[: len(a)] = a
+            a = self.after[key] = grown
+        f = a[sids]
+        miss = f < 0
+        if miss.any():
+            ids, first = np.unique(sids[miss], return_index=True)
+            slot = slots[miss][first]
+            free = state_free(self.st, ids)
+            kind = alt.kind.value
+            if kind == "whole" and alt.count:
+                take = (slot[:, None] >> np.arange(free.shape[1])[None, :]) & 1
+                free = free - 1000 * take
+            elif kind in ("timeslice", "mps"):
+                free[np.arange(len(ids)), slot] -= alt.milli
+            # MIG and CPU-only: the GPU-share view of fragmentation does not change.
+            a[ids] = self.intern(free, self.st.model[self.st.rep_node[ids]])
+            f = a[sids]
+        return f
+
+    def lookup(self, f: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """Fragmentation of frag states ``f`` at ``level`` (filling missing entries)."""
+        flat = f * self.n_levels + level
+        v = self.frag.reshape(-1)[flat]
+        if np.isnan(v.sum()):
+            miss = np.isnan(v)
+            fm, lm = f[miss], level[miss]
+            v[miss] = self.fm.combine(self.total[fm], self.supply[fm], lm)
+            self.frag.reshape(-1)[flat[miss]] = v[miss]
+        return v
 
 
 def _alt_key(alt: Any) -> tuple:
     return (alt.kind, alt.count, alt.milli, alt.memory_mib, alt.profiles, getattr(alt, "nvlink", False))
-
-
-class _NodeMemo:
-    """Per node: the inputs its last score was computed from, and that score."""
-
-    __slots__ = ("gstate", "cpu", "mem", "score")
-
-    def __init__(self, n: int) -> None:
-        self.gstate = np.full(n, -1, dtype=np.int64)
-        self.cpu = np.full(n, -1, dtype=np.int64)
-        self.mem = np.full(n, -1, dtype=np.int64)
-        self.score = np.zeros(n, dtype=np.float64)
-
-
-def _lowest_free(free_card: np.ndarray, count: int) -> np.ndarray:
-    """(M, G) mask of the ``count`` lowest-index free cards of each row."""
-    return free_card & (np.cumsum(free_card, axis=1) <= count)
 
 
 class FgdPolicy(Policy):
@@ -208,16 +373,25 @@ class FgdPolicy(Policy):
     makes the ties the reference simulator resolves by node order, and the
     paper's figures are reproduced only with it (``docs/trace-evaluation.md``).
     A sharing request takes the GPU with the best score (lowest index among
-    equals); whole cards take the lowest free indices.
+    equals); whole cards the engine's choice (the lowest free indices when
+    there is no NVLink island to keep).
 
-    ``quantize=False`` scores by the exact fragmentation increase;
+    ``workload`` is the target workload; empty means the built-in one
+    (:data:`orchestrator.policy.workloads.DEFAULT_WORKLOAD`, openb's typical
+    pods). ``quantize=False`` scores by the exact fragmentation increase;
     ``with_memory=True`` also requires a task type's host memory to fit.
     """
 
     name = "fgd"
+    wants_context = True
 
     def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, quantize: bool = True,
                  with_memory: bool = False, **params: Any) -> None:
+        workload = tuple(workload)
+        if not workload:
+            from orchestrator.policy.workloads import DEFAULT_WORKLOAD
+
+            workload = DEFAULT_WORKLOAD
         wl = normalise_workload(workload)
         super().__init__(workload=wl, quantize=quantize, with_memory=with_memory, **params)
         self.workload = wl
@@ -231,75 +405,29 @@ class FgdPolicy(Policy):
     # -- engine hooks ------------------------------------------------------------------------------
     def gpu_score(self, view: Any, alt: Any) -> np.ndarray:
         fm = self.frag_model
-        before, after = view.free("before"), view.free("after")
-        plenty = np.full(len(view.state), _PLENTY, dtype=np.int64)
-        s = self.delta_score(fm.frag(after, view.present, plenty, view.model, plenty)
-                             - fm.frag(before, view.present, plenty, view.model, plenty))
+        top = np.full(len(view.state), fm.top_level)
+        t_b, s_b = fm.supply(view.free("before"), view.model)
+        t_a, s_a = fm.supply(view.free("after"), view.model)
+        s = self.delta_score(fm.combine(t_a, s_a, top) - fm.combine(t_b, s_b, top))
         uniq, inv = np.unique(np.asarray(view.state), return_inverse=True)
         mins = np.full(len(uniq), np.inf)
         np.minimum.at(mins, inv, s)
         return s - mins[inv]
 
-    def node_score(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any) -> np.ndarray:
-        st = snap.static
-        memos = st.__dict__.setdefault("_fgd_node_memo", {})
-        k = (self.key, _alt_key(alt), req.cpu_milli, req.host_memory_mib)
-        memo = memos.get(k)
-        if memo is None:
-            memo = memos[k] = _NodeMemo(st.n)
-        g = snap.gstate[nodes]
-        cpu_used, mem_used = snap.cpu_used[nodes], snap.mem_used[nodes]
-        stale = (memo.gstate[nodes] != g) | (memo.cpu[nodes] != cpu_used) | (memo.mem[nodes] != mem_used)
-        if stale.any():
-            s = nodes[stale]
-            memo.score[s] = self._node_scores(snap, s, alt, req)
-            memo.gstate[s], memo.cpu[s], memo.mem[s] = g[stale], cpu_used[stale], mem_used[stale]
-        return memo.score[nodes]
+    def node_score(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
+        t = self.tables(ctx.static)
+        before = t.lookup(t.states(ctx.states), t.levels(ctx.cpu_free, ctx.mem_free))
+        after = t.lookup(t.states_after(alt, ctx.states, ctx.slots),
+                         t.levels(ctx.cpu_free - req.cpu_milli, ctx.mem_free - req.host_memory_mib))
+        return self.delta_score(after - before)
 
-    # -- the exact score of each node's chosen slot --------------------------------------------------
-    def _node_scores(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any) -> np.ndarray:
-        st = snap.static
-        fm = self.frag_model
-        present = st.present[nodes]
-        before = snap.free_milli()[nodes]
-        model = st.model[nodes].astype(np.int64)
-        cpu = st.cpu_total[nodes] - snap.cpu_used[nodes]
-        mem = st.mem_total[nodes] - snap.mem_used[nodes]
-        kind = alt.kind.value
-        if kind == "whole":
-            free_card = present & (snap.mode[nodes] == 0) & (before >= 1000)
-            after = before - np.where(_lowest_free(free_card, alt.count), 1000, 0)
-        elif kind in ("timeslice", "mps"):
-            after = before - np.where(self._share_slot(snap, nodes, alt, before, present, model), alt.milli, 0)
-        else:  # MIG and anything else: the fragmentation view of whole cards does not apply
-            after = before
-        delta = (fm.frag(after, present, cpu - req.cpu_milli, model, mem - req.host_memory_mib)
-                 - fm.frag(before, present, cpu, model, mem))
-        return self.delta_score(delta)
-
-    def _share_slot(self, snap: Any, nodes: np.ndarray, alt: Any, before: np.ndarray, present: np.ndarray,
-                    model: np.ndarray) -> np.ndarray:
-        """(M, G) mask of the GPU ``gpu_score`` prefers on each node (same ranking, lowest index on ties)."""
-        want = 2 if alt.kind.value == "mps" else 3  # Mode.MPS / Mode.TIMESLICE
-        mode = snap.mode[nodes]
-        ok = present & (before >= alt.milli) & ((mode == 0) | (mode == want))
-        m, gi = np.nonzero(ok)
-        take = np.zeros_like(present)
-        if not len(m):
-            return take
-        rows_before = before[m]
-        rows_after = rows_before.copy()
-        rows_after[np.arange(len(m)), gi] -= alt.milli
-        plenty = np.full(len(m), _PLENTY, dtype=np.int64)
-        fm = self.frag_model
-        s = self.delta_score(fm.frag(rows_after, present[m], plenty, model[m], plenty)
-                             - fm.frag(rows_before, present[m], plenty, model[m], plenty))
-        order = np.lexsort((gi, s, m))
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = m[order][1:] != m[order][:-1]
-        win = order[first]
-        take[m[win], gi[win]] = True
-        return take
+    def tables(self, st: Any) -> _FragTables:
+        """This policy's :class:`_FragTables` for the snapshot family of ``st``."""
+        memo = st.__dict__.setdefault("_fgd_tables", {})
+        t = memo.get(self.key)
+        if t is None:
+            t = memo[self.key] = _FragTables(self.frag_model, st)
+        return t
 
 
 class DefaultPolicy(FgdPolicy):

@@ -103,6 +103,31 @@ class CandidateView:
         return _free_milli(rows, self.present, self.timeslice_capacity_milli)
 
 
+@dataclass(slots=True)
+class NodeContext:
+    """What the engine already knows about the candidate nodes, for a policy's ``node_score``.
+
+    ``states`` (K,) the interned GPU state of each node; ``slots`` (K,) the best
+    slot the engine memoised for that state (what the node would be given);
+    ``cpu_free``/``mem_free`` (K,) the node's free host CPU (milli) and memory
+    (MiB) before the request; ``static`` the snapshot's static part (for
+    per-state tables a policy keeps). All arrays are read-only views.
+    """
+
+    static: _Static
+    states: np.ndarray
+    slots: np.ndarray
+    cpu_free: np.ndarray
+    mem_free: np.ndarray
+
+
+def state_free(st: _Static, ids: np.ndarray) -> np.ndarray:
+    """(K, G) free milli per GPU of interned states ``ids`` (as :meth:`CandidateView.free` shows them)."""
+    reps = st.rep_node[ids]
+    return _free_milli({f: st.rep_rows[f][ids] for f in ("mode", "mig_compute", "used_milli", "healthy")},
+                       st.present[reps], st.timeslice_capacity_milli)
+
+
 def _free_milli(rows: dict[str, np.ndarray], present: np.ndarray, ts_cap: int) -> np.ndarray:
     mode = rows["mode"]
     cap = np.where(mode == Mode.TIMESLICE, ts_cap, 1000)
@@ -139,6 +164,7 @@ class _StateTable:
     slot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     reason: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int16))
     done: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    upto: int = 0  # every state id below this one is done
 
     def grow(self, n: int) -> None:
         if n <= len(self.done):
@@ -193,63 +219,116 @@ def _alt_label(alt: Alternative) -> str:
     return f"{alt.kind.value}:{alt.milli / 1000:g}"
 
 
-def _node_filter(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative) -> tuple[np.ndarray, list[tuple[np.ndarray, str]]]:
-    """Node-wide checks, in order; returns the passing mask and (failing mask, reason) pairs."""
+def _host_free(snap: ClusterSnapshot) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) free host CPU (milli) and memory (MiB) of every node; computed once per snapshot."""
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        st = snap.static
+        cpu, mem = st.cpu_total - snap.cpu_used, st.mem_total - snap.mem_used
+        cpu.flags.writeable = mem.flags.writeable = False
+        return cpu, mem
+    return snap.derived("host_free", compute)
+
+
+def _node_filter(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative) -> tuple[np.ndarray | None, list[tuple[np.ndarray, str]]]:
+    """Node-wide checks, in order; returns the passing mask (None: every node passes) and the
+    (passing mask, reason) of each check, for :func:`_filter_reasons` when nothing fits."""
     st = snap.static
     checks: list[tuple[np.ndarray, str]] = []
-    ok = np.ones(st.n, dtype=bool)
     if req.node is not None:
         m = np.zeros(st.n, dtype=bool)
         if req.node in st.index:
             m[st.index[req.node]] = True
-        checks.append((ok & ~m, f"not node {req.node}"))
-        ok &= m
+        checks.append((m, f"not node {req.node}"))
     if req.models:
         allowed = np.array([MODEL_INDEX[x] for x in req.models], dtype=np.int16)
-        m = np.isin(st.model, allowed)
-        checks.append((ok & ~m, f"GPU model not in {'|'.join(req.models)}"))
-        ok &= m
+        checks.append((np.isin(st.model, allowed), f"GPU model not in {'|'.join(req.models)}"))
     if alt.kind is ShareKind.MIG:
         allowed = np.array([MODEL_INDEX[x] for x, _ in alt.profiles], dtype=np.int16)
-        m = np.isin(st.model, allowed)
-        checks.append((ok & ~m, "GPU model offers no such MIG profile"))
-        ok &= m
-    if req.cpu_milli:
-        m = st.cpu_total - snap.cpu_used >= req.cpu_milli
-        checks.append((ok & ~m, "not enough free CPU"))
-        ok &= m
-    if req.host_memory_mib:
-        m = st.mem_total - snap.mem_used >= req.host_memory_mib
-        checks.append((ok & ~m, "not enough free host memory"))
-        ok &= m
+        checks.append((np.isin(st.model, allowed), "GPU model offers no such MIG profile"))
+    if req.cpu_milli or req.host_memory_mib:
+        cpu_free, mem_free = _host_free(snap)
+        if req.cpu_milli:
+            checks.append((cpu_free >= req.cpu_milli, "not enough free CPU"))
+        if req.host_memory_mib:
+            checks.append((mem_free >= req.host_memory_mib, "not enough free host memory"))
+    if not checks:
+        return None, checks
+    ok = checks[0][0]
+    for m, _ in checks[1:]:
+        ok = ok & m
     return ok, checks
+
+
+def _filter_reasons(checks: list[tuple[np.ndarray, str]], n: int) -> Counter[str]:
+    """Nodes rejected by each node-wide check (the first check a node fails names it)."""
+    reasons: Counter[str] = Counter()
+    ok = np.ones(n, dtype=bool)
+    for m, why in checks:
+        c = int(np.count_nonzero(ok & ~m))
+        if c:
+            reasons[why] += c
+        ok &= m
+    return reasons
+
+
+# A fresh family of snapshots (or a new alternative) with more unscored states than this
+# scores only the states its nodes are in; fewer are scored all at once, by id range.
+_RANGE_SCORING = 512
+
+
+def _ensure_scored(st: _Static, states: np.ndarray, alt: Alternative, policy: Any, table: _StateTable) -> None:
+    """Make sure every state in ``states`` has its (policy, alternative) memo.
+
+    Ids are handed out in order, so the states created since this table was
+    last brought up to date are an id range: a request usually finds one or
+    two, and scoring them all skips a lookup over every node."""
+    n = st.n_states
+    table.grow(n)
+    if table.upto == n:
+        return
+    if n - table.upto <= _RANGE_SCORING:
+        ids = np.arange(table.upto, n)
+        ids = ids[~table.done[ids]]
+        table.upto = n
+    else:
+        missing = states[~table.done[states]]
+        ids = np.unique(missing) if len(missing) else missing
+    if len(ids):
+        _score_states(st, ids, alt, policy, table)
 
 
 def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: Any,
                        rng: np.random.Generator | None) -> Placement | Counter[str]:
     st = snap.static
     ok, checks = _node_filter(snap, req, alt)
-    idx = np.flatnonzero(ok)
-    table = _tables(st).setdefault((policy.key, _alt_key(alt)), _StateTable())
-    table.grow(st.n_states)
-    states = snap.gstate[idx]
-    missing = states[~table.done[states]]
-    if len(missing):
-        _score_states(st, np.unique(missing), alt, policy, table)
+    key = (policy.key, _alt_key(alt))
+    tables = _tables(st)
+    table = tables.get(key)
+    if table is None:
+        table = tables[key] = _StateTable()
+    if ok is None:
+        idx = np.arange(st.n)
+        states = snap.gstate
+    else:
+        idx = np.flatnonzero(ok)
+        states = snap.gstate[idx]
+    _ensure_scored(st, states, alt, policy, table)
     scores = table.score[states]
     feasible = np.isfinite(scores)
-    if not feasible.any():
-        reasons: Counter[str] = Counter()
-        for mask, why in checks:
-            c = int(mask.sum())
-            if c:
-                reasons[why] += c
+    n_feasible = int(np.count_nonzero(feasible))
+    if not n_feasible:
+        reasons = _filter_reasons(checks, st.n)
         for code, c in zip(*np.unique(table.reason[states], return_counts=True)):
             reasons[_REASONS[int(code)]] += int(c)
         return reasons
-    cand = idx[feasible]
-    total = scores[feasible]
-    extra = policy.node_score(snap, cand, alt, req)
+    if n_feasible < len(idx):
+        cand, total, cand_states = idx[feasible], scores[feasible], states[feasible]
+    else:
+        cand, total, cand_states = idx, scores, states
+    cpu_free, mem_free = _host_free(snap)
+    ctx = NodeContext(st, cand_states, table.slot[cand_states], cpu_free[cand], mem_free[cand]) \
+        if getattr(policy, "wants_context", False) else None
+    extra = policy.node_score(snap, cand, alt, req, ctx) if ctx is not None else policy.node_score(snap, cand, alt, req)
     if extra is not None:
         total = total + extra
     best = total.min()
@@ -257,6 +336,8 @@ def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative,
     pick = ties[0] if rng is None or len(ties) == 1 else ties[int(rng.integers(len(ties)))]
     node = int(cand[pick])
     slot = int(table.slot[snap.gstate[node]])
+    if rng is not None and getattr(policy, "random_slot", False):
+        slot = _random_slot(st, int(snap.gstate[node]), alt, rng, slot)
     alloc = _allocation(snap, node, slot, alt, req)
     where = f"{alloc.node_name} GPU {','.join(map(str, alloc.gpu_indices)) or '-'}"
     if alloc.kind is ShareKind.MIG:
@@ -266,14 +347,27 @@ def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative,
     return Placement(alloc, alt, policy.name, float(best), int(len(cand)), reason)
 
 
+def _random_slot(st: _Static, sid: int, alt: Alternative, rng: np.random.Generator, best: int) -> int:
+    """A uniformly random slot among those that fit on state ``sid`` (the paper's Random GPU
+    selection); whole-card sets have one candidate, so they keep ``best``."""
+    if alt.kind not in (ShareKind.MPS, ShareKind.TIMESLICE):
+        return best
+    _, cm, cs, _ = _candidates(st, np.array([sid]), alt)
+    return int(cs[int(rng.integers(len(cs)))]) if len(cs) else best
+
+
 # ---- per-state candidate enumeration -------------------------------------------------------------
 
 def _rows(st: _Static, ids: np.ndarray) -> dict[str, np.ndarray]:
     return {f: a[ids] for f, a in st.rep_rows.items()}
 
 
-def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, table: _StateTable) -> None:
-    """Fill ``table`` for the given new state ids (vectorised over them)."""
+def _candidates(st: _Static, ids: np.ndarray, alt: Alternative) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every candidate slot of the states ``ids`` for ``alt`` (vectorised over them).
+
+    Returns ``reason`` (per state: why it has no candidate, 0 if it has one),
+    and per candidate the row ``cm`` into ``ids``, the ``slot`` and the ``take``
+    mask of GPUs it uses."""
     reps = st.rep_node[ids]
     before = _rows(st, ids)
     present = st.present[reps]
@@ -348,17 +442,24 @@ def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, t
                     cand_take.append(take)
     reason = np.where(no_gpu & ~((kind is ShareKind.WHOLE) and alt.count == 0), R_NOGPU,
                       np.where(unhealthy & ~((kind is ShareKind.WHOLE) and alt.count == 0), R_UNHEALTHY, reason))
+    if not cand_m:
+        return reason, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, present.shape[1]), dtype=bool)
+    return reason, np.concatenate(cand_m), np.concatenate(cand_slot), np.concatenate(cand_take)
 
+
+def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, table: _StateTable) -> None:
+    """Fill ``table`` for the given new state ids (vectorised over them)."""
+    reason, cm, cs, ct = _candidates(st, ids, alt)
     table.done[ids] = True
     table.score[ids] = INF
     table.reason[ids] = reason
-    if not cand_m:
-        return
-    cm = np.concatenate(cand_m)
     if not len(cm):
         return
-    cs = np.concatenate(cand_slot)
-    ct = np.concatenate(cand_take)
+    reps = st.rep_node[ids]
+    before = _rows(st, ids)
+    present = st.present[reps]
+    model = st.model[reps]
+    gmem = st.gpu_memory[reps]
     b = {f: a[cm] for f, a in before.items()}
     after = _after(b, ct, cs, alt, gmem[cm], st.timeslice_capacity_milli, model[cm])
     view = CandidateView(state=ids[cm], slot=cs, take=ct, present=present[cm], model=model[cm], gpu_memory=gmem[cm],

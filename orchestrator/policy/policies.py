@@ -43,15 +43,23 @@ class Policy:
     def __init__(self, **params: Any) -> None:
         self.params = params
 
+    #: The engine passes a :class:`~orchestrator.policy.placement.NodeContext` to ``node_score``.
+    wants_context = False
+    #: With an ``rng``, the engine gives a share a random fitting GPU of the chosen node.
+    random_slot = False
+
     @property
     def key(self) -> tuple:
         """Hashable identity of the scoring function, for the engine's memo tables.
 
-        Computed once: a policy's parameters never change after construction."""
+        Policies with equal parameters share one key. Computed once (a policy's
+        parameters never change after construction) and kept small, because the
+        engine hashes it on every request: the full parameters (a workload can
+        be hundreds of task types) are interned to a number."""
         k = self.__dict__.get("_key")
         if k is None:
-            k = self.__dict__["_key"] = (type(self).__qualname__, self.name,
-                                         tuple(sorted((n, _hashable(v)) for n, v in self.params.items())))
+            full = (type(self).__qualname__, self.name, tuple(sorted((n, _hashable(v)) for n, v in self.params.items())))
+            k = self.__dict__["_key"] = (self.name, _KEYS.setdefault(full, len(_KEYS)))
         return k
 
     def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
@@ -62,6 +70,9 @@ class Policy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.params})"
+
+
+_KEYS: dict[tuple, int] = {}
 
 
 def _hashable(v: Any) -> Any:
