@@ -24,7 +24,10 @@ import json
 import sys
 import time
 
-from orchestrator.cli.demo import run_scenario
+import subprocess
+from pathlib import Path
+
+ORCHESTRATOR = str(Path(sys.executable).parent / "orchestrator")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,10 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {}
     t0 = time.monotonic()
     for mode in a.modes.split(","):
-        def say(line: str, mode: str = mode) -> None:
-            print(f"[{mode} {time.monotonic() - t0:7.1f}s] {line}", file=sys.stderr, flush=True)
-
-        out[mode] = run_scenario(a.rounds, mode, a.steps, a.step_delay, say)
+        # One process per run: each starts and stops its own cluster, and Ray's client state does not carry over.
+        print(f"[{time.monotonic() - t0:7.1f}s] {mode}: {a.rounds} rounds", file=sys.stderr, flush=True)
+        proc = subprocess.run([ORCHESTRATOR, "demo", "--json", "--mode", mode, "--rounds", str(a.rounds),
+                               "--steps", str(a.steps), "--step-delay", str(a.step_delay)],
+                              stdout=subprocess.PIPE, text=True, check=False)
+        if proc.returncode not in (0, 1):
+            print(f"{mode}: orchestrator demo exited {proc.returncode}", file=sys.stderr)
+            return proc.returncode
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
     top = dict(out.get("orchestrator", {}))
     top.update(out)
     print(json.dumps(top) if a.json else json.dumps(top, indent=2))

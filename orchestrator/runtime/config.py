@@ -61,6 +61,9 @@ class RuntimeSettings(_Frozen):
     mps_pipe_root: str = Field(default="/tmp/nvidia-mps",
                                description="MPS pipe directories live under this root, one per GPU: <root>/gpu-<index>")
     discovery: str = Field(default="auto", description="auto | nvml | simulated")
+    metrics_port: Annotated[int, Field(ge=0, le=65535, description="Prometheus /metrics of the head; 0 = "
+                                       "$ORCHESTRATOR_METRICS_PORT, else off")] = 0
+    metrics_host: str = Field(default="127.0.0.1", description="Address /metrics listens on (0.0.0.0 in a pod)")
 
     @model_validator(mode="after")
     def _ttl_above_heartbeat(self) -> "RuntimeSettings":

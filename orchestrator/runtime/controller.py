@@ -694,6 +694,10 @@ class HeadController:
                      "heartbeat_interval_s": self.settings.heartbeat_interval_s},
         }
 
+    def ledger(self) -> list[LedgerEntry]:
+        """Every lease entry, in no particular order (read-only use: metrics, status)."""
+        return list(self._leases.values())
+
     def snapshot(self) -> ClusterSnapshot:
         """The current cluster snapshot (immutable; the head's ledger applied to the registered nodes)."""
         return self._snapshot

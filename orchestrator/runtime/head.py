@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -55,6 +56,17 @@ class HeadActor:
                                namespace=self.settings.namespace, head_name=self.settings.head_name,
                                status_poll_s=0.5)
         self.jobs.restore()
+        from orchestrator.runtime.metrics import HeadMetrics
+
+        self.metrics = HeadMetrics()
+        self.metrics_port: int | None = None
+        port = self.settings.metrics_port or int(os.environ.get("ORCHESTRATOR_METRICS_PORT", "0") or 0)
+        if port:
+            host = os.environ.get("ORCHESTRATOR_METRICS_HOST", self.settings.metrics_host)
+            try:
+                self.metrics_port = self.metrics.serve(port, host)
+            except OSError:
+                log.exception("could not serve metrics on %s:%s", host, port)
         self.started_at = time.time()
         self._nodes_read_at = 0.0
         self._wake = asyncio.Event()
@@ -95,6 +107,7 @@ class HeadActor:
             self.ctl.agent_start_requested(start.node_name)
         for event in self.jobs.reconcile():
             log.info("%s", event)
+        self.metrics.update(self.ctl, report)
         if report.lost_nodes or report.lost_leases:
             log.warning("lost nodes %s, lost leases %s, requeued %s", report.lost_nodes, report.lost_leases,
                         report.requeued)
@@ -102,7 +115,7 @@ class HeadActor:
     # ---- public API ----------------------------------------------------------------------------
     async def ping(self) -> dict[str, Any]:
         return {"ok": {"restored_leases": self.restored, "started_at": self.started_at,
-                       "registered_nodes": self.ctl.registered_nodes()}}
+                       "registered_nodes": self.ctl.registered_nodes(), "metrics_port": self.metrics_port}}
 
     async def request_lease(self, lease_request: dict[str, Any]) -> dict[str, Any]:
         reply = answer(self.ctl.request_lease, lease_request)

@@ -22,6 +22,7 @@ import pytest
 from orchestrator.job import JobSpec
 from orchestrator.model.request import GpuRequest
 from orchestrator.runtime.config import RuntimeSettings
+from orchestrator.runtime.launcher import free_port
 
 pytestmark = pytest.mark.ray
 
@@ -29,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "jobs" / "train.py"
 STEPS = 300
 SETTINGS = RuntimeSettings(namespace="rgo-preempt", head_name="rgo-head-preempt", heartbeat_interval_s=0.5,
-                           agent_ttl_s=5.0, reconcile_interval_s=0.2, policy="bestfit")
+                           agent_ttl_s=5.0, reconcile_interval_s=0.2, policy="bestfit", metrics_port=free_port())
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,12 @@ def test_inference_preempts_the_minimal_training_set_which_resumes_bit_identical
     assert inf in explained["summary"] and explained["preemptions"][0]["by"] == inf
     assert running["placement_reason"]
     assert decision_to_run < 90
+    # The head's Prometheus endpoint counted it (real HTTP, loopback).
+    import urllib.request
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{SETTINGS.metrics_port}/metrics", timeout=5).read().decode()
+    assert 'orchestrator_preemptions_total{reason="checkpoint"} 1.0' in body
+    assert "orchestrator_gpus_total 10.0" in body
     done = wait(head, inf, {"succeeded"})
     assert "served on GPU-" in head.job_logs(inf)
     # Everyone finishes; weights equal undisturbed runs bit for bit, no step lost.
