@@ -558,6 +558,7 @@ class HeadController:
                 continue
             _, pclass = self.sched_config.priority_class(e.lease.priority_class or None)
             for_owner = self._leases[p.for_item].spec.owner if p.for_item in self._leases else p.for_item
+            for_owner = for_owner.removeprefix("job:")
             why = f"preempted for {for_owner or p.for_item}: {p.reason}"
             if e.lease.state is LeaseState.ACTIVE and pclass.checkpoint:
                 asked.append(replace(e, lease=e.lease.transition(
