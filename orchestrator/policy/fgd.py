@@ -261,10 +261,13 @@ class _FragTables:
 
     @staticmethod
     def _lut(thr: np.ndarray, top: int, scale: int) -> tuple[int, np.ndarray] | None:
-        q = (int(np.gcd.reduce(thr)) if len(thr) else 1) or 1
-        if top // q > 1 << 22:
-            return None  # too fine a grid: searchsorted instead
-        return q, (np.searchsorted(thr, np.arange(top // q + 1) * q, side="right") * scale).astype(np.int64)
+        """(q, table): the level index (times ``scale``) of a free amount x is ``table[x // q]``;
+        q is 1 when the table stays small (a gather is cheaper than a division), else the gcd
+        of the thresholds. None: too fine a grid even so (searchsorted instead)."""
+        q = 1 if top < 1 << 22 else ((int(np.gcd.reduce(thr)) if len(thr) else 1) or 1)
+        if top // q >= 1 << 22:
+            return None
+        return q, (np.searchsorted(thr, np.arange(top // q + 1) * q, side="right") * scale).astype(np.int32)
 
     def levels(self, cpu_free: np.ndarray, mem_free: np.ndarray) -> np.ndarray:
         fm = self.fm
@@ -285,27 +288,32 @@ class _FragTables:
     # -- frag states ---------------------------------------------------------------------------------
     def intern(self, free: np.ndarray, model: np.ndarray) -> np.ndarray:
         """Frag-state ids of K rows of free milli (K, G) on models (K,)."""
-        free = np.sort(free.astype(np.int32), axis=1)
-        out = np.empty(len(free), dtype=np.int64)
-        new: list[int] = []
-        for k in range(len(free)):
-            key = int(model[k]).to_bytes(2, "little", signed=True) + free[k].tobytes()
-            f = self.ids.get(key)
-            if f is None:
-                f = self.ids[key] = self.n + len(new)
-                new.append(k)
-            out[k] = f
-        if new:
+        rows = np.empty((len(free), free.shape[1] + 1), dtype=np.int32)
+        rows[:, 0] = model
+        rows[:, 1:] = np.sort(free, axis=1)
+        raw, w = rows.tobytes(), rows.shape[1] * 4
+        keys = [raw[i:i + w] for i in range(0, len(raw), w)]
+        get = self.ids.get
+        out = [get(k) for k in keys]
+        if None in out:
+            new: list[int] = []
+            for k, key in enumerate(keys):
+                if out[k] is None:
+                    f = self.ids.get(key)
+                    if f is None:
+                        f = self.ids[key] = self.n + len(new)
+                        new.append(k)
+                    out[k] = f
             need = self.n + len(new)
             if need > len(self.total):
                 cap = max(need, 2 * len(self.total))
                 self.total = np.concatenate([self.total, np.zeros(cap - len(self.total))])
                 self.supply = np.concatenate([self.supply, np.zeros((cap - len(self.supply), self.supply.shape[1]))])
                 self.frag = np.concatenate([self.frag, np.full((cap - len(self.frag), self.n_levels), np.nan)])
-            rows = np.asarray(new)
-            self.total[self.n:need], self.supply[self.n:need] = self.fm.supply(free[rows], model[rows])
+            sel = rows[np.asarray(new)]
+            self.total[self.n:need], self.supply[self.n:need] = self.fm.supply(sel[:, 1:], sel[:, 0])
             self.n = need
-        return out
+        return np.asarray(out, dtype=np.int64)
 
     def states(self, sids: np.ndarray) -> np.ndarray:
         """Frag states of GPU states ``sids``."""
@@ -321,10 +329,8 @@ class _FragTables:
             f = self.of_state[sids]
         return f
 
-    def states_after(self, alt: Any, sids: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        """Frag states after ``alt`` takes ``slots`` on GPU states ``sids``."""
-        from orchestrator.policy.placement import state_free
-
+    def after_table(self, alt: Any) -> np.ndarray:
+        """``after[alt]``, grown to the number of interned GPU states."""
         key = _alt_key(alt)
         a = self.after.get(key)
         if a is None or len(a) < self.st.n_states:
@@ -332,19 +338,19 @@ class _FragTables:
             if a is not None:
                 grown[: len(a)] = a
             a = self.after[key] = grown
+        return a
+
+    def states_after(self, alt: Any, sids: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Frag states after ``alt`` takes ``slots`` on GPU states ``sids`` (normally already
+        known from :meth:`FgdPolicy.remember_best`; derived from the slot otherwise)."""
+        from orchestrator.policy.placement import state_free_after
+
+        a = self.after_table(alt)
         f = a[sids]
         miss = f < 0
         if miss.any():
             ids, first = np.unique(sids[miss], return_index=True)
-            slot = slots[miss][first]
-            free = state_free(self.st, ids)
-            kind = alt.kind.value
-            if kind == "whole" and alt.count:
-                take = (slot[:, None] >> np.arange(free.shape[1])[None, :]) & 1
-                free = free - 1000 * take
-            elif kind in ("timeslice", "mps"):
-                free[np.arange(len(ids)), slot] -= alt.milli
-            # MIG and CPU-only: the GPU-share view of fragmentation does not change.
+            free = state_free_after(self.st, ids, slots[miss][first], alt)
             a[ids] = self.intern(free, self.st.model[self.st.rep_node[ids]])
             f = a[sids]
         return f
@@ -404,15 +410,22 @@ class FgdPolicy(Policy):
 
     # -- engine hooks ------------------------------------------------------------------------------
     def gpu_score(self, view: Any, alt: Any) -> np.ndarray:
-        fm = self.frag_model
+        fm, t = self.frag_model, self.tables(view.static)
         top = np.full(len(view.state), fm.top_level)
-        t_b, s_b = fm.supply(view.free("before"), view.model)
-        t_a, s_a = fm.supply(view.free("after"), view.model)
-        s = self.delta_score(fm.combine(t_a, s_a, top) - fm.combine(t_b, s_b, top))
+        free_after = view.free("after")
+        view.memo["fgd_free_after"] = free_after
+        total, supply = fm.supply(free_after, view.model)
+        s = self.delta_score(fm.combine(total, supply, top) - t.lookup(t.states(view.state), top))
         uniq, inv = np.unique(np.asarray(view.state), return_inverse=True)
         mins = np.full(len(uniq), np.inf)
         np.minimum.at(mins, inv, s)
         return s - mins[inv]
+
+    def remember_best(self, view: Any, alt: Any, win: np.ndarray) -> None:
+        """The engine's chosen candidate of each state: keep its frag state after ``alt``
+        (only the winners are interned: most candidates are never looked at again)."""
+        t = self.tables(view.static)
+        t.after_table(alt)[view.state[win]] = t.intern(view.memo["fgd_free_after"][win], view.model[win])
 
     def node_score(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
         t = self.tables(ctx.static)

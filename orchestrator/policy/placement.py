@@ -84,6 +84,9 @@ class CandidateView:
     GPUs that exist; ``capacity`` the compute cap per GPU for its mode;
     ``model`` (M,) the model index; ``gpu_memory`` (M,) MiB per GPU.
     ``state`` is the interned state id of each candidate and ``slot`` its slot.
+    ``static`` is the snapshot family's static part (for per-state tables a
+    policy keeps); ``memo`` is scratch space a policy may fill in ``gpu_score``
+    and read back in ``remember_best``.
     """
 
     state: np.ndarray
@@ -96,6 +99,8 @@ class CandidateView:
     before: dict[str, np.ndarray]
     after: dict[str, np.ndarray]
     timeslice_capacity_milli: int
+    static: Any = None
+    memo: dict = field(default_factory=dict)
 
     def free(self, which: str = "before") -> np.ndarray:
         """(M, G) free milli per GPU (MIG cards: by free compute slices; absent or unhealthy: 0)."""
@@ -394,7 +399,18 @@ def _candidates(st: _Static, ids: np.ndarray, alt: Alternative) -> tuple[np.ndar
         nfree = free_card.sum(axis=1)
         reason[:] = np.where(nfree < alt.count, R_WHOLE, 0)
         isl = st.island[reps]
-        for m in np.flatnonzero(nfree >= alt.count):
+        if alt.count == 1:
+            # _choose_whole for one card, vectorised: the free card whose island has the
+            # fewest free cards, then the lowest island, then the lowest index.
+            g = free_card.shape[1]
+            same = (isl[:, :, None] == isl[:, None, :]) & free_card[:, None, :]
+            key = same.sum(axis=2) * (g * (g + 1)) + (isl.astype(np.int64) + 1) * g + np.arange(g)[None, :]
+            rows = np.flatnonzero(nfree >= 1)
+            col = np.argmin(np.where(free_card, key, np.iinfo(np.int64).max)[rows], axis=1)
+            take = np.zeros((len(rows), g), dtype=bool)
+            take[np.arange(len(rows)), col] = True
+            cand_m, cand_slot, cand_take = [rows], [(1 << col).astype(np.int64)], [take]
+        for m in (np.flatnonzero(nfree >= alt.count) if alt.count > 1 else ()):
             take = _choose_whole(free_card[m], isl[m], alt.count, need_nvlink=alt.nvlink)
             if take is None:
                 reason[m] = R_NVLINK
@@ -464,7 +480,7 @@ def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, t
     after = _after(b, ct, cs, alt, gmem[cm], st.timeslice_capacity_milli, model[cm])
     view = CandidateView(state=ids[cm], slot=cs, take=ct, present=present[cm], model=model[cm], gpu_memory=gmem[cm],
                          island=st.island[reps][cm], before=b, after=after,
-                         timeslice_capacity_milli=st.timeslice_capacity_milli)
+                         timeslice_capacity_milli=st.timeslice_capacity_milli, static=st)
     sc = np.asarray(policy.gpu_score(view, alt), dtype=np.float64)
     # Best per state: lowest score, then lowest slot (deterministic).
     order = np.lexsort((cs, sc, cm))
@@ -475,6 +491,26 @@ def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, t
     table.score[ids[cm[win]]] = sc[win]
     table.slot[ids[cm[win]]] = cs[win]
     table.reason[ids[cm[win]]] = 0
+    remember = getattr(policy, "remember_best", None)
+    if remember is not None:
+        remember(view, alt, win)
+
+
+def state_free_after(st: _Static, ids: np.ndarray, slots: np.ndarray, alt: Alternative) -> np.ndarray:
+    """(K, G) free milli per GPU of states ``ids`` after ``alt`` takes ``slots`` there
+    (what :meth:`CandidateView.free` ``("after")`` shows for that candidate)."""
+    reps = st.rep_node[ids]
+    before = _rows(st, ids)
+    present = st.present[reps]
+    cols = np.arange(present.shape[1])[None, :]
+    if alt.kind is ShareKind.WHOLE:
+        take = ((slots[:, None] >> cols) & 1).astype(bool) if alt.count else np.zeros_like(present)
+    elif alt.kind is ShareKind.MIG:
+        take = cols == (slots // 8)[:, None]
+    else:
+        take = cols == slots[:, None]
+    after = _after(before, take, slots, alt, st.gpu_memory[reps], st.timeslice_capacity_milli, st.model[reps])
+    return _free_milli(after, present, st.timeslice_capacity_milli)
 
 
 def _mem_need(alt: Alternative, gmem: np.ndarray) -> np.ndarray:
