@@ -88,79 +88,162 @@ def _gpu_totals(view: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return view.free("before").sum(axis=1), view.free("after").sum(axis=1), n_gpu
 
 
-def _host_free_after(snap: ClusterSnapshot, nodes: np.ndarray, req: GpuRequest) -> tuple[np.ndarray, np.ndarray]:
-    st = snap.static
-    cpu_tot = np.maximum(st.cpu_total[nodes], 1)
-    mem_tot = np.maximum(st.mem_total[nodes], 1)
-    cpu = (cpu_tot - snap.cpu_used[nodes] - req.cpu_milli) / cpu_tot
-    mem = (mem_tot - snap.mem_used[nodes] - req.host_memory_mib) / mem_tot
-    return cpu, mem
+# ---- the paper's baselines ------------------------------------------------------------------------
+#
+# As the FGD artifact (``kubernetes-scheduler-simulator``, ``pkg/simulator/plugin``)
+# defines them, run with its default GPU selection ``best`` (the tightest GPU
+# that fits a share; whole cards: the engine's choice) unless noted. Their
+# node scores are integers 0..100 (higher better there; negated here), so
+# equal nodes tie and the engine's lowest-index rule breaks the tie, as the
+# simulator's node order does. Normalisation constants are the artifact's
+# largest node spec: 128 cores, 8 GPUs.
+
+MAX_SPEC_CPU = 128_000
+MAX_SPEC_GPU = 8_000
+
+
+def _gpu_request(alt: Alternative) -> int:
+    """Milli-GPUs the alternative takes in all (the artifact's ``MilliGpu * GpuNumber``)."""
+    return alt.count * 1000 if alt.kind.value == "whole" else int(alt.milli)
+
+
+def _rank_within_state(view: Any, key: np.ndarray) -> np.ndarray:
+    """0 for each state's best candidate by ``key`` (lowest; the engine then takes the lowest
+    slot among equals), 0.5 for the rest: a within-node choice that never breaks ties between nodes."""
+    uniq, inv = np.unique(np.asarray(view.state), return_inverse=True)
+    mins = np.full(len(uniq), np.inf)
+    np.minimum.at(mins, inv, key)
+    return np.where(key > mins[inv], 0.5, 0.0)
+
+
+def _tightest(view: Any) -> np.ndarray:
+    """The artifact's ``best`` GPU selection: the share goes to the fitting GPU with the least free."""
+    used_free = np.where(view.take, view.free("before"), np.iinfo(np.int64).max).min(axis=1)
+    return _rank_within_state(view, used_free)
+
+
+def state_free_totals(st: Any, sids: np.ndarray) -> np.ndarray:
+    """Free milli summed over the GPUs of interned states ``sids`` (cached per snapshot family)."""
+    from orchestrator.policy.placement import state_free
+
+    t = st.__dict__.get("_free_totals")
+    if t is None or len(t) < st.n_states:
+        grown = np.full(max(64, 2 * st.n_states), -1, dtype=np.int64)
+        if t is not None:
+            grown[: len(t)] = t
+        t = st.__dict__["_free_totals"] = grown
+    v = t[sids]
+    miss = v < 0
+    if miss.any():
+        ids = np.unique(sids[miss])
+        t[ids] = state_free(st, ids).sum(axis=1)
+        v = t[sids]
+    return v
 
 
 class RandomPolicy(Policy):
+    """The artifact's Random: a uniformly random feasible node (the engine samples its ties with
+    the ``rng``) and, for a share, a uniformly random GPU of it that fits (``gpuSelMethod: random``)."""
+
     name = "random"
+    random_slot = True
 
 
 class BestFitPolicy(Policy):
+    """``best_fit_score.go``: the node left with the least free CPU and GPU,
+    ``int((1 - (0.5 (cpu_free - cpu) / 128000 + 0.5 (gpu_free - gpu) / 8000)) * 100)``
+    (host memory not counted); the tightest GPU."""
+
     name = "bestfit"
+    wants_context = True
 
     def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
-        _, after, tot = _gpu_totals(view)
-        chosen = np.where(view.take, view.free("after"), 0).sum(axis=1)
-        return after / tot / 3 + 1e-6 * chosen
+        return _tightest(view)
 
-    def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest) -> np.ndarray:
-        cpu, mem = _host_free_after(snap, nodes, req)
-        return (cpu + mem) / 3
+    def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
+                   ctx: Any) -> np.ndarray:
+        left = (0.5 * (ctx.cpu_free - req.cpu_milli) / MAX_SPEC_CPU
+                + 0.5 * (state_free_totals(ctx.static, ctx.states) - _gpu_request(alt)) / MAX_SPEC_GPU)
+        return -np.trunc((1.0 - left) * 100)
+
+
+class DotProductPolicy(Policy):
+    """``dot_product_score.go`` as the artifact runs it (``merge``, ``max``, GPU selection ``best``):
+    the node whose free (CPU, GPU) -- before placing, normalised by the largest node spec --
+    has the smallest dot product with the request: ``int((1 - dot / 2) * 100)``."""
+
+    name = "dotproduct"
+    wants_context = True
+
+    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
+        return _tightest(view)
+
+    def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
+                   ctx: Any) -> np.ndarray:
+        dot = ((ctx.cpu_free / MAX_SPEC_CPU) * (req.cpu_milli / MAX_SPEC_CPU)
+               + (state_free_totals(ctx.static, ctx.states) / MAX_SPEC_GPU) * (_gpu_request(alt) / MAX_SPEC_GPU))
+        return -np.trunc((1.0 - dot / 2) * 100)
 
 
 class PackingPolicy(Policy):
+    """``gpu_packing_score.go``: an already-shared GPU first (``100 - sum(free% of the GPUs used) / 10``,
+    at least 50), then free GPUs on a used node (``50 - free GPUs used``, at least 33), then an idle
+    node (``33 - its GPUs``); CPU-only pods score 0 everywhere. The tightest GPU."""
+
     name = "packing"
 
     def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
-        used_before = (view.before["holders"] > 0) & view.present
-        on_used_gpu = (view.take & used_before).any(axis=1)
-        node_used = used_before.any(axis=1)
-        tier = np.where(on_used_gpu, 0, np.where(node_used, 1, 2))
-        _, after, tot = _gpu_totals(view)
-        return tier + after / tot * 0.5
+        if _gpu_request(alt) <= 0:
+            return np.zeros(len(view.state))
+        free = view.free("before")
+        n_gpu = view.present.sum(axis=1)
+        fully_free = ((free >= 1000) & view.present).sum(axis=1)
+        used = view.take
+        new_cards = (used & (free >= 1000)).sum(axis=1)
+        shared_pct = np.where(used, free * 100 // 1000, 0).sum(axis=1)
+        score = np.where(fully_free == n_gpu, np.maximum(33 - fully_free, fully_free),
+                         np.where(new_cards > 0, np.maximum(50 - new_cards, 33), np.maximum(100 - shared_pct // 10, 50)))
+        return -score + _tightest(view)
+
+
+# GPU affinity categories (``GetGpuAffinityFromPodAnnotation``), as far as a GPU state shows them.
+_SHARE, _WHOLE = 1, 2
+
+
+class ClusteringPolicy(Policy):
+    """``gpu_clustering_score.go`` (Gandiva-style affinity): a node holding only the pod's category
+    75-100, that category among others 50-75, an idle node 25-50, other categories 0-25, plus
+    ``25 * (8000 - gpu_free) // 8000`` within the band; CPU-only pods 0. The tightest GPU.
+
+    **Gap**: the artifact's categories are ``share-gpu``, ``1-gpu``, ``2-gpu``, ...,
+    per pod; a GPU state shows shared cards and whole cards in use but not how
+    many pods hold the whole ones, so all whole-card pods form one category here.
+    """
+
+    name = "clustering"
+
+    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
+        req = _gpu_request(alt)
+        if req <= 0:
+            return np.zeros(len(view.state))
+        mode = view.before["mode"]
+        busy = view.before["holders"] > 0
+        cats = (np.where((busy & ((mode == Mode.TIMESLICE) | (mode == Mode.MPS))).any(axis=1), _SHARE, 0)
+                | np.where((busy & ((mode == Mode.WHOLE) | (mode == Mode.MIG))).any(axis=1), _WHOLE, 0))
+        mine = _WHOLE if alt.kind.value == "whole" or alt.kind.value == "mig" else _SHARE
+        band = np.where(cats & mine, np.where(cats == mine, 75, 50), np.where(cats == 0, 25, 0))
+        left = view.free("before").sum(axis=1)
+        return -(band + 25 * (MAX_SPEC_GPU - left) // MAX_SPEC_GPU) + _tightest(view)
 
 
 class SpreadPolicy(Policy):
+    """Not a paper baseline: the node left with the most free GPU (the opposite of packing)."""
+
     name = "spread"
 
     def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
         _, after, tot = _gpu_totals(view)
         return -after / tot
-
-
-class DotProductPolicy(Policy):
-    name = "dotproduct"
-
-    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
-        before, _, tot = _gpu_totals(view)
-        req = alt.count * 1000 if alt.kind.value == "whole" else max(alt.milli, 1)
-        return -(req / tot) * (before / tot)
-
-    def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest) -> np.ndarray:
-        st = snap.static
-        cpu_tot = np.maximum(st.cpu_total[nodes], 1)
-        mem_tot = np.maximum(st.mem_total[nodes], 1)
-        return -((req.cpu_milli / cpu_tot) * ((cpu_tot - snap.cpu_used[nodes]) / cpu_tot)
-                 + (req.host_memory_mib / mem_tot) * ((mem_tot - snap.mem_used[nodes]) / mem_tot))
-
-
-class ClusteringPolicy(Policy):
-    name = "clustering"
-
-    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
-        used = view.before["used_milli"]
-        shared = (view.before["mode"] == Mode.TIMESLICE) | (view.before["mode"] == Mode.MPS)
-        same = shared & (used > 0) & (alt.milli > 0) & (used % max(alt.milli, 1) == 0)
-        on_same = (view.take & same).any(axis=1)
-        node_same = same.any(axis=1)
-        tier = np.where(on_same, 0, np.where(node_same, 1, 2))
-        return tier + PackingPolicy().gpu_score(view, alt) / 10
 
 
 _REGISTRY: dict[str, Callable[..., Policy]] = {
