@@ -261,10 +261,10 @@ class _FragTables:
 
     @staticmethod
     def _lut(thr: np.ndarray, top: int, scale: int) -> tuple[int, np.ndarray] | None:
-        """(q, table): the level index (times ``scale``) of a free amount x is ``table[x // q]``;
-        q is 1 when the table stays small (a gather is cheaper than a division), else the gcd
-        of the thresholds. None: too fine a grid even so (searchsorted instead)."""
-        q = 1 if top < 1 << 22 else ((int(np.gcd.reduce(thr)) if len(thr) else 1) or 1)
+        """(q, table): the level index (times ``scale``) of a free amount x is ``table[x // q]``,
+        q the gcd of the thresholds (a small table stays in cache; a division is cheaper than
+        a cache miss). None: too fine a grid (searchsorted instead)."""
+        q = (int(np.gcd.reduce(thr)) if len(thr) else 1) or 1
         if top // q >= 1 << 22:
             return None
         return q, (np.searchsorted(thr, np.arange(top // q + 1) * q, side="right") * scale).astype(np.int32)
