@@ -203,8 +203,13 @@ def paper_score(delta: np.ndarray) -> np.ndarray:
     better; we return its negation so that lower is better, keeping the
     integer truncation (and with it the ties the paper breaks at random).
     """
-    s = 1.0 / (1.0 + np.exp(np.asarray(delta, dtype=np.float64) / MILLI))
-    return -np.floor(s * 100.0)
+    s = np.divide(np.asarray(delta, dtype=np.float64), MILLI)  # a fresh buffer, then in place
+    np.exp(s, out=s)
+    s += 1.0
+    np.divide(1.0, s, out=s)
+    s *= 100.0
+    np.floor(s, out=s)
+    return np.negative(s, out=s)
 
 
 # ---- the engine-facing policies ------------------------------------------------------------------
@@ -215,9 +220,9 @@ def paper_score(delta: np.ndarray) -> np.ndarray:
 # depends on them. The two terms are therefore split:
 #
 # * ``gpu_score`` ranks the slots (which GPU, which cards) of each state by
-#   the fragmentation increase with CPU and memory taken as plentiful, and is
-#   0 for each state's best slot (the rest > 0), so it never breaks ties
-#   between nodes;
+#   the fragmentation increase with CPU and memory taken as plentiful
+#   (``slot_rank_only``: the engine keeps the best slot and counts it as 0,
+#   so it never breaks ties between nodes);
 # * ``node_score`` scores the slot the engine chose for each node's state
 #   exactly, with the node's free CPU and memory, as a gather from tables:
 #   ``frag = table[frag_state, level]`` before and after (:class:`_FragTables`).
@@ -255,6 +260,7 @@ class _FragTables:
         self.of_state = np.full(max(64, st.n_states), -1, dtype=np.int64)
         self.after: dict[tuple, np.ndarray] = {}
         self.n_levels = len(fm.plev)
+        self._last: tuple | None = None  # (gstate, cpu_used, mem_used, frag) of the last snapshot seen
         # Level lookup tables: free CPU (memory) // q -> level index, q the gcd of the thresholds.
         self._lut_c = self._lut(fm.cpu_thr, int(st.cpu_total.max(initial=0)), fm.nm)
         self._lut_m = self._lut(fm.mem_thr, int(st.mem_total.max(initial=0)), 1) if fm.with_memory else None
@@ -355,6 +361,29 @@ class _FragTables:
             f = a[sids]
         return f
 
+    def current(self, snap: Any) -> np.ndarray:
+        """(N,) every node's fragmentation in ``snap``.
+
+        Kept from the last snapshot asked about and recomputed only where a
+        node's GPU state, CPU or memory differs (values are compared, so any
+        order of snapshots is fine): a placement changes one node."""
+        st = snap.static
+        last = self._last
+        if last is not None and last[0] is snap.gstate and last[1] is snap.cpu_used and last[2] is snap.mem_used:
+            return last[3]
+        if last is None:
+            nodes = np.arange(st.n)
+            frag = np.empty(st.n)
+        else:
+            nodes = np.flatnonzero((snap.gstate != last[0]) | (snap.cpu_used != last[1]) | (snap.mem_used != last[2]))
+            frag = last[3] if len(nodes) < st.n // 8 else last[3].copy()
+        if len(nodes):
+            frag[nodes] = self.lookup(self.states(snap.gstate[nodes]),
+                                      self.levels(st.cpu_total[nodes] - snap.cpu_used[nodes],
+                                                  st.mem_total[nodes] - snap.mem_used[nodes]))
+        self._last = (snap.gstate, snap.cpu_used, snap.mem_used, frag)
+        return frag
+
     def lookup(self, f: np.ndarray, level: np.ndarray) -> np.ndarray:
         """Fragmentation of frag states ``f`` at ``level`` (filling missing entries)."""
         flat = f * self.n_levels + level
@@ -390,6 +419,7 @@ class FgdPolicy(Policy):
 
     name = "fgd"
     wants_context = True
+    slot_rank_only = True
 
     def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, quantize: bool = True,
                  with_memory: bool = False, **params: Any) -> None:
@@ -415,11 +445,7 @@ class FgdPolicy(Policy):
         free_after = view.free("after")
         view.memo["fgd_free_after"] = free_after
         total, supply = fm.supply(free_after, view.model)
-        s = self.delta_score(fm.combine(total, supply, top) - t.lookup(t.states(view.state), top))
-        uniq, inv = np.unique(np.asarray(view.state), return_inverse=True)
-        mins = np.full(len(uniq), np.inf)
-        np.minimum.at(mins, inv, s)
-        return s - mins[inv]
+        return self.delta_score(fm.combine(total, supply, top) - t.lookup(t.states(view.state), top))
 
     def remember_best(self, view: Any, alt: Any, win: np.ndarray) -> None:
         """The engine's chosen candidate of each state: keep its frag state after ``alt``
@@ -429,7 +455,7 @@ class FgdPolicy(Policy):
 
     def node_score(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
         t = self.tables(ctx.static)
-        before = t.lookup(t.states(ctx.states), t.levels(ctx.cpu_free, ctx.mem_free))
+        before = t.current(snap)[nodes]
         after = t.lookup(t.states_after(alt, ctx.states, ctx.slots),
                          t.levels(ctx.cpu_free - req.cpu_milli, ctx.mem_free - req.host_memory_mib))
         return self.delta_score(after - before)

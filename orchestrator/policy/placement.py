@@ -488,7 +488,7 @@ def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, t
     first = np.ones(len(order), dtype=bool)
     first[1:] = cm_o[1:] != cm_o[:-1]
     win = order[first]
-    table.score[ids[cm[win]]] = sc[win]
+    table.score[ids[cm[win]]] = 0.0 if getattr(policy, "slot_rank_only", False) else sc[win]
     table.slot[ids[cm[win]]] = cs[win]
     table.reason[ids[cm[win]]] = 0
     remember = getattr(policy, "remember_best", None)

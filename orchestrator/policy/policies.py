@@ -47,6 +47,9 @@ class Policy:
     wants_context = False
     #: With an ``rng``, the engine gives a share a random fitting GPU of the chosen node.
     random_slot = False
+    #: ``gpu_score`` only ranks the slots of a state: the engine keeps the best slot and
+    #: counts its score as 0, so the node-wide term alone ranks the nodes.
+    slot_rank_only = False
 
     @property
     def key(self) -> tuple:
@@ -156,6 +159,7 @@ class BestFitPolicy(Policy):
 
     name = "bestfit"
     wants_context = True
+    slot_rank_only = True
 
     def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
         return _tightest(view)
@@ -174,6 +178,7 @@ class DotProductPolicy(Policy):
 
     name = "dotproduct"
     wants_context = True
+    slot_rank_only = True
 
     def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
         return _tightest(view)
