@@ -353,8 +353,8 @@ class _FragTables:
 
         a = self.after_table(alt)
         f = a[sids]
-        miss = f < 0
-        if miss.any():
+        if len(f) and f.min() < 0:
+            miss = f < 0
             ids, first = np.unique(sids[miss], return_index=True)
             free = state_free_after(self.st, ids, slots[miss][first], alt)
             a[ids] = self.intern(free, self.st.model[self.st.rep_node[ids]])
