@@ -367,14 +367,15 @@ def _rows(st: _Static, ids: np.ndarray) -> dict[str, np.ndarray]:
     return {f: a[ids] for f, a in st.rep_rows.items()}
 
 
-def _candidates(st: _Static, ids: np.ndarray, alt: Alternative) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _candidates(st: _Static, ids: np.ndarray, alt: Alternative,
+                before: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every candidate slot of the states ``ids`` for ``alt`` (vectorised over them).
 
     Returns ``reason`` (per state: why it has no candidate, 0 if it has one),
     and per candidate the row ``cm`` into ``ids``, the ``slot`` and the ``take``
-    mask of GPUs it uses."""
+    mask of GPUs it uses. ``before`` is ``_rows(st, ids)`` when the caller has it."""
     reps = st.rep_node[ids]
-    before = _rows(st, ids)
+    before = _rows(st, ids) if before is None else before
     present = st.present[reps]
     healthy = present & before["healthy"]
     model = st.model[reps]
@@ -465,14 +466,14 @@ def _candidates(st: _Static, ids: np.ndarray, alt: Alternative) -> tuple[np.ndar
 
 def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, table: _StateTable) -> None:
     """Fill ``table`` for the given new state ids (vectorised over them)."""
-    reason, cm, cs, ct = _candidates(st, ids, alt)
+    before = _rows(st, ids)
+    reason, cm, cs, ct = _candidates(st, ids, alt, before)
     table.done[ids] = True
     table.score[ids] = INF
     table.reason[ids] = reason
     if not len(cm):
         return
     reps = st.rep_node[ids]
-    before = _rows(st, ids)
     present = st.present[reps]
     model = st.model[reps]
     gmem = st.gpu_memory[reps]
@@ -544,10 +545,18 @@ def _choose_whole(free: np.ndarray, island: np.ndarray, count: int, need_nvlink:
     return take
 
 
+_CHANGES = {ShareKind.WHOLE: ("mode", "used_milli", "used_mem", "holders"),
+            ShareKind.MPS: ("mode", "used_milli", "used_mem", "holders"),
+            ShareKind.TIMESLICE: ("mode", "used_milli", "used_mem", "holders"),
+            ShareKind.MIG: ("mig_mask", "mig_compute", "used_mem", "holders")}
+
+
 def _after(b: dict[str, np.ndarray], take: np.ndarray, slot: np.ndarray, alt: Alternative, gmem: np.ndarray,
            ts_cap: int, model: np.ndarray) -> dict[str, np.ndarray]:
-    a = {f: v.copy() for f, v in b.items()}
     kind = alt.kind
+    # Copy what this kind changes; the other fields are shared with ``b`` (views are read-only).
+    changed = _CHANGES[kind] if kind is not ShareKind.WHOLE or alt.count else ()
+    a = {f: (v.copy() if f in changed else v) for f, v in b.items()}
     if kind is ShareKind.WHOLE:
         if alt.count:
             a["mode"][take] = Mode.WHOLE
