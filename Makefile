@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,sim,train]'
+	$(BIN)/python -m pip install -q -e '.[test,sim,train,serve]'
 	@touch $(STAMP)
 
 test: install

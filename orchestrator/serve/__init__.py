@@ -1,0 +1,1 @@
+"""Ray Serve applications shipped with the orchestrator (the RayService in ``k8s/`` runs ``app``)."""
