@@ -39,26 +39,16 @@ __all__ = [
     "alive_nodes", "actors_alive", "actor_options", "HeadClient", "unwrap", "agent_name",
 ]
 
-_LOOPBACK = {"127.0.0.1", "::1"}
 
 
 def keep_loopback() -> None:
     """Make Ray resolve loopback addresses to themselves (idempotent); see the module docstring."""
     from ray._private import services
 
-    if getattr(services.resolve_ip_for_localhost, "_rgo_keeps_loopback", False):
-        return
-    original = services.resolve_ip_for_localhost
+    # The same patch the cluster's own processes get from runtime/loopback/sitecustomize.py.
+    from orchestrator.runtime.loopback.sitecustomize import patch_services
 
-    def resolve(host: str) -> str:
-        if host in _LOOPBACK:
-            return host
-        if host == "localhost":
-            return "127.0.0.1"
-        return original(host)
-
-    resolve._rgo_keeps_loopback = True  # type: ignore[attr-defined]
-    services.resolve_ip_for_localhost = resolve
+    patch_services(services)
 
 
 def connect(address: str | None, namespace: str) -> None:

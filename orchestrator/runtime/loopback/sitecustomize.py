@@ -26,7 +26,8 @@ _TARGET = "ray._private.services"
 _LOOPBACK = {"127.0.0.1", "::1"}
 
 
-def _patch(services: object) -> None:
+def patch_services(services: object) -> None:
+    """Make ``services.resolve_ip_for_localhost`` leave loopback addresses alone (idempotent)."""
     original = services.resolve_ip_for_localhost  # type: ignore[attr-defined]
     if getattr(original, "_rgo_keeps_loopback", False):
         return
@@ -58,9 +59,9 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         loader = spec.loader
         exec_module = loader.exec_module
 
-        def exec_and_patch(module):  # noqa: ANN001, ANN202
+        def exec_andpatch_services(module):  # noqa: ANN001, ANN202
             exec_module(module)
-            _patch(module)
+            patch_services(module)
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
 
@@ -70,6 +71,6 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
 
 if os.environ.get("RGO_KEEP_LOOPBACK") == "1":
     if _TARGET in sys.modules:
-        _patch(sys.modules[_TARGET])
+        patch_services(sys.modules[_TARGET])
     else:
         sys.meta_path.insert(0, _PatchAfterImport())
