@@ -59,7 +59,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         loader = spec.loader
         exec_module = loader.exec_module
 
-        def exec_andpatch_services(module):  # noqa: ANN001, ANN202
+        def exec_and_patch(module):  # noqa: ANN001, ANN202
             exec_module(module)
             patch_services(module)
             if self in sys.meta_path:
