@@ -23,7 +23,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError
@@ -107,12 +106,9 @@ class SchedulerConfig(_Frozen):
 
     @classmethod
     def load(cls, path: str | Path) -> "SchedulerConfig":
-        p = Path(path)
-        try:
-            data: Any = yaml.safe_load(p.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError("config", str(p), "a readable YAML file", detail=str(e)) from None
-        return cls.parse(data, source=str(p))
+        from orchestrator.yamlfile import read_yaml
+
+        return cls.parse(read_yaml(path) or {}, source=str(path))
 
     @classmethod
     def parse(cls, data: Any, source: str = "config") -> "SchedulerConfig":

@@ -8,7 +8,6 @@ prints exactly one JSON object on stdout; progress and errors go to stderr.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Optional
 

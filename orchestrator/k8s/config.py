@@ -36,7 +36,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError, InvalidRequestError
@@ -657,13 +656,6 @@ def parse_config(data: dict[str, Any]) -> tuple[K8sConfig, dict[str, K8sConfig]]
 
 def load_config(path: str | Path) -> tuple[K8sConfig, dict[str, K8sConfig]]:
     """Read ``configs/k8s.yaml``: the base config and its overlays, validated."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError("--config", str(p), "a readable YAML file", detail=e.strerror or str(e)) from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError("--config", str(p), "valid YAML", detail=str(e).splitlines()[0]) from None
-    return parse_config(data)
+    from orchestrator.yamlfile import read_yaml
+
+    return parse_config(read_yaml(path, "--config") or {})

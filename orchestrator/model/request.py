@@ -28,7 +28,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 

@@ -388,7 +388,6 @@ def _candidates(st: _Static, ids: np.ndarray, alt: Alternative,
     cand_m: list[np.ndarray] = []
     cand_slot: list[np.ndarray] = []
     cand_take: list[np.ndarray] = []
-    extra_after: list[dict[str, np.ndarray]] = []
 
     if kind is ShareKind.WHOLE and alt.count == 0:
         m = np.arange(len(ids))

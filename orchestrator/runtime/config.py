@@ -23,7 +23,6 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError, InvalidRequestError
@@ -31,6 +30,7 @@ from orchestrator.model.catalogue import gpu_model
 from orchestrator.model.inventory import GpuDevice, MigDevice, NodeInventory
 from orchestrator.model.request import parse_memory_mib
 from orchestrator.priorities import SchedulerConfig
+from orchestrator.yamlfile import read_yaml
 
 #: Ray node label that names the simulated (or configured) node a raylet stands for.
 NODE_LABEL = "rgo.io/node"
@@ -203,14 +203,7 @@ def parse_config(data: Any, source: str = "config") -> ClusterConfig:
 def load_config(path: str | Path) -> ClusterConfig:
     """Read and validate a cluster file."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError("config", str(p), "a readable YAML file", detail=e.strerror or str(e)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError("config", str(p), "valid YAML", detail=str(e).splitlines()[0]) from None
+    data = read_yaml(p)
     if isinstance(data, dict) and "scheduler_file" in data:
         # The priority classes and queues may live in their own file (configs/priorities.yaml).
         data = dict(data)

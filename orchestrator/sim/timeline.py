@@ -32,7 +32,7 @@ from orchestrator.policy.fgd import Workload
 from orchestrator.policy.placement import Placement, place
 from orchestrator.policy.snapshot import ClusterSnapshot
 from orchestrator.sim.arrival import make_policy, node_specs, pod_shapes, run_parallel
-from orchestrator.sim.openb import MILLI, NodeTable, PodTable, TraceFormatError
+from orchestrator.sim.openb import NodeTable, PodTable, TraceFormatError
 from orchestrator.sim.workload import typical_workload
 
 PERCENTILES = (50, 90, 99)
