@@ -212,22 +212,48 @@ def make_policy(name: str, workload: Workload) -> Any:
     return get_policy(name, workload=workload) if name in ("fgd", "default") else get_policy(name)
 
 
+@dataclass(frozen=True)
+class ReplaySetup:
+    """What every replay of (nodes, pods, policy, seed) starts from.
+
+    The seed is split into three streams, always in this order, so arrival and
+    timeline replays of one seed share the node order and the tie-breaks:
+    ``order_rng`` (pod shuffling and resampling), the node permutation (already
+    applied to ``snapshot``), and ``rng`` (the ``random`` policy's ties; None for
+    every other policy: ties go to the first node, as in the paper's simulator).
+    """
+
+    order_rng: np.random.Generator
+    snapshot: ClusterSnapshot
+    policy: Any
+    rng: np.random.Generator | None
+    shape: np.ndarray
+    requests: list
+    resolved: list
+    workload: Workload
+
+
+def setup_replay(nodes: NodeTable, pods: PodTable, policy_name: str, seed: int,
+                 workload: Workload | None = None) -> ReplaySetup:
+    order_rng, node_rng, tie_rng = np.random.default_rng(seed).spawn(3)
+    workload = workload if workload is not None else typical_workload(pods, with_memory=True)
+    shape, reqs = pod_shapes(pods)
+    return ReplaySetup(order_rng, ClusterSnapshot.build(node_specs(nodes, node_rng.permutation(len(nodes)))),
+                       make_policy(policy_name, workload), tie_rng if policy_name == "random" else None,
+                       shape, reqs, [resolve(r) for r in reqs], workload)
+
+
 def replay(nodes: NodeTable, pods: PodTable, policy_name: str, seed: int, *, target_pct: float = 130.0,
            step_pct: float = 1.0, order: str = "shuffled", workload: Workload | None = None) -> ArrivalResult:
     """One arrival replay; see the module docstring."""
     t0 = time.perf_counter()
-    root = np.random.default_rng(seed)
-    order_rng, node_rng, tie_rng = root.spawn(3)
     capacity = nodes.total_gpu_milli
     if capacity <= 0:
         raise ValueError("the node list has no GPUs")
-    workload = workload if workload is not None else typical_workload(pods, with_memory=True)
-    seq = arrival_sequence(pods, capacity, order_rng, target_pct=target_pct, order=order)
-    snap = ClusterSnapshot.build(node_specs(nodes, node_rng.permutation(len(nodes))))
-    policy = make_policy(policy_name, workload)
-    rng = tie_rng if policy_name == "random" else None
-    shape, reqs = pod_shapes(pods)
-    resolved = [resolve(r) for r in reqs]
+    setup = setup_replay(nodes, pods, policy_name, seed, workload)
+    workload, snap, policy, rng = setup.workload, setup.snapshot, setup.policy, setup.rng
+    shape, reqs, resolved = setup.shape, setup.requests, setup.resolved
+    seq = arrival_sequence(pods, capacity, setup.order_rng, target_pct=target_pct, order=order)
     gpu_req = pods.gpu_request_milli
     gauge = FragGauge(workload)
 

@@ -27,13 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.model.request import resolve
 from orchestrator.policy.fgd import Workload
 from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.snapshot import ClusterSnapshot
-from orchestrator.sim.arrival import make_policy, node_specs, pod_shapes, run_parallel
+from orchestrator.sim.arrival import run_parallel, setup_replay
 from orchestrator.sim.openb import NodeTable, PodTable, TraceFormatError
-from orchestrator.sim.workload import typical_workload
 
 PERCENTILES = (50, 90, 99)
 
@@ -99,15 +96,10 @@ def replay_timeline(nodes: NodeTable, pods: PodTable, policy_name: str, seed: in
         raise TraceFormatError(pods.path, 1, 0, "creation_time", "", "a pod list with creation_time and deletion_time",
                                "timeline mode replays the trace's own times")
     t0 = time.perf_counter()
-    root = np.random.default_rng(seed)
-    _, node_rng, tie_rng = root.spawn(3)
     capacity = nodes.total_gpu_milli
-    workload = workload if workload is not None else typical_workload(pods, with_memory=True)
-    snap = ClusterSnapshot.build(node_specs(nodes, node_rng.permutation(len(nodes))))
-    policy = make_policy(policy_name, workload)
-    rng = tie_rng if policy_name == "random" else None
-    shape, reqs = pod_shapes(pods)
-    resolved = [resolve(r) for r in reqs]
+    setup = setup_replay(nodes, pods, policy_name, seed, workload)
+    snap, policy, rng = setup.snapshot, setup.policy, setup.rng
+    shape, reqs, resolved = setup.shape, setup.requests, setup.resolved
     gpu = pods.gpu_request_milli
     valid = (pods.creation_time >= 0) & (pods.deletion_time >= 0)
     lifetime = np.maximum(pods.deletion_time - pods.creation_time, 0)
