@@ -159,6 +159,11 @@ class Allocation:
                    host_memory_mib=d.get("host_memory_mib", 0))
 
 
+def _gpu_field_property(name: str) -> property:
+    """A read-only (N, G) view of one per-GPU field, derived from the interned states."""
+    return property(lambda self: self._gpu_field(name), doc=f"(N, G) ``{name}`` of every GPU (read-only, derived)")
+
+
 def _ro(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -302,33 +307,13 @@ class ClusterSnapshot:
     def _gpu_field(self, f: str) -> np.ndarray:
         return self.derived(("field", f), lambda: _ro(self.static.rep_rows[f][self.gstate]))
 
-    @property
-    def mode(self) -> np.ndarray:
-        return self._gpu_field("mode")
-
-    @property
-    def used_milli(self) -> np.ndarray:
-        return self._gpu_field("used_milli")
-
-    @property
-    def used_mem(self) -> np.ndarray:
-        return self._gpu_field("used_mem")
-
-    @property
-    def mig_mask(self) -> np.ndarray:
-        return self._gpu_field("mig_mask")
-
-    @property
-    def mig_compute(self) -> np.ndarray:
-        return self._gpu_field("mig_compute")
-
-    @property
-    def holders(self) -> np.ndarray:
-        return self._gpu_field("holders")
-
-    @property
-    def healthy(self) -> np.ndarray:
-        return self._gpu_field("healthy")
+    mode = _gpu_field_property("mode")
+    used_milli = _gpu_field_property("used_milli")
+    used_mem = _gpu_field_property("used_mem")
+    mig_mask = _gpu_field_property("mig_mask")
+    mig_compute = _gpu_field_property("mig_compute")
+    holders = _gpu_field_property("holders")
+    healthy = _gpu_field_property("healthy")
 
     def gpu_row(self, i: int) -> dict[str, np.ndarray]:
         """Node ``i``'s per-GPU rows (copies)."""
