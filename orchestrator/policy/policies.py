@@ -152,17 +152,23 @@ class RandomPolicy(Policy):
     random_slot = True
 
 
-class BestFitPolicy(Policy):
-    """``best_fit_score.go``: the node left with the least free CPU and GPU,
-    ``int((1 - (0.5 (cpu_free - cpu) / 128000 + 0.5 (gpu_free - gpu) / 8000)) * 100)``
-    (host memory not counted); the tightest GPU."""
+class _TightestGpuPolicy(Policy):
+    """The artifact's node-formula policies: the GPU within a node is the tightest fit
+    (``gpu_score`` only ranks slots); the node is ranked by ``node_score``'s formula."""
 
-    name = "bestfit"
     wants_context = True
     slot_rank_only = True
 
     def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
         return _tightest(view)
+
+
+class BestFitPolicy(_TightestGpuPolicy):
+    """``best_fit_score.go``: the node left with the least free CPU and GPU,
+    ``int((1 - (0.5 (cpu_free - cpu) / 128000 + 0.5 (gpu_free - gpu) / 8000)) * 100)``
+    (host memory not counted); the tightest GPU."""
+
+    name = "bestfit"
 
     def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
                    ctx: Any) -> np.ndarray:
@@ -171,17 +177,12 @@ class BestFitPolicy(Policy):
         return -np.trunc((1.0 - left) * 100)
 
 
-class DotProductPolicy(Policy):
+class DotProductPolicy(_TightestGpuPolicy):
     """``dot_product_score.go`` as the artifact runs it (``merge``, ``max``, GPU selection ``best``):
     the node whose free (CPU, GPU) -- before placing, normalised by the largest node spec --
     has the smallest dot product with the request: ``int((1 - dot / 2) * 100)``."""
 
     name = "dotproduct"
-    wants_context = True
-    slot_rank_only = True
-
-    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
-        return _tightest(view)
 
     def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
                    ctx: Any) -> np.ndarray:
