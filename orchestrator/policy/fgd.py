@@ -454,11 +454,19 @@ class FgdPolicy(Policy):
         t.after_table(alt)[view.state[win]] = t.intern(view.memo["fgd_free_after"][win], view.model[win])
 
     def node_score(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
+        return self.delta_score(self.frag_increase(snap, nodes, alt, req, ctx))
+
+    def frag_increase(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
+        """(K,) how much each candidate node's fragmentation grows (GPU-milli) if it takes the request."""
+        return self._frag_parts(snap, nodes, alt, req, ctx)[0]
+
+    def _frag_parts(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(fragmentation increase, frag state after) of each candidate node."""
         t = self.tables(ctx.static)
         before = t.current(snap)[nodes]
-        after = t.lookup(t.states_after(alt, ctx.states, ctx.slots),
-                         t.levels(ctx.cpu_free - req.cpu_milli, ctx.mem_free - req.host_memory_mib))
-        return self.delta_score(after - before)
+        f_after = t.states_after(alt, ctx.states, ctx.slots)
+        after = t.lookup(f_after, t.levels(ctx.cpu_free - req.cpu_milli, ctx.mem_free - req.host_memory_mib))
+        return after - before, f_after
 
     def tables(self, st: Any) -> _FragTables:
         """This policy's :class:`_FragTables` for the snapshot family of ``st``."""
@@ -469,18 +477,71 @@ class FgdPolicy(Policy):
         return t
 
 
+def cpu_per_gpu_milli(workload: Workload) -> float:
+    """Host CPU (milli) the workload's GPU task types ask per GPU-milli, popularity-weighted
+    (CPU-only types excluded); 0 when they ask no CPU or there are none."""
+    gpu = sum(p * t.total_gpu_milli for t, p in workload if t.gpu_count)
+    cpu = sum(p * t.cpu_milli for t, p in workload if t.gpu_count)
+    return cpu / gpu if gpu > 0 else 0.0
+
+
 class DefaultPolicy(FgdPolicy):
-    """Ours: FGD with host memory in the fit test (a task type whose memory does not fit
-    the node counts like one whose CPU does not).
+    """Ours: FGD plus the two things its score does not see.
+
+    1. **Host memory** in the fit test: a task type whose memory does not fit
+       the node counts like one whose CPU does not (``with_memory=True``).
+    2. **CPU stranding.** FGD feels a node's CPU only once it drops below what
+       some typical type asks, so it fills a GPU-dense node (8 cards, 96
+       cores) with CPU-hungry pods and CPU-only pods until its last free
+       cards can never be used -- and on openb host CPU is as scarce as GPUs
+       (the cluster has 17 cores per GPU, its GPU pods ask 11 per GPU and its
+       CPU-only pods 3 more). A node's *stranded* GPU is the free GPU-milli
+       its free CPU cannot feed at the workload's own CPU-per-GPU rate ``r``
+       (:func:`cpu_per_gpu_milli`)::
+
+           stranded(node) = max(0, free_gpu_milli - free_cpu_milli / r)
+
+       and the node's score is FGD's on ``frag_increase + strand_weight x
+       stranded_increase`` (both GPU-milli), with FGD's integer truncation
+       kept, so ties still go to the first node in order. The effect: CPU-only
+       and CPU-heavy pods go to CPU-rich nodes (openb's T4 nodes: 52 cores per
+       card), GPU-heavy nodes keep the CPU their cards need.
+       ``strand_weight=0`` turns it off (then ``default`` is FGD with memory).
 
     ``repack=True`` also asks the replay to move small shares when a GPU request
     fits nowhere (:mod:`orchestrator.sim.repack`); off by default, because on
     openb it finds room for ~3 pods a run at 2-4x the cost (``docs/trace-evaluation.md``).
+
+    Invariant: like FGD, the score is a pure function of the node's GPU state,
+    free CPU and free memory, so nodes in equal states score equally.
     """
 
     name = "default"
 
-    def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, repack: bool = False, **params: Any) -> None:
+    def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, strand_weight: float = 2.0,
+                 repack: bool = False, **params: Any) -> None:
         params.setdefault("with_memory", True)
-        super().__init__(workload, repack=repack, **params)
+        if not (math.isfinite(strand_weight) and strand_weight >= 0):
+            from orchestrator.errors import InvalidRequestError
+
+            raise InvalidRequestError("strand_weight", strand_weight, "a finite number >= 0")
+        super().__init__(workload, strand_weight=strand_weight, repack=repack, **params)
         self.repack = repack
+        rate = cpu_per_gpu_milli(self.workload)
+        self.strand_weight = float(strand_weight) if rate > 0 else 0.0
+        self._gpu_per_cpu = 1.0 / rate if rate > 0 else 0.0
+
+    def stranded(self, free_gpu_milli: np.ndarray, free_cpu_milli: np.ndarray) -> np.ndarray:
+        """GPU-milli the free CPU cannot feed at the workload's CPU-per-GPU rate (>= 0)."""
+        return np.maximum(free_gpu_milli - free_cpu_milli * self._gpu_per_cpu, 0.0)
+
+    def frag_increase(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
+        inc, f_after = self._frag_parts(snap, nodes, alt, req, ctx)
+        if not self.strand_weight:
+            return inc
+        t = self.tables(ctx.static)
+        gpu_before = t.total[t.states(ctx.states)]
+        gpu_after = t.total[f_after]
+        grow = self.stranded(gpu_after, ctx.cpu_free - req.cpu_milli) - self.stranded(gpu_before, ctx.cpu_free)
+        # Rounded like FragModel.combine, so equal states compare equal however they were reached.
+        return np.round(inc + self.strand_weight * grow, 6)

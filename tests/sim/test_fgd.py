@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.errors import InvalidRequestError
 from orchestrator.model.catalogue import MODEL_NAMES
 from orchestrator.model.request import GpuRequest
-from orchestrator.policy.fgd import FgdPolicy, FragModel, TaskType, normalise_workload, paper_score
+from orchestrator.policy.fgd import (DefaultPolicy, FgdPolicy, FragModel, TaskType, cpu_per_gpu_milli,
+                                      normalise_workload, paper_score)
 from orchestrator.policy.placement import Placement, place
 from orchestrator.policy.policies import get_policy
 from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
@@ -104,3 +106,47 @@ def test_registry_builds_fgd_and_default() -> None:
     assert get_policy("fgd", workload=WL).name == "fgd"
     d = get_policy("default", workload=WL)
     assert d.name == "default" and d.frag_model.with_memory
+
+
+# ---- default: FGD plus CPU stranding ------------------------------------------------------------------
+
+def test_cpu_per_gpu_milli_by_hand() -> None:
+    # GPU types: 0.5 x (1000 CPU, 500 milli) and 0.25 x (4000 CPU, 1000 milli); the CPU-only type is left out.
+    assert cpu_per_gpu_milli(WL) == pytest.approx((0.5 * 1000 + 0.25 * 4000) / (0.5 * 500 + 0.25 * 1000))
+    assert cpu_per_gpu_milli(normalise_workload([(TaskType(0, 500, 1), 1)])) == 0.0
+    assert cpu_per_gpu_milli(normalise_workload([(TaskType(8000, 0, 0), 1)])) == 0.0
+
+
+def cpu_tight_and_cpu_rich() -> ClusterSnapshot:
+    # "a" comes first (FGD's ties go to it) but has 8 cores per card; "b" has 32.
+    return ClusterSnapshot.build([NodeSpec("a", "T4", 2, cpu_milli=16000), NodeSpec("b", "T4", 2, cpu_milli=64000)])
+
+
+def test_default_sends_cpu_only_pods_where_they_strand_no_gpu() -> None:
+    snap, cpu_only = cpu_tight_and_cpu_rich(), GpuRequest.whole(0, cpu_milli=12000)
+    # FGD: the 4 cores left on "a" still fit every typical GPU type, so both nodes score the same
+    # and the first one wins -- although 4 cores feed only 1333 of a's 2000 free GPU-milli at 3 CPU-milli each.
+    fgd = place(snap, cpu_only, FgdPolicy(WL))
+    assert isinstance(fgd, Placement) and fgd.allocation.node_name == "a"
+    ours = DefaultPolicy(WL)
+    assert ours.stranded(np.array([2000.0]), np.array([4000.0])) == pytest.approx([2000 - 4000 / 3])
+    got = place(snap, cpu_only, ours)
+    assert isinstance(got, Placement) and got.allocation.node_name == "b"
+    # Turned off, default is FGD with memory: node order decides again.
+    off = place(snap, cpu_only, DefaultPolicy(WL, strand_weight=0))
+    assert isinstance(off, Placement) and off.allocation.node_name == "a"
+
+
+def test_default_keeps_gpu_pods_consolidated_when_nothing_strands() -> None:
+    # A light share strands nothing anywhere: FGD's answer (first node, and the same card next) stands.
+    snap, policy = cpu_tight_and_cpu_rich(), DefaultPolicy(WL)
+    first = place(snap, GpuRequest.timeslice(0.5, cpu_milli=1000), policy)
+    assert isinstance(first, Placement) and first.allocation.node_name == "a"
+    second = place(snap.apply(first.allocation), GpuRequest.timeslice(0.5, cpu_milli=1000), policy)
+    assert isinstance(second, Placement) and second.allocation.gpus == first.allocation.gpus
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_default_rejects_a_bad_strand_weight(bad: float) -> None:
+    with pytest.raises(InvalidRequestError, match="strand_weight.*finite number >= 0"):
+        DefaultPolicy(WL, strand_weight=bad)

@@ -130,3 +130,15 @@ def test_openb_default_one_seed_is_in_the_papers_range(openb: Path) -> None:
     r = replay(nodes, pods, "fgd", 0, step_pct=10)
     assert 94.5 <= r.allocation_pct[-1] <= 96.0  # the paper: 95.39 (mean of 10 seeds)
     assert r.allocation_pct[:9] == pytest.approx([0, 10, 20, 30, 40, 50, 60, 70, 80], abs=0.2)
+
+
+@pytest.mark.slow
+def test_openb_default_beats_fgd_on_the_same_seed(openb: Path) -> None:
+    """Same arrivals, same node order: ours leaves fewer GPUs idle than FGD (seed 0: ~42 GPUs fewer,
+    95.96% against 95.28%; the 10-seed means are in docs/trace-evaluation.md)."""
+    nodes = load_nodes(openb / "openb_node_list_gpu_node.csv")
+    pods = load_pods(openb / "openb_pod_list_default.csv")
+    fgd, ours = (replay(nodes, pods, p, 0, step_pct=10) for p in ("fgd", "default"))
+    assert fgd.pods == ours.pods
+    assert ours.allocation_pct[-1] >= 95.9
+    assert ours.unallocated_gpus <= fgd.unallocated_gpus - 25
