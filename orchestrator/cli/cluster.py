@@ -1,7 +1,7 @@
 """``orchestrator up | down | status``: start, stop and look at the orchestrator on Ray.
 
 Exit codes: 0 ok; 1 the operation failed; 2 bad input (the message names the
-field); 3 the orchestrator (or Ray) is not reachable. ``status --json``
+field) or an unknown object; 3 the orchestrator (or Ray) is not reachable. ``status --json``
 prints exactly one JSON object on stdout; progress and errors go to stderr.
 """
 
@@ -13,12 +13,22 @@ from typing import Any, Optional
 
 import typer
 
-from orchestrator.errors import InvalidRequestError, NotConnectedError, OrchestratorError
+from orchestrator.errors import InvalidRequestError, NotConnectedError, OrchestratorError, UnknownObjectError
 
 app = typer.Typer(help="Start, stop and inspect the orchestrator on a Ray cluster.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 
-EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def exit_code(e: BaseException) -> int:
+    """The one error -> exit code mapping of every ``orchestrator`` command: bad input and unknown
+    objects 2, an unreachable orchestrator 3, anything else 1."""
+    if isinstance(e, (InvalidRequestError, UnknownObjectError)):
+        return EXIT_BAD_INPUT
+    if isinstance(e, NotConnectedError):
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED
 
 _STATE_HELP = "Folder for everything `up` writes (state, logs, Ray session); default $RGO_STATE_DIR or $TMPDIR/rgo-<uid>"
 
@@ -28,12 +38,7 @@ def _progress(msg: str) -> None:
 
 
 def _fail(e: Exception, as_json: bool = False) -> "typer.Exit":
-    if isinstance(e, InvalidRequestError):
-        code = EXIT_BAD_INPUT
-    elif isinstance(e, NotConnectedError):
-        code = EXIT_UNREACHABLE
-    else:
-        code = EXIT_FAILED
+    code = exit_code(e)
     if as_json and isinstance(e, OrchestratorError):
         typer.echo(json.dumps(e.to_dict()))
     typer.echo(f"error: {e}", err=True)

@@ -28,9 +28,9 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 
-from orchestrator.errors import InvalidRequestError, NotConnectedError, OrchestratorError, UnknownObjectError
+from orchestrator.cli.cluster import EXIT_FAILED, exit_code
+from orchestrator.errors import InvalidRequestError, OrchestratorError, UnknownObjectError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_CODES = ("Exit codes: 0 ok; 1 operation failed or timed out, or the job failed; 2 bad input (names the "
               "field and what is allowed); 3 orchestrator not reachable.")
 
@@ -50,14 +50,6 @@ def make_client(address: Optional[str], namespace: Optional[str], state_dir: Opt
     from orchestrator.sdk import Client
 
     return Client(address, namespace=namespace, state_dir=state_dir)
-
-
-def exit_code(e: BaseException) -> int:
-    if isinstance(e, (InvalidRequestError, UnknownObjectError)):
-        return EXIT_BAD_INPUT
-    if isinstance(e, NotConnectedError):
-        return EXIT_UNREACHABLE
-    return EXIT_FAILED
 
 
 @contextmanager

@@ -192,3 +192,15 @@ def test_render_explain_running_and_preempted() -> None:
                          "checkpoint_path": "/ck/checkpoint.pt"}]})
     assert "  placed on: a100-1 GPU 2 (mig)" in text
     assert "preempted #1 at " in text and "by serve-1: inference needs the card; checkpoint /ck/checkpoint.pt" in text
+
+
+def test_every_command_maps_errors_to_the_same_exit_codes() -> None:
+    """`up/down/status` and the job commands share one mapping (an unknown object was 1 in one, 2 in the other)."""
+    from orchestrator.cli import cluster
+    from orchestrator.errors import CapacityError, InvalidRequestError, NotConnectedError, UnknownObjectError
+
+    cases = {InvalidRequestError("gpus", "x", "a number"): 2, UnknownObjectError("job", "j-1"): 2,
+             NotConnectedError("no head"): 3, CapacityError("full"): 1}
+    for err, code in cases.items():
+        assert cli.exit_code(err) == cluster.exit_code(err) == code
+        assert cluster._fail(err).exit_code == code
