@@ -456,6 +456,13 @@ class FgdPolicy(Policy):
     def node_score(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
         return self.delta_score(self.frag_increase(snap, nodes, alt, req, ctx))
 
+    def explain(self, ctx: Any, k: int) -> str:
+        """The terms of candidate ``k``'s score, for the placement's reason."""
+        terms = [f"fragmentation {ctx.memo['frag'][k]:+.0f} milli"]
+        if "stranded" in ctx.memo:
+            terms.append(f"CPU-stranded GPU {ctx.memo['stranded'][k]:+.0f} milli")
+        return ", ".join(terms)
+
     def frag_increase(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
         """(K,) how much each candidate node's fragmentation grows (GPU-milli) if it takes the request."""
         return self._frag_parts(snap, nodes, alt, req, ctx)[0]
@@ -466,7 +473,8 @@ class FgdPolicy(Policy):
         before = t.current(snap)[nodes]
         f_after = t.states_after(alt, ctx.states, ctx.slots)
         after = t.lookup(f_after, t.levels(ctx.cpu_free - req.cpu_milli, ctx.mem_free - req.host_memory_mib))
-        return after - before, f_after
+        ctx.memo["frag"] = inc = after - before
+        return inc, f_after
 
     def tables(self, st: Any) -> _FragTables:
         """This policy's :class:`_FragTables` for the snapshot family of ``st``."""
@@ -542,6 +550,7 @@ class DefaultPolicy(FgdPolicy):
         t = self.tables(ctx.static)
         gpu_before = t.total[t.states(ctx.states)]
         gpu_after = t.total[f_after]
-        grow = self.stranded(gpu_after, ctx.cpu_free - req.cpu_milli) - self.stranded(gpu_before, ctx.cpu_free)
+        ctx.memo["stranded"] = grow = (self.stranded(gpu_after, ctx.cpu_free - req.cpu_milli)
+                                       - self.stranded(gpu_before, ctx.cpu_free))
         # Rounded like FragModel.combine, so equal states compare equal however they were reached.
         return np.round(inc + self.strand_weight * grow, 6)

@@ -117,6 +117,8 @@ class NodeContext:
     ``cpu_free``/``mem_free`` (K,) the node's free host CPU (milli) and memory
     (MiB) before the request; ``static`` the snapshot's static part (for
     per-state tables a policy keeps). All arrays are read-only views.
+    ``memo`` is scratch space for this one request: a policy may keep the terms
+    of its ``node_score`` there and name them in ``explain`` for the winner.
     """
 
     static: _Static
@@ -124,6 +126,7 @@ class NodeContext:
     slots: np.ndarray
     cpu_free: np.ndarray
     mem_free: np.ndarray
+    memo: dict = field(default_factory=dict)
 
 
 def state_free(st: _Static, ids: np.ndarray) -> np.ndarray:
@@ -347,8 +350,10 @@ def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative,
     where = f"{alloc.node_name} GPU {','.join(map(str, alloc.gpu_indices)) or '-'}"
     if alloc.kind is ShareKind.MIG:
         where += f" MIG {alloc.mig_profile}@{alloc.mig_start}"
+    why = policy.explain(ctx, int(pick)) if ctx is not None and hasattr(policy, "explain") else ""
     reason = (f"{alt.reason}; {policy.name} chose {where} (score {float(best):.4g}, best of "
-              f"{len(cand)} feasible node{'s' if len(cand) != 1 else ''}, {len(ties)} tied)")
+              f"{len(cand)} feasible node{'s' if len(cand) != 1 else ''}, {len(ties)} tied"
+              f"{'; ' + why if why else ''})")
     return Placement(alloc, alt, policy.name, float(best), int(len(cand)), reason)
 
 

@@ -132,6 +132,9 @@ def test_default_sends_cpu_only_pods_where_they_strand_no_gpu() -> None:
     assert ours.stranded(np.array([2000.0]), np.array([4000.0])) == pytest.approx([2000 - 4000 / 3])
     got = place(snap, cpu_only, ours)
     assert isinstance(got, Placement) and got.allocation.node_name == "b"
+    # The reason names the score's terms for the chosen node (on "a" the stranded term would be +667).
+    assert got.reason.endswith("fragmentation +0 milli, CPU-stranded GPU +0 milli)")
+    assert "fragmentation +0 milli)" in fgd.reason and "stranded" not in fgd.reason
     # Turned off, default is FGD with memory: node order decides again.
     off = place(snap, cpu_only, DefaultPolicy(WL, strand_weight=0))
     assert isinstance(off, Placement) and off.allocation.node_name == "a"
