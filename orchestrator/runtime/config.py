@@ -64,9 +64,15 @@ class RuntimeSettings(_Frozen):
     metrics_port: Annotated[int, Field(ge=0, le=65535, description="Prometheus /metrics of the head; 0 = "
                                        "$ORCHESTRATOR_METRICS_PORT, else off")] = 0
     metrics_host: str = Field(default="127.0.0.1", description="Address /metrics listens on (0.0.0.0 in a pod)")
+    ended_retention_s: Annotated[float, Field(ge=0, description="Ended leases leave the ledger and the GCS this long "
+                                              "after they end (also how long a retried lease id is recognised); "
+                                              "0 keeps them forever")] = 86400.0
 
     @model_validator(mode="after")
     def _ttl_above_heartbeat(self) -> "RuntimeSettings":
+        if 0 < self.ended_retention_s < 60:
+            raise ConfigError("settings.ended_retention_s", self.ended_retention_s, "0 (keep forever) or >= 60",
+                              detail="the job layer must see a lease end before it goes")
         if self.agent_ttl_s <= self.heartbeat_interval_s:
             raise ConfigError("settings.agent_ttl_s", self.agent_ttl_s,
                               f"more than heartbeat_interval_s={self.heartbeat_interval_s:g}",

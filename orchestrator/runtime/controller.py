@@ -30,11 +30,16 @@ A reconcile cycle reads as a numbered script (:meth:`reconcile`):
 2. **release dead holders**: an active lease whose holder actor died is lost
    and its devices freed;
 3. **expire grants** never activated within ``grant_ttl_s``;
-4. **schedule** the queue over a snapshot of the registered nodes
+4. **end overdue checkpoints**: a preemption victim that has not yielded by
+   its deadline is stopped;
+5. **schedule** the queue over a snapshot of the registered nodes
    (:meth:`_plan`, the one call site of :func:`orchestrator.scheduler.schedule`)
    and grant what fits;
-5. **desired agents**: every live Ray node without a registered agent gets
-   one started (unless a start is already in flight).
+6. **desired agents**: every live Ray node without a registered agent gets
+   one started (unless a start is already in flight);
+7. **prune** (every 10 s) ended leases ``ended_retention_s`` after they ended,
+   from the store first; one stays while the attempt it was requeued as is
+   live. Until then a retried ``request_lease`` with the same id returns it.
 
 Names: a *node* is one GPU node (one raylet); its *agent* is our device
 plugin on it; an *incarnation* is one life of an agent (a fresh id each
@@ -205,6 +210,7 @@ class ReconcileReport:
     start_agents: list[AgentStart] = field(default_factory=list)
     checkpoint_requested: list[str] = field(default_factory=list)  # victims asked to checkpoint
     preempted: list[str] = field(default_factory=list)  # victims whose holders must now be stopped
+    pruned: list[str] = field(default_factory=list)  # ended leases dropped after settings.ended_retention_s
 
 
 class _Keys:
@@ -250,6 +256,7 @@ class HeadController:
         self._snapshot = ClusterSnapshot.build([], timeslice_capacity_milli=settings.timeslice_capacity_milli)
         self._dirty = False  # the queue may have become schedulable (new request, freed devices, new node)
         self._last_schedule = float("-inf")
+        self._last_prune = float("-inf")
 
     # ---- persistence ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -430,7 +437,7 @@ class HeadController:
 
     # ---- the reconcile cycle -------------------------------------------------------------------
     def reconcile(self) -> ReconcileReport:
-        """One cycle; see the module docstring for its five steps."""
+        """One cycle; see the module docstring for its seven steps."""
         now = self.clock()
         report = ReconcileReport()
         self._expire_agents(now, report)        # 1
@@ -444,7 +451,29 @@ class HeadController:
             self._last_schedule = now
             self._schedule(now, report)
         self._desired_agents(now, report)       # 6
+        if now - self._last_prune >= 10.0:      # 7, every 10 s: nothing here is urgent
+            self._last_prune = now
+            self._prune_ended(now, report)
         return report
+
+    def _prune_ended(self, now: float, report: ReconcileReport) -> None:
+        """Drop ended leases ``ended_retention_s`` after they ended, from the store first.
+
+        A lease stays while a later attempt it was requeued as is still live, so
+        ``current_attempt`` keeps leading a client holding the first id to the
+        running one. 0 keeps everything."""
+        keep = self.settings.ended_retention_s
+        if not keep:
+            return
+        cutoff = now - keep
+        for e in list(self._leases.values()):
+            if not e.lease.terminal or e.lease.history[-1].at > cutoff:
+                continue
+            if not self._leases[self.current_attempt(e.lease_id)].lease.terminal:
+                continue
+            self.store.delete(self._keys.lease(e.lease_id))
+            del self._leases[e.lease_id]
+            report.pruned.append(e.lease_id)
 
     def _expire_agents(self, now: float, report: ReconcileReport) -> None:
         ttl = self.settings.agent_ttl_s

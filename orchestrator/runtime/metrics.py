@@ -46,6 +46,7 @@ class HeadMetrics:
         self.gpus_allocated.set(snap.allocated_milli() / 1000)
         queued: dict[str, int] = {}
         active: dict[str, int] = {}
+        holding: set[str] = set()
         for e in ctl.ledger():
             lease = e.lease
             if lease.state is LeaseState.PENDING:
@@ -53,11 +54,13 @@ class HeadMetrics:
             elif lease.holding and lease.allocation is not None:
                 kind = lease.allocation.kind.value
                 active[kind] = active.get(kind, 0) + 1
+                holding.add(lease.lease_id)
                 if lease.lease_id not in self._observed:
                     self._observed.add(lease.lease_id)
                     granted = lease.entered(LeaseState.GRANTED)
                     if granted is not None:
                         self.lease_wait.observe(max(0.0, granted - lease.history[0].at))
+        self._observed &= holding  # a lease is observed once, when it first holds; ended ones can go
         _set_all(self.queue_length, queued)
         _set_all(self.leases_active, active)
         if report is not None:

@@ -41,6 +41,8 @@ def test_simulated_uuids_are_stable(demo: ClusterConfig) -> None:
     ({"settings": {"agent_ttl_s": 0.5}}, "settings.agent_ttl_s", "0.5"),
     ({"settings": {"policy": "fastest"}}, "settings.policy", "fastest"),
     ({"settings": {"discovery": "magic"}}, "settings.discovery", "magic"),
+    ({"settings": {"ended_retention_s": 5}}, "settings.ended_retention_s", "0 (keep forever) or >= 60"),
+    ({"settings": {"ended_retention_s": -1}}, "settings.ended_retention_s", "-1"),
     ({"nodes": [{"name": "x", "model": "Z80", "gpus": 1}]}, "nodes.0.model", "Z80"),
     ({"nodes": [{"name": "Bad_Name", "model": "T4"}]}, "nodes.0.name", "Bad_Name"),
     ({"nodes": [{"name": "x", "model": "T4", "gpus": 1, "mig": {0: []}}]}, "nodes[x].mig", "T4 does not support MIG"),

@@ -281,3 +281,43 @@ def test_priority_class_orders_the_queue_and_unknown_classes_are_refused(ctl: He
     assert [x["lease_id"] for x in q] == ["high", "mid", "low"]
     ctl.reconcile()
     assert ctl.get_lease("high")["state"] == "granted"
+
+
+def test_ended_leases_leave_after_the_retention_unless_a_live_attempt_follows(store: MemoryStore, clock: FakeClock,
+                                                                              demo: Any) -> None:
+    settings = RuntimeSettings(heartbeat_interval_s=1.0, agent_ttl_s=5.0, grant_ttl_s=1e6, ended_retention_s=120)
+    ctl = HeadController(settings, store, clock=clock)
+    agents = {n.name: FakeAgent(ctl, demo, n.name) for n in demo.nodes}
+    for a in agents.values():
+        a.register()
+    pruned: list[str] = []
+
+    def run(seconds: float, silent: str = "") -> None:
+        for _ in range(int(seconds / 1.5)):
+            clock.advance(1.5)
+            for name, a in agents.items():
+                if name != silent:
+                    a.beat()
+            pruned.extend(ctl.reconcile().pruned)
+
+    ctl.request_lease(_req("done", "1"))
+    ctl.request_lease(_req("c", "1"))
+    ctl.reconcile()
+    ctl.release("done", ctl.get_lease("done")["fencing_token"])
+    node = ctl.get_lease("c")["allocation"]["node"]
+    run(9, silent=node)  # c's node goes silent: c is lost and requeued as c#1 elsewhere
+    assert ctl.get_lease("c")["requeued_as"] == "c#1" and ctl.get_lease("c#1")["state"] == "granted"
+    run(100, silent=node)
+    assert pruned == [] and store.get("rgo/lease/done") is not None  # inside the retention
+    run(30, silent=node)
+    assert pruned == ["done"] and store.get("rgo/lease/done") is None
+    with pytest.raises(UnknownObjectError):
+        ctl.get_lease("done")
+    assert ctl.current_attempt("c") == "c#1"  # c ended long ago, but its attempt c#1 is live: c stays
+    # Past the retention an id is new again.
+    assert ctl.request_lease(_req("done", "2")) == "done" and ctl.get_lease("done")["state"] == "pending"
+    ctl.release("c#1", ctl.get_lease("c#1")["fencing_token"])
+    run(135, silent=node)
+    assert sorted(pruned) == ["c", "c#1", "done"]
+    assert not [k for k in store.keys("rgo/lease/") if k.startswith("rgo/lease/c")]
+

@@ -38,6 +38,10 @@ def test_metrics_follow_the_ledger_and_serve_over_http(ctl, agents, clock) -> No
     ctl.release("a", ctl.get_lease("a")["fencing_token"])
     m.update(ctl)
     assert _value(m.text().decode(), "orchestrator_leases_active", 'kind="whole"') == 0
+    # It was observed once, when it first held; ended, it is forgotten (no set growing forever) ...
+    assert "a" not in m._observed and "b" in m._observed  # noqa: SLF001
+    m.update(ctl)  # ... and not observed again.
+    assert _value(m.text().decode(), "orchestrator_lease_wait_seconds_count") == 2
     port = m.serve(0, "127.0.0.1")
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "orchestrator_gpus_total 10.0" in body
