@@ -223,13 +223,19 @@ class JobManager:
             if state in (LeaseState.LOST, LeaseState.EXPIRED, LeaseState.PREEMPTED, LeaseState.RELEASED):
                 self._requeue(job, f"lease {job.lease_id} ended ({state.value}) before it was admitted")
                 return f"{job.job_id}: lease ended before admission; requeued"
+            if state is None and job.lease_id:
+                # The head never got the request (a restart between the job's write and the lease's),
+                # or the lease ended and was pruned unseen: ask again, under the same id (idempotent).
+                self._request_lease(job)
+                return f"{job.job_id}: lease {job.lease_id} missing; requested again"
             return None
         if job.state is JobState.ADMITTED:
             if state is LeaseState.GRANTED and lease:
                 return self._start(job, lease)
-            if state in (LeaseState.LOST, LeaseState.PREEMPTED, LeaseState.EXPIRED):
-                self._commit(job.transition(JobState.QUEUED, now=now, reason=f"lease {state.value} before start"))
-                self._requeue(self._jobs[job.job_id], f"lease {state.value} before the Ray job started")
+            if state in (LeaseState.LOST, LeaseState.PREEMPTED, LeaseState.EXPIRED) or state is None:
+                what = state.value if state else "gone"
+                self._commit(job.transition(JobState.QUEUED, now=now, reason=f"lease {what} before start"))
+                self._requeue(self._jobs[job.job_id], f"lease {what} before the Ray job started")
                 return f"{job.job_id}: requeued"
             return None
         # RUNNING or PREEMPTING: look at the Ray job.

@@ -183,3 +183,16 @@ def test_restore_from_store(ctl, jm, agents, store, clock, ray_jobs) -> None:
     again = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
     assert again.restore() == 1
     assert again.get("persist-1")["state"] == "running"
+
+
+def test_a_queued_job_whose_lease_is_missing_asks_for_it_again(ctl, jm, agents, store) -> None:
+    # As after a head restart between writing the job and its lease: the job names a lease the head lacks.
+    big = jm.submit(spec("big"))["job_id"]
+    assert jm.get(big)["state"] == "queued" and jm.get(big)["lease"]["state"] == "pending"
+    lease_id = jm.get(big)["lease_id"]
+    ctl._leases.pop(lease_id)  # noqa: SLF001 - the ledger without it, as restored from a store without it
+    store.delete(f"rgo/lease/{lease_id}")
+    assert jm.get(big)["lease"] is None
+    cycle(ctl, jm, agents)
+    got = jm.get(big)
+    assert got["state"] == "queued" and got["lease_id"] == lease_id and got["lease"]["state"] == "pending"
