@@ -98,3 +98,18 @@ class NotConnectedError(OrchestratorError):
     """No orchestrator head is reachable at the given address. Retryable."""
 
     retryable = True
+
+
+#: Exit statuses of every command line of the project.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def exit_code(e: BaseException) -> int:
+    """The one error -> exit status mapping of every command line (``orchestrator ...``,
+    ``python -m orchestrator.runtime.launch``): input that can never be accepted, or an
+    unknown object, 2; no reachable orchestrator 3; anything else 1."""
+    if isinstance(e, (InvalidRequestError, UnknownObjectError)):
+        return EXIT_BAD_INPUT
+    if isinstance(e, NotConnectedError):
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED

@@ -13,22 +13,10 @@ from typing import Any, Optional
 
 import typer
 
-from orchestrator.errors import InvalidRequestError, NotConnectedError, OrchestratorError, UnknownObjectError
+from orchestrator.errors import OrchestratorError, exit_code
 
 app = typer.Typer(help="Start, stop and inspect the orchestrator on a Ray cluster.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
-
-
-def exit_code(e: BaseException) -> int:
-    """The one error -> exit code mapping of every ``orchestrator`` command: bad input and unknown
-    objects 2, an unreachable orchestrator 3, anything else 1."""
-    if isinstance(e, (InvalidRequestError, UnknownObjectError)):
-        return EXIT_BAD_INPUT
-    if isinstance(e, NotConnectedError):
-        return EXIT_UNREACHABLE
-    return EXIT_FAILED
 
 _STATE_HELP = "Folder for everything `up` writes (state, logs, Ray session); default $RGO_STATE_DIR or $TMPDIR/rgo-<uid>"
 

@@ -28,8 +28,7 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 
-from orchestrator.cli.cluster import EXIT_FAILED, exit_code
-from orchestrator.errors import InvalidRequestError, OrchestratorError, UnknownObjectError
+from orchestrator.errors import EXIT_FAILED, InvalidRequestError, OrchestratorError, UnknownObjectError, exit_code
 
 EXIT_CODES = ("Exit codes: 0 ok; 1 operation failed or timed out, or the job failed; 2 bad input (names the "
               "field and what is allowed); 3 orchestrator not reachable.")

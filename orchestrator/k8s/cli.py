@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.errors import InvalidRequestError, NotConnectedError, OrchestratorError
+from orchestrator.errors import InvalidRequestError, OrchestratorError, exit_code
 from orchestrator.k8s.config import K8sConfig, load_config
 
 app = typer.Typer(
@@ -43,15 +43,9 @@ def _run(fn: Callable[[], T]) -> T:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return fn()
-    except InvalidRequestError as e:
-        err.print(f"error: {e}")
-        raise typer.Exit(2) from None
-    except NotConnectedError as e:
-        err.print(f"error: {e}")
-        raise typer.Exit(3) from None
     except OrchestratorError as e:
         err.print(f"error: {e}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(exit_code(e)) from None
 
 
 def _pick(config: Path, overlay: Optional[str]) -> K8sConfig:

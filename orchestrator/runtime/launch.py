@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.errors import OrchestratorError
+    from orchestrator.errors import OrchestratorError, exit_code
     from orchestrator.runtime import launcher
     from orchestrator.runtime.config import ClusterConfig, RuntimeSettings, load_config
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                                 timeout_s=a.timeout)
     except OrchestratorError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 3 if e.retryable else 2
+        return exit_code(e)
     print(f"orchestrator head up on {state.address} in {state.up_seconds}s", flush=True)
     return 0
 

@@ -195,12 +195,26 @@ def test_render_explain_running_and_preempted() -> None:
 
 
 def test_every_command_maps_errors_to_the_same_exit_codes() -> None:
-    """`up/down/status` and the job commands share one mapping (an unknown object was 1 in one, 2 in the other)."""
+    """One mapping (orchestrator.errors.exit_code) for up/down/status, the job commands, `k8s` and
+    `python -m orchestrator.runtime.launch` (an unknown object was 1 in some, 2 in others)."""
+    import typer
+
     from orchestrator.cli import cluster
     from orchestrator.errors import CapacityError, InvalidRequestError, NotConnectedError, UnknownObjectError
+    from orchestrator.k8s import cli as k8s_cli
 
     cases = {InvalidRequestError("gpus", "x", "a number"): 2, UnknownObjectError("job", "j-1"): 2,
              NotConnectedError("no head"): 3, CapacityError("full"): 1}
     for err, code in cases.items():
-        assert cli.exit_code(err) == cluster.exit_code(err) == code
         assert cluster._fail(err).exit_code == code
+
+        def boom(err: Exception = err) -> None:
+            raise err
+
+        with pytest.raises(typer.Exit) as k8s_exit:
+            k8s_cli._run(boom)
+        assert k8s_exit.value.exit_code == code
+        with pytest.raises(typer.Exit) as jobs_exit:
+            with cli._errors(as_json=False):
+                boom()
+        assert jobs_exit.value.exit_code == code
