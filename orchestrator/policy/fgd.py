@@ -227,7 +227,9 @@ def paper_score(delta: np.ndarray) -> np.ndarray:
 #   exactly, with the node's free CPU and memory, as a gather from tables:
 #   ``frag = table[frag_state, level]`` before and after (:class:`_FragTables`).
 
+from orchestrator.errors import InvalidRequestError  # noqa: E402
 from orchestrator.model.catalogue import MODEL_NAMES  # noqa: E402
+from orchestrator.policy.placement import alt_key, state_free, state_free_after  # noqa: E402
 from orchestrator.policy.policies import Policy  # noqa: E402
 
 _MIG = "mig"
@@ -323,8 +325,6 @@ class _FragTables:
 
     def states(self, sids: np.ndarray) -> np.ndarray:
         """Frag states of GPU states ``sids``."""
-        from orchestrator.policy.placement import state_free
-
         if len(self.of_state) < self.st.n_states:
             self.of_state = np.concatenate([self.of_state, np.full(self.st.n_states, -1, dtype=np.int64)])
         f = self.of_state[sids]
@@ -337,7 +337,7 @@ class _FragTables:
 
     def after_table(self, alt: Any) -> np.ndarray:
         """``after[alt]``, grown to the number of interned GPU states."""
-        key = _alt_key(alt)
+        key = alt_key(alt)
         a = self.after.get(key)
         if a is None or len(a) < self.st.n_states:
             grown = np.full(max(64, 2 * self.st.n_states), -1, dtype=np.int64)
@@ -349,8 +349,6 @@ class _FragTables:
     def states_after(self, alt: Any, sids: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """Frag states after ``alt`` takes ``slots`` on GPU states ``sids`` (normally already
         known from :meth:`FgdPolicy.remember_best`; derived from the slot otherwise)."""
-        from orchestrator.policy.placement import state_free_after
-
         a = self.after_table(alt)
         f = a[sids]
         if len(f) and f.min() < 0:
@@ -394,10 +392,6 @@ class _FragTables:
             v[miss] = self.fm.combine(self.total[fm], self.supply[fm], lm)
             self.frag.reshape(-1)[flat[miss]] = v[miss]
         return v
-
-
-def _alt_key(alt: Any) -> tuple:
-    return (alt.kind, alt.count, alt.milli, alt.memory_mib, alt.profiles, getattr(alt, "nvlink", False))
 
 
 class FgdPolicy(Policy):
@@ -530,8 +524,6 @@ class DefaultPolicy(FgdPolicy):
                  repack: bool = False, **params: Any) -> None:
         params.setdefault("with_memory", True)
         if not (math.isfinite(strand_weight) and strand_weight >= 0):
-            from orchestrator.errors import InvalidRequestError
-
             raise InvalidRequestError("strand_weight", strand_weight, "a finite number >= 0")
         super().__init__(workload, strand_weight=strand_weight, repack=repack, **params)
         self.repack = repack

@@ -193,7 +193,8 @@ def _tables(st: _Static) -> dict[Any, _StateTable]:
     return t
 
 
-def _alt_key(alt: Alternative) -> tuple:
+def alt_key(alt: Alternative) -> tuple:
+    """Hashable identity of an alternative, for memo tables keyed by it (the engine's and a policy's)."""
     return (alt.kind, alt.count, alt.milli, alt.memory_mib, alt.profiles, alt.nvlink)
 
 
@@ -309,7 +310,7 @@ def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative,
                        rng: np.random.Generator | None) -> Placement | Counter[str]:
     st = snap.static
     ok, checks = _node_filter(snap, req, alt)
-    key = (policy.key, _alt_key(alt))
+    key = (policy.key, alt_key(alt))
     tables = _tables(st)
     table = tables.get(key)
     if table is None:
@@ -459,7 +460,7 @@ def _candidates(st: _Static, ids: np.ndarray, alt: Alternative,
                     take = np.zeros((len(m), present.shape[1]), dtype=bool)
                     take[np.arange(len(m)), g] = True
                     cand_m.append(m)
-                    cand_slot.append((g * 8 + start).astype(np.int64))
+                    cand_slot.append((g * MIG_SLOT + start).astype(np.int64))
                     cand_take.append(take)
     reason = np.where(no_gpu & ~((kind is ShareKind.WHOLE) and alt.count == 0), R_NOGPU,
                       np.where(unhealthy & ~((kind is ShareKind.WHOLE) and alt.count == 0), R_UNHEALTHY, reason))
@@ -501,19 +502,30 @@ def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, t
         remember(view, alt, win)
 
 
+# A *slot* is one int naming where a candidate goes on its node: for whole cards the
+# bitmask of their GPU columns, for a MIG instance ``column * MIG_SLOT + start``, for
+# a share its GPU column. ``_candidates`` makes them; these two read them.
+MIG_SLOT = 8
+
+
+def slot_take(slots: np.ndarray, alt: Alternative, g: int) -> np.ndarray:
+    """(K, g) mask of the GPU columns that ``alt`` takes at each of ``slots``."""
+    cols = np.arange(g)[None, :]
+    slots = np.asarray(slots, dtype=np.int64)
+    if alt.kind is ShareKind.WHOLE:
+        return ((slots[:, None] >> cols) & 1).astype(bool) if alt.count else np.zeros((len(slots), g), dtype=bool)
+    if alt.kind is ShareKind.MIG:
+        return cols == (slots // MIG_SLOT)[:, None]
+    return cols == slots[:, None]
+
+
 def state_free_after(st: _Static, ids: np.ndarray, slots: np.ndarray, alt: Alternative) -> np.ndarray:
     """(K, G) free milli per GPU of states ``ids`` after ``alt`` takes ``slots`` there
     (what :meth:`CandidateView.free` ``("after")`` shows for that candidate)."""
     reps = st.rep_node[ids]
     before = _rows(st, ids)
     present = st.present[reps]
-    cols = np.arange(present.shape[1])[None, :]
-    if alt.kind is ShareKind.WHOLE:
-        take = ((slots[:, None] >> cols) & 1).astype(bool) if alt.count else np.zeros_like(present)
-    elif alt.kind is ShareKind.MIG:
-        take = cols == (slots // 8)[:, None]
-    else:
-        take = cols == slots[:, None]
+    take = slot_take(slots, alt, present.shape[1])
     after = _after(before, take, slots, alt, st.gpu_memory[reps], st.timeslice_capacity_milli, st.model[reps])
     return _free_milli(after, present, st.timeslice_capacity_milli)
 
@@ -573,7 +585,7 @@ def _after(b: dict[str, np.ndarray], take: np.ndarray, slot: np.ndarray, alt: Al
         a["used_mem"] += np.where(take, _mem_need(alt, gmem)[:, None], 0)
         a["holders"][take] += 1
     elif kind is ShareKind.MIG:
-        start = slot % 8
+        start = slot % MIG_SLOT
         for i in range(len(slot)):
             prof = alt.profile_for(MODEL_NAMES[model[i]])
             assert prof is not None
@@ -590,12 +602,11 @@ def _allocation(snap: ClusterSnapshot, node: int, slot: int, alt: Alternative, r
     kind = alt.kind
     mig_profile = mig_start = mig_uuid = None
     milli, mem = alt.milli, 0
+    cols = tuple(int(j) for j in np.flatnonzero(slot_take(np.array([slot]), alt, st.g)[0]))
     if kind is ShareKind.WHOLE:
-        cols = tuple(int(j) for j in range(st.g) if (slot >> j) & 1) if alt.count else ()
         mem = int(st.gpu_memory[node]) if cols else 0
     elif kind is ShareKind.MIG:
-        cols = (slot // 8,)
-        mig_start = slot % 8
+        mig_start = slot % MIG_SLOT
         prof = alt.profile_for(model_name or "")
         assert prof is not None
         mig_profile = prof.name
@@ -603,7 +614,6 @@ def _allocation(snap: ClusterSnapshot, node: int, slot: int, alt: Alternative, r
         milli = prof.compute_slices * 1000 // MIG_COMPUTE_SLICES
         mem = prof.memory_mib
     else:
-        cols = (slot,)
         mem = int(_mem_need(alt, np.array([st.gpu_memory[node]]))[0])
     uuids = st.uuids[node]
     return Allocation(
