@@ -278,20 +278,17 @@ class _FragTables:
         return q, (np.searchsorted(thr, np.arange(top // q + 1) * q, side="right") * scale).astype(np.int32)
 
     def levels(self, cpu_free: np.ndarray, mem_free: np.ndarray) -> np.ndarray:
+        """:meth:`FragModel.levels` through the lookup tables (the model's own search when a grid
+        is too fine for one)."""
         fm = self.fm
-        if self._lut_c is None:
-            lc = np.searchsorted(fm.cpu_thr, cpu_free, side="right") * fm.nm
-        else:
-            q, lut = self._lut_c
-            lc = lut[cpu_free // q if q > 1 else cpu_free]
+        if self._lut_c is None or (fm.with_memory and self._lut_m is None):
+            return fm.levels(cpu_free, mem_free)
+        q, lut = self._lut_c
+        lc = lut[cpu_free // q if q > 1 else cpu_free]
         if not fm.with_memory:
             return fm.level_of[lc + (fm.nm - 1)]
-        if self._lut_m is None:
-            lm = np.searchsorted(fm.mem_thr, mem_free, side="right")
-        else:
-            q, lut = self._lut_m
-            lm = lut[mem_free // q if q > 1 else mem_free]
-        return fm.level_of[lc + lm]
+        q, lut = self._lut_m
+        return fm.level_of[lc + lut[mem_free // q if q > 1 else mem_free]]
 
     # -- frag states ---------------------------------------------------------------------------------
     def intern(self, free: np.ndarray, model: np.ndarray) -> np.ndarray:

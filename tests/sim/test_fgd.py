@@ -153,3 +153,16 @@ def test_default_keeps_gpu_pods_consolidated_when_nothing_strands() -> None:
 def test_default_rejects_a_bad_strand_weight(bad: float) -> None:
     with pytest.raises(InvalidRequestError, match="strand_weight.*finite number >= 0"):
         DefaultPolicy(WL, strand_weight=bad)
+
+
+def test_frag_tables_levels_agree_with_the_model_with_and_without_lookup_tables() -> None:
+    wl = normalise_workload([(TaskType(1000, 500, 1, memory_mib=2048), 2), (TaskType(4000, 1000, 1, memory_mib=8192), 1)])
+    policy = DefaultPolicy(wl)
+    t = policy.tables(snapshot().static)
+    rng = np.random.default_rng(3)
+    cpu, mem = rng.integers(0, 32001, 200), rng.integers(0, 262145, 200)
+    want = policy.frag_model.levels(cpu, mem)
+    assert t._lut_c is not None and t._lut_m is not None  # noqa: SLF001
+    assert (t.levels(cpu, mem) == want).all()
+    t._lut_m = None  # noqa: SLF001 - as for a memory grid too fine for a table
+    assert (t.levels(cpu, mem) == want).all()
