@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.sim.arrival import arrival_sequence, setup_replay  # noqa: E402
+from orchestrator.sim.arrival import arrival_sequence, seed_streams  # noqa: E402
 from orchestrator.sim.openb import MILLI, load_nodes, load_pods  # noqa: E402
 
 
@@ -95,8 +95,7 @@ def main() -> int:
     capacity, gpus = nodes.total_gpu_milli, int(np.asarray(nodes.gpus).sum())
     rows = []
     for seed in range(args.seeds):
-        # The replay's own arrival order for this seed (its first random stream).
-        seq = arrival_sequence(pods, capacity, setup_replay(nodes, pods, "bestfit", seed).order_rng)
+        seq = arrival_sequence(pods, capacity, seed_streams(seed)[0])  # the replay's own arrival order
         rows.append([100.0 * fluid(gpus, seq, pods.num_gpu, pods.gpu_milli, m) / capacity for m in (False, True)])
         print(f"seed {seed}: fluid best-fit {rows[-1][0]:.2f}  fluid + ideal migration {rows[-1][1]:.2f}", flush=True)
     mean = np.mean(rows, axis=0)

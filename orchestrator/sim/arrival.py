@@ -233,9 +233,16 @@ class ReplaySetup:
     workload: Workload
 
 
+def seed_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
+    """The three independent streams of a seed, in :class:`ReplaySetup`'s order: pod order and
+    resampling, node permutation, ties."""
+    order_rng, node_rng, tie_rng = np.random.default_rng(seed).spawn(3)
+    return order_rng, node_rng, tie_rng
+
+
 def setup_replay(nodes: NodeTable, pods: PodTable, policy_name: str, seed: int,
                  workload: Workload | None = None) -> ReplaySetup:
-    order_rng, node_rng, tie_rng = np.random.default_rng(seed).spawn(3)
+    order_rng, node_rng, tie_rng = seed_streams(seed)
     workload = workload if workload is not None else typical_workload(pods, with_memory=True)
     shape, reqs = pod_shapes(pods)
     return ReplaySetup(order_rng, ClusterSnapshot.build(node_specs(nodes, node_rng.permutation(len(nodes)))),
