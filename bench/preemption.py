@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
-
-import subprocess
 from pathlib import Path
 
 ORCHESTRATOR = str(Path(sys.executable).parent / "orchestrator")

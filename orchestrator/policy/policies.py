@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from orchestrator.model.request import Alternative, GpuRequest
+from orchestrator.model.request import Alternative, GpuRequest, ShareKind
 from orchestrator.policy.snapshot import ClusterSnapshot, Mode
 
 
@@ -107,7 +107,7 @@ MAX_SPEC_GPU = 8_000
 
 def _gpu_request(alt: Alternative) -> int:
     """Milli-GPUs the alternative takes in all (the artifact's ``MilliGpu * GpuNumber``)."""
-    return alt.count * 1000 if alt.kind.value == "whole" else int(alt.milli)
+    return alt.count * 1000 if alt.kind is ShareKind.WHOLE else int(alt.milli)
 
 
 def _rank_within_state(view: Any, key: np.ndarray) -> np.ndarray:
@@ -236,7 +236,7 @@ class ClusteringPolicy(Policy):
         busy = view.before["holders"] > 0
         cats = (np.where((busy & ((mode == Mode.TIMESLICE) | (mode == Mode.MPS))).any(axis=1), _SHARE, 0)
                 | np.where((busy & ((mode == Mode.WHOLE) | (mode == Mode.MIG))).any(axis=1), _WHOLE, 0))
-        mine = _WHOLE if alt.kind.value == "whole" or alt.kind.value == "mig" else _SHARE
+        mine = _WHOLE if alt.kind in (ShareKind.WHOLE, ShareKind.MIG) else _SHARE
         band = np.where(cats & mine, np.where(cats == mine, 75, 50), np.where(cats == 0, 25, 0))
         left = view.free("before").sum(axis=1)
         return -(band + 25 * (MAX_SPEC_GPU - left) // MAX_SPEC_GPU) + _tightest(view)

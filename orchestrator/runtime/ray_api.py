@@ -40,7 +40,6 @@ __all__ = [
 ]
 
 
-
 def keep_loopback() -> None:
     """Make Ray resolve loopback addresses to themselves (idempotent); see the module docstring."""
     from ray._private import services
