@@ -1,6 +1,6 @@
 """Preemption benchmark on a real local Ray cluster (prints figures; not a test).
 
-Runs the scenario of ``orchestrator demo`` (``orchestrator/scenario.py``) with
+Runs the scenario of ``orchestrator demo`` (``orchestrator/scenarios/preemption.py``) with
 ``--rounds`` inference arrivals, twice on fresh clusters:
 
 * ``orchestrator``: training is asked to checkpoint, yields, resumes;

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from orchestrator.sim.arrival import PAPER_POLICIES, run_arrival  # noqa: E402
-from orchestrator.sim.cli import PAPER_AT_130, _print_arrival, write_plot  # noqa: E402
+from orchestrator.cli.sim import PAPER_AT_130, _print_arrival, write_plot  # noqa: E402
 
 
 def main() -> int:

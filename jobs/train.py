@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         a.resume_from = str(Path(a.checkpoint_dir) / CKPT_NAME)
     should, on_ck = None, None
     if os.environ.get("ORCHESTRATOR_JOB_ID"):
-        from orchestrator.context import job_context
+        from orchestrator.sdk.context import job_context
 
         ctx = job_context()
         should, on_ck = ctx.preemption_requested, ctx.acknowledge_checkpoint

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.model.request import GpuRequest
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.policies import get_policy
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 
 # (model, share of nodes, cpu milli, memory MiB, MIG-capable)
 _NODE_MIX = (
@@ -86,7 +86,7 @@ def stream_workload(stream: list[GpuRequest], coverage: float = 0.95) -> tuple:
     of the requests, popularity-weighted (the paper's *typical pods*)."""
     from collections import Counter
 
-    from orchestrator.policy.fgd import TaskType
+    from orchestrator.scheduling.fgd import TaskType
 
     counts: Counter = Counter()
     for r in stream:

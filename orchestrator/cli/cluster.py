@@ -13,12 +13,12 @@ from typing import Any, Optional
 
 import typer
 
-from orchestrator.errors import OrchestratorError, exit_code
+from orchestrator.core.errors import OrchestratorError, exit_code
 
 app = typer.Typer(help="Start, stop and inspect the orchestrator on a Ray cluster.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 
-_STATE_HELP = "Folder for everything `up` writes (state, logs, Ray session); default $RGO_STATE_DIR or $TMPDIR/rgo-<uid>"
+_STATE_HELP = "Folder for everything `up` writes (state, logs, Ray session); default $ORCHESTRATOR_STATE_DIR or $TMPDIR/rgo-<uid>"
 
 
 def _progress(msg: str) -> None:
@@ -34,7 +34,7 @@ def _fail(e: Exception, as_json: bool = False) -> "typer.Exit":
 
 
 def _state_dir(state_dir: Optional[Path]) -> Path:
-    from orchestrator.runtime.launcher import default_state_dir
+    from orchestrator.core.statefile import default_state_dir
 
     return state_dir or default_state_dir()
 
@@ -48,8 +48,8 @@ def up(
     dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Start Ray's dashboard and job API (on 127.0.0.1); jobs need it"),
 ) -> None:
     """Start a local Ray cluster from the cluster file (or attach to one), the head and the agents."""
-    from orchestrator.runtime import launcher
-    from orchestrator.runtime.config import DEMO_CONFIG, load_config
+    from orchestrator.deploy import local as launcher
+    from orchestrator.core.config import DEMO_CONFIG, load_config
 
     try:
         cfg = load_config(config or DEMO_CONFIG)
@@ -70,7 +70,7 @@ def down(
     keep_logs: bool = typer.Option(False, "--keep-logs", help="Keep the state folder's logs"),
 ) -> None:
     """Stop exactly what `up` started (never `ray stop`)."""
-    from orchestrator.runtime import launcher
+    from orchestrator.deploy import local as launcher
 
     try:
         report = launcher.down(_state_dir(state_dir), progress=_progress, keep_logs=keep_logs)
@@ -87,14 +87,14 @@ def status(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
 ) -> None:
     """Nodes, GPUs (MIG slots included), health, leases and queue."""
-    from orchestrator.runtime import launcher
+    from orchestrator.deploy import local as launcher
 
     state = launcher.load_state(_state_dir(state_dir))
     addr = address or (state.address if state else None)
     ns = namespace or (state.namespace if state else "rgo")
     head_name = state.head_name if state else "rgo-head"
     try:
-        from orchestrator.runtime import ray_api
+        from orchestrator.rayport import ray_api
 
         ray_api.connect(addr, ns)
         try:

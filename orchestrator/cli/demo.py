@@ -1,7 +1,7 @@
 """``orchestrator demo``: the main scenario on a local cluster with simulated GPUs (``make demo``).
 
 Starts the demo cluster (``configs/cluster.demo.yaml``) in a temporary state
-folder, runs :mod:`orchestrator.scenario` -- training fills the GPUs,
+folder, runs :mod:`orchestrator.scenarios.preemption` -- training fills the GPUs,
 inference arrives, training checkpoints and yields, inference finishes,
 training resumes and completes -- printing every decision with its reason,
 then a summary of the figures. It stops everything it started, also on
@@ -27,9 +27,9 @@ app = typer.Typer()
 def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any, *,
                  state_dir: Path | None = None, keep: bool = False, progress: Any = None) -> dict[str, Any]:
     """Up, scenario, down (always). Returns the figures."""
-    from orchestrator.runtime import launcher, ray_api
-    from orchestrator.runtime.config import DEMO_CONFIG, load_config
-    from orchestrator.scenario import Scenario, ScenarioConfig
+    from orchestrator.deploy import local as launcher, ray_api
+    from orchestrator.core.config import DEMO_CONFIG, load_config
+    from orchestrator.scenarios.preemption import Scenario, ScenarioConfig
 
     cfg = load_config(DEMO_CONFIG)
     # The demo shortens training's minimum runtime (30 s in configs/priorities.yaml) so it is brief.

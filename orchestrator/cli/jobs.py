@@ -1,6 +1,6 @@
 """``orchestrator submit | jobs | logs | cancel | explain | nodes | leases | queue``.
 
-Thin: each command builds what it needs, calls :class:`orchestrator.sdk.Client`
+Thin: each command builds what it needs, calls :class:`orchestrator.sdk.jobs.Client`
 and renders the answer. Conventions, as ``up``/``down``/``status``:
 
 * the head is found as ``status`` finds it: ``--address``, else the state
@@ -28,7 +28,7 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 
-from orchestrator.errors import EXIT_FAILED, InvalidRequestError, OrchestratorError, UnknownObjectError, exit_code
+from orchestrator.core.errors import EXIT_FAILED, InvalidRequestError, OrchestratorError, UnknownObjectError, exit_code
 
 EXIT_CODES = ("Exit codes: 0 ok; 1 operation failed or timed out, or the job failed; 2 bad input (names the "
               "field and what is allowed); 3 orchestrator not reachable.")
@@ -38,7 +38,7 @@ app = typer.Typer(help="Jobs, leases, nodes and the queue.\n\n" + EXIT_CODES, no
 
 Address = Annotated[Optional[str], typer.Option("--address", help="Ray address (default: the one `up` recorded, else auto)")]
 Namespace = Annotated[Optional[str], typer.Option("--namespace", help="Ray namespace of the head (default: recorded, else rgo)")]
-StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="Where `up` wrote its state; default $RGO_STATE_DIR or $TMPDIR/rgo-<uid>")]
+StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="Where `up` wrote its state; default $ORCHESTRATOR_STATE_DIR or $TMPDIR/rgo-<uid>")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print exactly one JSON value on stdout")]
 JobId = Annotated[str, typer.Argument(help="Job id (as `submit` printed it; `orchestrator jobs` lists them)")]
 
@@ -46,7 +46,7 @@ JobId = Annotated[str, typer.Argument(help="Job id (as `submit` printed it; `orc
 # ---- plumbing ------------------------------------------------------------------------------------
 def make_client(address: Optional[str], namespace: Optional[str], state_dir: Optional[Path]) -> Any:
     """The SDK client the commands use (tests replace this with one around a fake head)."""
-    from orchestrator.sdk import Client
+    from orchestrator.sdk.jobs import Client
 
     return Client(address, namespace=namespace, state_dir=state_dir)
 
@@ -132,8 +132,8 @@ def default_name(command: list[str]) -> str:
 def build_spec(command: list[str], *, gpu: str, priority: Optional[str], name: Optional[str], queue: str,
                checkpoint_dir: Optional[str], env: list[str], working_dir: Optional[str]) -> Any:
     """The :class:`JobSpec` of a ``submit`` command line. Raises ``InvalidRequestError`` naming the field."""
-    from orchestrator.job import JobSpec
-    from orchestrator.model.request import GpuRequest
+    from orchestrator.core.job import JobSpec
+    from orchestrator.core.request import GpuRequest
 
     request = GpuRequest.parse(gpu)
     runtime_env: dict[str, Any] = {}
@@ -229,7 +229,7 @@ def jobs_cmd(as_json: AsJson = False, address: Address = None, namespace: Namesp
 def logs(job_id: JobId, follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")] = False,
          as_json: AsJson = False, address: Address = None, namespace: Namespace = None, state_dir: StateDir = None) -> None:
     """The job's output (its Ray job's logs, current attempt)."""
-    from orchestrator.sdk import TERMINAL_STATES
+    from orchestrator.sdk.jobs import TERMINAL_STATES
 
     with _client(address, namespace, state_dir, as_json) as client:
         handle = _job(client, job_id)

@@ -26,8 +26,8 @@ def _register() -> None:
     # Sub-command groups live next to the code they drive; each module exposes `app`.
     from orchestrator.cli import bench as _bench  # noqa: F401  (registers on bench_app)
     from orchestrator.cli import cluster as _cluster
-    from orchestrator.k8s.cli import app as k8s_app
-    from orchestrator.sim.cli import app as sim_app
+    from orchestrator.cli.k8s import app as k8s_app
+    from orchestrator.cli.sim import app as sim_app
 
     app.add_typer(sim_app, name="sim", help="Replay GPU traces (Alibaba openb) through the placement policies.")
 

@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.model.request import GpuRequest, resolve
-from orchestrator.policy.fgd import FragModel, Workload
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.policies import get_policy
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
-from orchestrator.model.catalogue import MODEL_NAMES
+from orchestrator.core.request import GpuRequest, resolve
+from orchestrator.scheduling.fgd import FragModel, Workload
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.core.catalogue import MODEL_NAMES
 from orchestrator.sim.openb import MILLI, NodeTable, PodTable
 from orchestrator.sim.repack import Ledger, try_repack
 from orchestrator.sim.workload import typical_workload

@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.model.catalogue import MODEL_NAMES
-from orchestrator.model.request import GpuRequest, ResolvedRequest, ShareKind
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.snapshot import Allocation, ClusterSnapshot, Mode
+from orchestrator.core.catalogue import MODEL_NAMES
+from orchestrator.core.request import GpuRequest, ResolvedRequest, ShareKind
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.core.allocation import Allocation
+from orchestrator.scheduling.snapshot import ClusterSnapshot, Mode
 
 
 @dataclass

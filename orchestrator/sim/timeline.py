@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.policy.fgd import Workload
-from orchestrator.policy.placement import Placement, place
+from orchestrator.scheduling.fgd import Workload
+from orchestrator.scheduling.engine import Placement, place
 from orchestrator.sim.arrival import run_parallel, setup_replay
 from orchestrator.sim.openb import NodeTable, PodTable, TraceFormatError
 

@@ -27,8 +27,8 @@ from typing import Iterator
 
 import pytest
 
-from orchestrator.runtime.config import DEMO_CONFIG, ClusterConfig, load_config
-from orchestrator.runtime.launcher import LOOPBACK_SITE, OBJECT_STORE_BYTES, REPO_ROOT, free_port
+from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
+from orchestrator.deploy.local import LOOPBACK_SITE, OBJECT_STORE_BYTES, REPO_ROOT, free_port
 
 
 @dataclass
@@ -40,7 +40,7 @@ class RayCluster:
 
 
 _ENV_KEYS = ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED", "PYTHONPATH",
-             "RGO_KEEP_LOOPBACK", "PATH")
+             "ORCHESTRATOR_KEEP_LOOPBACK", "PATH")
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +52,16 @@ def ray_cluster() -> Iterator[RayCluster]:
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     os.environ.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
-                      RAY_USAGE_STATS_ENABLED="0", RGO_KEEP_LOOPBACK="1",
+                      RAY_USAGE_STATS_ENABLED="0", ORCHESTRATOR_KEEP_LOOPBACK="1",
                       # job entrypoints say `python ...`: the venv's interpreter
                       PATH=os.pathsep.join(p for p in (os.path.dirname(sys.executable), saved.get("PATH") or "") if p),
-                      # every Ray process of the cluster keeps loopback loopback (see runtime/loopback)
+                      # every Ray process of the cluster keeps loopback loopback (see rayport/loopback)
                       PYTHONPATH=os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT),
                                                              saved.get("PYTHONPATH") or "") if p))
     import ray
     from ray.cluster_utils import Cluster
 
-    from orchestrator.runtime import ray_api
+    from orchestrator.rayport import ray_api
 
     ray_api.keep_loopback()
     ray_api._refresh_auth()

@@ -19,10 +19,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from orchestrator.job import JobSpec
-from orchestrator.model.request import GpuRequest
-from orchestrator.runtime.config import RuntimeSettings
-from orchestrator.runtime.launcher import free_port
+from orchestrator.core.job import JobSpec
+from orchestrator.core.request import GpuRequest
+from orchestrator.core.config import RuntimeSettings
+from orchestrator.deploy.local import free_port
 
 pytestmark = pytest.mark.ray
 
@@ -30,17 +30,17 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "jobs" / "train.py"
 STEPS = 300
 SETTINGS = RuntimeSettings(namespace="rgo-preempt", head_name="rgo-head-preempt", heartbeat_interval_s=0.5,
-                           agent_ttl_s=5.0, reconcile_interval_s=0.2, policy="bestfit", metrics_port=free_port())
+                           agent_ttl_s=5.0, reconcile_interval_s=0.2, metrics_port=free_port())
 
 
 @pytest.fixture(scope="module")
 def head(ray_cluster: Any) -> Iterator[Any]:
     import ray
 
-    from orchestrator.runtime import ray_api
+    from orchestrator.rayport import ray_api
 
     cfg = ray_cluster.config
-    sched = cfg.scheduler.model_copy(update={"classes": {
+    sched = cfg.scheduler.model_copy(update={"policy": "bestfit", "classes": {
         **cfg.scheduler.classes,
         "training": cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 1.0, "grace_period_s": 60.0}),
     }})
@@ -97,7 +97,7 @@ def test_inference_preempts_the_minimal_training_set_which_resumes_bit_identical
     running = wait(head, inf, {"running", "succeeded"}, timeout=120)
     decision_to_run = time.monotonic() - t0
     victims = [j for j in trainings if head.get_job(j)["preemptions"]]
-    assert len(victims) == 1, [head.get_job(j)["state"] for j in trainings]
+    assert len(victims) == 1, [(head.get_job(j)["state"], head.get_job(j)["message"]) for j in trainings]
     victim = head.get_job(victims[0])
     # The minimal set: one 2-card job (a 4-card one would lose more work), preempted by the inference job.
     assert victim["gpu"] == "2x whole"

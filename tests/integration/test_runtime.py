@@ -22,8 +22,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from orchestrator.runtime.config import RuntimeSettings
-from orchestrator.runtime.launcher import State, session_members
+from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.statefile import State
+from orchestrator.deploy.local import session_members
 
 pytestmark = pytest.mark.ray
 
@@ -42,7 +43,7 @@ def test_up_status_down_leaves_nothing_behind() -> None:
     home_ray_before = (Path.home() / ".ray").exists()
     tmp_ray_before = Path("/tmp/ray").exists()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RGO_STATE_DIR=str(state_dir), RAY_USAGE_STATS_ENABLED="0")
+    env.update(ORCHESTRATOR_STATE_DIR=str(state_dir), RAY_USAGE_STATS_ENABLED="0")
     t0 = time.monotonic()
     up = _cli("up", env=env)
     up_s = time.monotonic() - t0
@@ -76,7 +77,7 @@ def test_up_status_down_leaves_nothing_behind() -> None:
 # ---- a head and agents on the shared cluster ------------------------------------------------------
 @pytest.fixture(scope="module")
 def head(ray_cluster: Any) -> Iterator[Any]:
-    from orchestrator.runtime import ray_api
+    from orchestrator.rayport import ray_api
 
     handle = ray_api.start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
     client = ray_api.HeadClient(handle=handle)
@@ -130,7 +131,7 @@ def _lease(head: Any, lease_id: str, gpu: Any, **kw: Any) -> dict[str, Any]:
 def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -> None:
     import ray
 
-    from orchestrator.runtime import ray_api
+    from orchestrator.rayport import ray_api
 
     kinds = {"whole": "1", "mig": "mig:3g.40gb", "mps-a": "mps:30%,20GiB", "mps-b": "mps:30%,20GiB",
              "timeslice": "timeslice:0.5"}
@@ -143,7 +144,7 @@ def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -
         a, env = le["allocation"], seen[k]["env"]
         assert seen[k]["node_id"] == le["handout"]["node_id"], k
         assert env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
-        assert env["RGO_LEASE_ID"] == le["lease_id"] and env["RGO_FENCING_TOKEN"] == str(le["fencing_token"])
+        assert env["ORCHESTRATOR_LEASE_ID"] == le["lease_id"] and env["ORCHESTRATOR_FENCING_TOKEN"] == str(le["fencing_token"])
         want = a["mig_uuid"] if a["kind"] == "mig" else ",".join(a["gpu_uuids"])
         assert env["CUDA_VISIBLE_DEVICES"] == want, k  # Ray did not overwrite it
         assert seen[k]["gpu_ids"] == want.split(","), k
@@ -175,7 +176,7 @@ def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -
 def test_a_sigkilled_agent_is_noticed_within_the_ttl(head: Any) -> None:
     import ray
 
-    from orchestrator.runtime import ray_api
+    from orchestrator.rayport import ray_api
 
     le = _lease(head, "ttl-1", {"kind": "whole", "count": 1, "node": "h100-0"}, requeue_on_loss=True)
     head.activate("ttl-1", le["fencing_token"])
@@ -191,16 +192,16 @@ def test_a_sigkilled_agent_is_noticed_within_the_ttl(head: Any) -> None:
     print(f"\nagent SIGKILL noticed after {noticed:.2f}s (ttl {SETTINGS.agent_ttl_s}s)")
     assert noticed <= SETTINGS.agent_ttl_s + 2 * SETTINGS.heartbeat_interval_s + 1.0
     d = head.get_lease("ttl-1")
-    assert "silent" in d["history"][-1]["reason"] and d["requeued_as"] == "ttl-1#1"
+    assert "silent" in d["history"][-1]["reason"] and d["requeued_as"] == "ttl-1.a2"
     node = next(n for n in head.status()["nodes"] if n["name"] == "h100-0")
     assert node["state"] == "lost"
     # the head starts a fresh agent; the requeued attempt is granted on the node again
     retry = head.wait_lease("ttl-1", 60)
     back = time.monotonic() - t0
     print(f"agent back and the lease re-granted after {back:.2f}s")
-    assert retry["lease_id"] == "ttl-1#1" and retry["state"] == "granted"
+    assert retry["lease_id"] == "ttl-1.a2" and retry["state"] == "granted"
     assert next(n for n in head.status()["nodes"] if n["name"] == "h100-0")["incarnation"] != info["incarnation"]
-    head.release("ttl-1#1", retry["fencing_token"])
+    head.release("ttl-1.a2", retry["fencing_token"])
 
 
 def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> None:
@@ -209,7 +210,7 @@ def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> Non
     le = _lease(head, "restart-1", "mig:1g.20gb")
     head.activate("restart-1", le["fencing_token"])
     counter = head.status()["head"]["fencing_counter"]
-    from orchestrator.runtime import ray_api
+    from orchestrator.rayport import ray_api
 
     stored = ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").keys(f"{SETTINGS.namespace}/lease/")
     assert f"{SETTINGS.namespace}/lease/restart-1" in stored  # hard state is in the GCS before we act on it
@@ -230,7 +231,7 @@ def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> Non
     assert (d["state"], d["fencing_token"], d["allocation"]) == ("active", le["fencing_token"], le["allocation"])
     assert head.status()["head"]["fencing_counter"] == counter
     # The restored ledger still holds the demo's only 1g.20gb slot: a second request waits, with the reason.
-    from orchestrator.errors import LeaseTimeoutError
+    from orchestrator.core.errors import LeaseTimeoutError
 
     head.request_lease({"lease_id": "restart-2", "request": "mig:1g.20gb"})
     with pytest.raises(LeaseTimeoutError) as e:

@@ -6,7 +6,7 @@ and run by Ray's job API with the lease's ``CUDA_VISIBLE_DEVICES``; a job
 that waits, explained and cancelled; the head's refusals coming back typed
 through the actor boundary; the CLI's exit codes and JSON against a live
 head; and a driver started by Ray's own ``ray job submit`` that takes a lease
-with ``orchestrator.lease`` and starts an actor on the leased device. The
+with ``orchestrator.core.lease`` and starts an actor on the leased device. The
 logic behind them is unit-tested in ``tests/sdk`` (and ``tests/runtime``).
 """
 
@@ -22,10 +22,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError
-from orchestrator.job import JobSpec
-from orchestrator.runtime.config import RuntimeSettings
-from orchestrator.runtime.launcher import LOOPBACK_SITE
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.job import JobSpec
+from orchestrator.core.config import RuntimeSettings
+from orchestrator.rayport.loopback import LOOPBACK_SITE
 
 pytestmark = pytest.mark.ray
 
@@ -36,10 +36,10 @@ PRINT_CVD = f"{sys.executable} -c \"import os; print('CVD=' + os.environ.get('CU
 
 @pytest.fixture(scope="module")
 def job_env() -> Iterator[None]:
-    """What `orchestrator up` gives its raylets so Ray's job drivers keep 127.0.0.1 (see runtime/loopback)."""
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RGO_KEEP_LOOPBACK")}
+    """What `orchestrator up` gives its raylets so Ray's job drivers keep 127.0.0.1 (see rayport/loopback)."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "ORCHESTRATOR_KEEP_LOOPBACK")}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO), saved["PYTHONPATH"]) if p)
-    os.environ["RGO_KEEP_LOOPBACK"] = "1"
+    os.environ["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
     yield
     for k, v in saved.items():
         if v is None:
@@ -52,7 +52,7 @@ def job_env() -> Iterator[None]:
 def head(job_env: None, ray_cluster: Any) -> Iterator[Any]:
     import ray
 
-    from orchestrator.runtime import ray_api
+    from orchestrator.rayport import ray_api
 
     handle = ray_api.start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
     deadline = time.monotonic() + 120

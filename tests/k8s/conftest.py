@@ -12,7 +12,7 @@ No Kubernetes API server can run on these machines, so:
 * the PodMonitor is checked against a hand-written subset of the Prometheus
   operator's schema (the fields we render, unknown fields rejected);
 * :class:`StandInApiServer` is a stand-in for the API server, not a cluster:
-  it answers the few calls ``orchestrator/k8s/client.py`` makes (discovery,
+  it answers the few calls ``orchestrator/deploy/k8s/client.py`` makes (discovery,
   server-side apply, get, delete, list nodes) on 127.0.0.1 and records them.
 """
 
@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from orchestrator.k8s.render import apply_json_patch, object_key
+from orchestrator.deploy.k8s.render import apply_json_patch, object_key
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "k8s"

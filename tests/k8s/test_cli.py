@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.k8s.cli import app
+from orchestrator.cli.k8s import app
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "k8s.yaml"

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import NotConnectedError
-from orchestrator.k8s.client import (
+from orchestrator.core.errors import NotConnectedError
+from orchestrator.deploy.k8s.client import (
     ClusterStatus,
     CrdMissingError,
     KubeRayClient,
     KubernetesApiError,
     WaitTimeoutError,
 )
-from orchestrator.k8s.config import K8sConfig, load_config
-from orchestrator.k8s.render import render_objects
+from orchestrator.deploy.k8s.config import K8sConfig, load_config
+from orchestrator.deploy.k8s.render import render_objects
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "k8s.yaml"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import NotConnectedError
-from orchestrator.k8s.config import load_config
-from orchestrator.k8s.render import render_objects
+from orchestrator.core.errors import NotConnectedError
+from orchestrator.deploy.k8s.config import load_config
+from orchestrator.deploy.k8s.render import render_objects
 
 pytestmark = pytest.mark.k8s
 
@@ -23,7 +23,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "k8s.yaml"
 
 @pytest.fixture(scope="module")
 def real_client():  # -> KubeRayClient
-    from orchestrator.k8s.client import KubeRayClient
+    from orchestrator.deploy.k8s.client import KubeRayClient
 
     kubeconfig = os.environ.get("KUBECONFIG")
     if not kubeconfig:

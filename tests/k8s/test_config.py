@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.k8s.config import deep_merge, fit_mig_layout, load_config, parse_config, parse_quantity
+from orchestrator.core.errors import ConfigError
+from orchestrator.deploy.k8s.config import deep_merge, fit_mig_layout, load_config, parse_config, parse_quantity
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "k8s.yaml"
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError
-from orchestrator.k8s.inventory import (
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.deploy.k8s.inventory import (
     NODE_NAME_LABEL,
     cross_check,
     node_inventory,
     resolve_product,
 )
-from orchestrator.model.inventory import GpuDevice, MigDevice, NodeInventory
+from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
 
 
 def node(name: str, labels: dict[str, str], allocatable: dict[str, str] | None = None) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.k8s.config import K8sConfig, load_config, parse_config
-from orchestrator.k8s.render import (
+from orchestrator.deploy.k8s.config import K8sConfig, load_config, parse_config
+from orchestrator.deploy.k8s.render import (
     HEADER,
     apply_json_patch,
     gfd_products,
@@ -190,7 +190,7 @@ def test_the_job_and_service_run_through_the_orchestrator(configs: tuple[K8sConf
     (svc,) = _by_kind(objs, "RayService")
     assert "orchestrator.serve.app:app" in svc["spec"]["serveConfigV2"]
     head = svc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    assert "orchestrator.runtime.launch head" in head["lifecycle"]["postStart"]["exec"]["command"][-1]
+    assert "orchestrator.deploy.kuberay head" in head["lifecycle"]["postStart"]["exec"]["command"][-1]
     assert {p["name"] for p in head["ports"]} >= {"serve", "orch-metrics", "dashboard"}
 
 

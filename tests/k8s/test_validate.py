@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import pytest
 
-from orchestrator.k8s.config import K8sConfig, load_config
-from orchestrator.k8s.render import object_key, render_objects
+from orchestrator.deploy.k8s.config import K8sConfig, load_config
+from orchestrator.deploy.k8s.render import object_key, render_objects
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime.config import DEMO_CONFIG, ClusterConfig, RuntimeSettings, load_config
-from orchestrator.runtime.controller import HeadController
-from orchestrator.runtime.store import MemoryStore
+from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, RuntimeSettings, load_config
+from orchestrator.control.controller import HeadController
+from orchestrator.control.store import MemoryStore
 
 
 class FakeClock:

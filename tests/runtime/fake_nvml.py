@@ -1,6 +1,6 @@
 """FakeNvml: a stand-in for the ``pynvml`` module, at its boundary, for the ``nvml`` backend's unit tests.
 
-It implements only the calls :mod:`orchestrator.runtime.discovery.nvml` makes,
+It implements only the calls :mod:`orchestrator.control.discovery.nvml` makes,
 with pynvml's names, return shapes (structs with the same attribute names) and
 error classes, over a declared list of GPUs. It is a fake: nothing here talks
 to a driver.

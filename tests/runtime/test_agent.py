@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError
-from orchestrator.runtime.agent import AgentCore
-from orchestrator.runtime.config import ClusterConfig, RuntimeSettings
-from orchestrator.runtime.controller import HeadController
-from orchestrator.runtime.discovery import HealthEvent, apply_events, select_backend
-from orchestrator.runtime.discovery.simulated import SimulatedBackend
-from orchestrator.runtime.store import MemoryStore
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.control.agent import AgentCore
+from orchestrator.core.config import ClusterConfig, RuntimeSettings
+from orchestrator.control.controller import HeadController
+from orchestrator.control.discovery import HealthEvent, apply_events, select_backend
+from orchestrator.control.discovery.simulated import SimulatedBackend
+from orchestrator.control.store import MemoryStore
 
 from .conftest import FakeClock
 
@@ -53,7 +53,7 @@ def test_allocate_refuses_devices_of_another_node(demo: ClusterConfig) -> None:
 
 
 def test_mig_on_demand_is_created_by_the_backend_and_reported() -> None:
-    from orchestrator.runtime.config import parse_config
+    from orchestrator.core.config import parse_config
 
     cfg = parse_config({"nodes": [{"name": "d", "model": "A100-80GB", "gpus": 1, "mig": {0: [{"profile": "1g.10gb", "start": 0}]}}]})
     node = cfg.nodes[0]

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from orchestrator.cli.cluster import app, render_status
-from orchestrator.runtime.config import ClusterConfig
-from orchestrator.runtime.controller import HeadController
+from orchestrator.core.config import ClusterConfig
+from orchestrator.control.controller import HeadController
 
 from .conftest import FakeAgent
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.runtime.config import (
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.config import (
     DEMO_CONFIG,
     MODEL_LABEL,
     NODE_LABEL,
@@ -39,7 +39,8 @@ def test_simulated_uuids_are_stable(demo: ClusterConfig) -> None:
 @pytest.mark.parametrize("data, field, shown", [
     ({"settings": {"agent_ttl_s": -1}}, "settings.agent_ttl_s", "-1"),
     ({"settings": {"agent_ttl_s": 0.5}}, "settings.agent_ttl_s", "0.5"),
-    ({"settings": {"policy": "fastest"}}, "settings.policy", "fastest"),
+    ({"settings": {"policy": "default"}}, "settings.policy", "default"),  # the policy is scheduler.policy only
+    ({"scheduler": {"policy": "fastest"}}, "scheduler.policy", "fastest"),
     ({"settings": {"discovery": "magic"}}, "settings.discovery", "magic"),
     ({"settings": {"ended_retention_s": 5}}, "settings.ended_retention_s", "0 (keep forever) or >= 60"),
     ({"settings": {"ended_retention_s": -1}}, "settings.ended_retention_s", "-1"),

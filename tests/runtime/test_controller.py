@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import IllegalTransitionError, InvalidRequestError, StaleFencingTokenError, UnknownObjectError
-from orchestrator.runtime.config import RuntimeSettings
-from orchestrator.runtime.controller import HeadController, RayNodeInfo
-from orchestrator.runtime.handout import NOSET_CUDA_VISIBLE_DEVICES
-from orchestrator.runtime.store import MemoryStore
+from orchestrator.core.errors import IllegalTransitionError, InvalidRequestError, StaleFencingTokenError, UnknownObjectError
+from orchestrator.core.config import RuntimeSettings
+from orchestrator.control.controller import HeadController, RayNodeInfo
+from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES
+from orchestrator.control.store import MemoryStore
 
 from .conftest import FakeAgent, FakeClock
 
@@ -45,7 +45,7 @@ def test_a_request_is_granted_in_one_cycle_with_a_usable_handout(ctl: HeadContro
     assert h["node_id"] == f"ray-{d['allocation']['node']}" and h["num_gpus"] == 2.0
     assert h["env_vars"]["CUDA_VISIBLE_DEVICES"] == ",".join(d["allocation"]["gpu_uuids"])
     assert h["env_vars"][NOSET_CUDA_VISIBLE_DEVICES] == "1"
-    assert h["env_vars"]["RGO_FENCING_TOKEN"] == str(d["fencing_token"]) == "1"
+    assert h["env_vars"]["ORCHESTRATOR_FENCING_TOKEN"] == str(d["fencing_token"]) == "1"
 
 
 def test_request_is_idempotent_by_client_id_and_refuses_a_reused_id(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
@@ -139,8 +139,8 @@ def test_silent_agent_loses_its_node_and_requeues_its_leases(ctl: HeadController
     assert node in report.lost_nodes
     lost = ctl.get_lease("w")
     assert lost["state"] == "lost" and "silent" in lost["history"][-1]["reason"]
-    assert lost["requeued_as"] == "w#1" and ctl.current_attempt("w") == "w#1"
-    retry = ctl.get_lease("w#1")
+    assert lost["requeued_as"] == "w.a2" and ctl.current_attempt("w") == "w.a2"
+    retry = ctl.get_lease("w.a2")
     assert retry["state"] == "granted" and retry["allocation"]["node"] != node and retry["attempt_of"] == "w"
     assert [n["state"] for n in ctl.status()["nodes"] if n["name"] == node] == ["lost"]
     # its heartbeats are refused; a new incarnation registers and the node is back
@@ -267,7 +267,7 @@ def test_an_agent_that_refuses_devices_loses_the_lease_which_is_requeued(ctl: He
     node = _granted(ctl, "w")["allocation"]["node"]
     agents[node].beat(rejected={"w": "device vanished"})
     d = ctl.get_lease("w")
-    assert d["state"] == "lost" and "refused" in d["history"][-1]["reason"] and d["requeued_as"] == "w#1"
+    assert d["state"] == "lost" and "refused" in d["history"][-1]["reason"] and d["requeued_as"] == "w.a2"
 
 
 def test_priority_class_orders_the_queue_and_unknown_classes_are_refused(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
@@ -306,18 +306,18 @@ def test_ended_leases_leave_after_the_retention_unless_a_live_attempt_follows(st
     ctl.release("done", ctl.get_lease("done")["fencing_token"])
     node = ctl.get_lease("c")["allocation"]["node"]
     run(9, silent=node)  # c's node goes silent: c is lost and requeued as c#1 elsewhere
-    assert ctl.get_lease("c")["requeued_as"] == "c#1" and ctl.get_lease("c#1")["state"] == "granted"
+    assert ctl.get_lease("c")["requeued_as"] == "c.a2" and ctl.get_lease("c.a2")["state"] == "granted"
     run(100, silent=node)
     assert pruned == [] and store.get("rgo/lease/done") is not None  # inside the retention
     run(30, silent=node)
     assert pruned == ["done"] and store.get("rgo/lease/done") is None
     with pytest.raises(UnknownObjectError):
         ctl.get_lease("done")
-    assert ctl.current_attempt("c") == "c#1"  # c ended long ago, but its attempt c#1 is live: c stays
+    assert ctl.current_attempt("c") == "c.a2"  # c ended long ago, but its attempt c#1 is live: c stays
     # Past the retention an id is new again.
     assert ctl.request_lease(_req("done", "2")) == "done" and ctl.get_lease("done")["state"] == "pending"
-    ctl.release("c#1", ctl.get_lease("c#1")["fencing_token"])
+    ctl.release("c.a2", ctl.get_lease("c.a2")["fencing_token"])
     run(135, silent=node)
-    assert sorted(pruned) == ["c", "c#1", "done"]
+    assert sorted(pruned) == ["c", "c.a2", "done"]
     assert not [k for k in store.keys("rgo/lease/") if k.startswith("rgo/lease/c")]
 

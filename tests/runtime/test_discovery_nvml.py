@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError
-from orchestrator.runtime.discovery.nvml import NvmlBackend, nvml_available
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.control.discovery.nvml import NvmlBackend, nvml_available
 
 from .fake_nvml import two_a100s_one_mig
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError
-from orchestrator.model.request import GpuRequest, ShareKind
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.policies import get_policy
-from orchestrator.policy.snapshot import Allocation, ClusterSnapshot
-from orchestrator.runtime.config import ClusterConfig
-from orchestrator.runtime.handout import NOSET_CUDA_VISIBLE_DEVICES, device_env, make_handout, ray_num_gpus
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.request import GpuRequest, ShareKind
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.snapshot import Allocation, ClusterSnapshot
+from orchestrator.core.config import ClusterConfig
+from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES, device_env, make_handout, ray_num_gpus
 
 
 def _alloc(kind: ShareKind, **kw: object) -> Allocation:
@@ -40,7 +40,7 @@ def test_env_per_kind() -> None:
     common = dict(lease_id="L", fencing_token=7, mps_pipe_root="/run/mps/")
     whole = device_env(_alloc(ShareKind.WHOLE, gpu_uuids=("GPU-a", "GPU-b"), gpus=(0, 1), gpu_indices=(0, 1)), **common)
     assert whole["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b" and whole[NOSET_CUDA_VISIBLE_DEVICES] == "1"
-    assert whole["RGO_LEASE_ID"] == "L" and whole["RGO_FENCING_TOKEN"] == "7"
+    assert whole["ORCHESTRATOR_LEASE_ID"] == "L" and whole["ORCHESTRATOR_FENCING_TOKEN"] == "7"
     mig = device_env(_alloc(ShareKind.MIG, mig_profile="1g.10gb", mig_start=6, mig_uuid="MIG-z"), **common)
     assert mig["CUDA_VISIBLE_DEVICES"] == "MIG-z"
     mps = device_env(_alloc(ShareKind.MPS, sm_percent=30, milli=300, memory_mib=20480, client_priority=1), **common)

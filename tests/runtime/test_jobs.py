@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError, UnknownObjectError
-from orchestrator.runtime.controller import HeadController
-from orchestrator.runtime.jobs import JobManager
-from orchestrator.runtime.store import MemoryStore
+from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
+from orchestrator.control.controller import HeadController
+from orchestrator.control.jobs import JobManager
+from orchestrator.control.store import MemoryStore
 
 from .conftest import FakeAgent, FakeClock
 
@@ -66,7 +66,7 @@ def cycle(ctl: HeadController, jm: JobManager, agents: dict[str, FakeAgent], n: 
 
 
 def spec(name: str, gpu: str = "1", priority: str = "training", ckpt: str | None = None) -> dict[str, Any]:
-    from orchestrator.model.request import GpuRequest
+    from orchestrator.core.request import GpuRequest
 
     return {"name": name, "entrypoint": f"python jobs/train.py --name {name}", "gpu": GpuRequest.parse(gpu),
             "priority": priority, "checkpoint_dir": ckpt}
@@ -78,7 +78,7 @@ def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp
         jm.submit(spec(f"train-{i}", ckpt=str(tmp_path / f"t{i}")))
     cycle(ctl, jm, agents, 2)
     assert all(j["state"] == "running" for j in jm.list())
-    first = ray_jobs.submitted["train-0-1-1"]
+    first = ray_jobs.submitted["train-0-1.a1"]
     assert first["env"]["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
     assert first["env"]["ORCHESTRATOR_JOB_ID"] == "train-0-1"
     assert first["num_gpus"] == 1.0 and list(first["resources"]) == [next(iter(first["resources"]))]
@@ -106,7 +106,7 @@ def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp
     v = jm.get(victim)
     assert v["state"] == "queued" and v["resume_from"] == str(ckpt) and v["attempt"] == 2
     assert v["preemptions"][0]["by"] == inf and v["preemptions"][0]["checkpoint_path"] == str(ckpt)
-    assert f"{victim}-1" in ray_jobs.stopped
+    assert f"{victim}.a1" in ray_jobs.stopped
     assert jm.get(inf)["state"] == "running"
     exv = jm.explain(victim)
     assert f"preempted earlier by {inf}" in exv["summary"]

@@ -1,11 +1,11 @@
-"""``python -m orchestrator.runtime.launch head`` (what a KubeRay head container runs): exit codes without a cluster."""
+"""``python -m orchestrator.deploy.kuberay head`` (what a KubeRay head container runs): exit codes without a cluster."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.runtime import launch
-from orchestrator.runtime.launcher import free_port
+from orchestrator.deploy import kuberay as launch
+from orchestrator.deploy.local import free_port
 
 
 def test_no_cluster_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime import launcher
-from orchestrator.runtime.config import ClusterConfig, parse_config
-from orchestrator.runtime.launcher import Proc, State, auth_env, down, plan_local_cluster, session_members
+from orchestrator.deploy import local as launcher
+from orchestrator.core.config import ClusterConfig, parse_config
+from orchestrator.core.statefile import Proc, State
+from orchestrator.deploy.local import auth_env, down, plan_local_cluster, session_members
 
 
 def _opt(argv: tuple[str, ...], flag: str) -> str:

@@ -6,16 +6,16 @@ import os
 import subprocess
 import sys
 
-from orchestrator.runtime.launcher import LOOPBACK_SITE
+from orchestrator.rayport.loopback import LOOPBACK_SITE
 
 PROBE = "import ray._private.services as s; print(s.resolve_ip_for_localhost('127.0.0.1'))"
 
 
 def _probe(keep: bool) -> str:
     env = dict(os.environ, PYTHONPATH=LOOPBACK_SITE)
-    env.pop("RGO_KEEP_LOOPBACK", None)
+    env.pop("ORCHESTRATOR_KEEP_LOOPBACK", None)
     if keep:
-        env["RGO_KEEP_LOOPBACK"] = "1"
+        env["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()

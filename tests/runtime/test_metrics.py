@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import urllib.request
 
-from orchestrator.k8s.dashboard import METRICS
-from orchestrator.runtime.metrics import HeadMetrics
+from orchestrator.deploy.k8s.dashboard import METRICS
+from orchestrator.control.metrics import HeadMetrics
 
 
 def _value(text: str, name: str, labels: str = "") -> float:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import errors as E
-from orchestrator.runtime.store import MemoryStore
-from orchestrator.runtime.wire import answer, decode, encode, unwrap
+from orchestrator.core import errors as E
+from orchestrator.control.store import MemoryStore
+from orchestrator.rayport.wire import answer, decode, encode, unwrap
 
 
 @pytest.mark.parametrize("err", [

@@ -1,6 +1,6 @@
 """Fakes for the SDK and CLI unit tests. No Ray.
 
-:class:`FakeHead` stands in for :class:`orchestrator.runtime.ray_api.HeadClient`
+:class:`FakeHead` stands in for :class:`orchestrator.rayport.ray_api.HeadClient`
 with the head-side contract the SDK relies on: job dicts are real
 ``Job.to_dict()`` values plus ``lease``; unknown ids raise
 ``UnknownObjectError``; cluster-dependent refusals (unknown priority class,
@@ -15,9 +15,9 @@ import copy
 from dataclasses import replace
 from typing import Any, Mapping
 
-from orchestrator.errors import InvalidRequestError, LeaseTimeoutError, NotConnectedError, UnknownObjectError
-from orchestrator.job import Job, JobSpec, JobState
-from orchestrator.priorities import SchedulerConfig
+from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, NotConnectedError, UnknownObjectError
+from orchestrator.core.job import Job, JobSpec, JobState
+from orchestrator.core.priorities import SchedulerConfig
 
 #: What "the cluster" of the fake offers: the demo cluster's fixed MIG layouts.
 OFFERED_MIG = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb")
@@ -25,7 +25,7 @@ OFFERED_MIG = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb")
 HANDOUT = {
     "node_id": "ab" * 28, "num_gpus": 1.0, "num_cpus": 0.0,
     "env_vars": {"CUDA_VISIBLE_DEVICES": "GPU-00000000-0000-0000-0000-000000000001",
-                 "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "RGO_LEASE_ID": "?", "RGO_FENCING_TOKEN": "7"},
+                 "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "ORCHESTRATOR_LEASE_ID": "?", "ORCHESTRATOR_FENCING_TOKEN": "7"},
 }
 
 
@@ -120,6 +120,12 @@ class FakeHead:
         if method == "job_ack_checkpoint":
             return {**self._job(args[0]).to_dict(), "lease": None}
         raise AttributeError(method)
+
+    def job_preemption_requested(self, job_id: str) -> dict[str, Any]:
+        return self.call("job_preemption_requested", job_id)
+
+    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> dict[str, Any]:
+        return self.call("job_ack_checkpoint", job_id, path, step)
 
     # ---- leases --------------------------------------------------------------------------------
     def request_lease(self, lease_request: Mapping[str, Any]) -> str:

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import jobs as cli
-from orchestrator.job import JobState
-from orchestrator.sdk import Client
+from orchestrator.core.job import JobState
+from orchestrator.sdk.jobs import Client
 
 from .fakes import FakeHead
 
@@ -97,7 +97,7 @@ def test_submit_json_prints_exactly_one_object(head: FakeHead) -> None:
 
 
 def test_submit_wait_prints_progress_and_exits_by_the_outcome(head: FakeHead, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("orchestrator.sdk.time.sleep", lambda s: None)
+    monkeypatch.setattr("orchestrator.sdk.jobs.time.sleep", lambda s: None)
     orig = head.submit_job
 
     def submit_then_script(spec: dict[str, Any], job_id: str | None = None) -> dict[str, Any]:
@@ -195,13 +195,13 @@ def test_render_explain_running_and_preempted() -> None:
 
 
 def test_every_command_maps_errors_to_the_same_exit_codes() -> None:
-    """One mapping (orchestrator.errors.exit_code) for up/down/status, the job commands, `k8s` and
-    `python -m orchestrator.runtime.launch` (an unknown object was 1 in some, 2 in others)."""
+    """One mapping (orchestrator.core.errors.exit_code) for up/down/status, the job commands, `k8s` and
+    `python -m orchestrator.deploy.kuberay` (an unknown object was 1 in some, 2 in others)."""
     import typer
 
     from orchestrator.cli import cluster
-    from orchestrator.errors import CapacityError, InvalidRequestError, NotConnectedError, UnknownObjectError
-    from orchestrator.k8s import cli as k8s_cli
+    from orchestrator.core.errors import CapacityError, InvalidRequestError, NotConnectedError, UnknownObjectError
+    from orchestrator.cli import k8s as k8s_cli
 
     cases = {InvalidRequestError("gpus", "x", "a number"): 2, UnknownObjectError("job", "j-1"): 2,
              NotConnectedError("no head"): 3, CapacityError("full"): 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.context import job_context
+from orchestrator.sdk.context import job_context
 
 from .fakes import FakeClock, FakeHead
 

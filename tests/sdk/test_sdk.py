@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError, LeaseTimeoutError, UnknownObjectError
-from orchestrator.job import JobSpec
-from orchestrator.model.request import GpuRequest
-from orchestrator.runtime.launcher import State
-from orchestrator.sdk import Client, JobWaitTimeoutError, RAY_JOB_ENV, as_spec, discover, lease
+from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, UnknownObjectError
+from orchestrator.core.job import JobSpec
+from orchestrator.core.request import GpuRequest
+from orchestrator.core.statefile import State
+from orchestrator.core.env import RAY_JOB_CONFIG as RAY_JOB_ENV
+from orchestrator.sdk import Client, JobWaitTimeoutError, as_spec, discover, lease
 
 from .fakes import FakeClock, FakeHead
 
@@ -59,12 +60,12 @@ def test_discover_falls_back_to_auto(tmp_path: Path) -> None:
 
 
 def test_import_orchestrator_stays_light_and_exports_the_sdk_lazily() -> None:
-    code = ("import sys, orchestrator; assert 'ray' not in sys.modules and 'orchestrator.sdk' not in sys.modules;"
-            "import orchestrator.lease; from orchestrator.lease import LeaseState;"
-            "assert callable(orchestrator.lease) and orchestrator.lease.LeaseState is LeaseState;"
+    code = ("import sys, inspect, orchestrator; assert 'ray' not in sys.modules and 'orchestrator.sdk' not in sys.modules;"
+            "assert inspect.isfunction(orchestrator.lease) and orchestrator.lease.__module__ == 'orchestrator.sdk.leases';"
             "from orchestrator import Client, lease, JobSpec, GpuRequest;"
-            "assert lease.__doc__.startswith('Block until') and Client.__module__ == 'orchestrator.sdk';"
-            "assert 'ray' not in sys.modules; print('ok')")
+            "assert lease.__doc__.startswith('Block until') and Client.__module__ == 'orchestrator.sdk.jobs';"
+            "assert 'ray' not in sys.modules\n"
+            "try:\n import orchestrator.lease\nexcept ModuleNotFoundError: print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
 

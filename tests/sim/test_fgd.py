@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.errors import InvalidRequestError
-from orchestrator.model.catalogue import MODEL_NAMES
-from orchestrator.model.request import GpuRequest
-from orchestrator.policy.fgd import (DefaultPolicy, FgdPolicy, FragModel, TaskType, cpu_per_gpu_milli,
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.catalogue import MODEL_NAMES
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.fgd import (DefaultPolicy, FgdPolicy, FragModel, TaskType, cpu_per_gpu_milli,
                                       normalise_workload, paper_score)
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.policies import get_policy
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.sim.openb import load_pods
 from orchestrator.sim.workload import typical_workload
 

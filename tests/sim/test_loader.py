@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.errors import InvalidRequestError
+from orchestrator.core.errors import InvalidRequestError
 from orchestrator.sim.openb import TraceFormatError, load_nodes, load_pods
 
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"

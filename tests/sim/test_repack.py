@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from orchestrator.model.request import GpuRequest, resolve
-from orchestrator.policy.fgd import DefaultPolicy, TaskType
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.core.request import GpuRequest, resolve
+from orchestrator.scheduling.fgd import DefaultPolicy, TaskType
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.sim.repack import Ledger, try_repack
 
 WL = ((TaskType(1000, 300, 1), 0.5), (TaskType(1000, 700, 1), 0.5))

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.sim.arrival import PAPER_POLICIES, arrival_sequence, replay, run_arrival
-from orchestrator.sim.cli import app
+from orchestrator.cli.sim import app
 from orchestrator.sim.openb import load_nodes, load_pods
 from orchestrator.sim.timeline import replay_timeline
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.admission import check_submission
-from orchestrator.errors import InvalidRequestError
-from orchestrator.job import JobSpec
-from orchestrator.model.request import GpuRequest
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
-from orchestrator.priorities import SchedulerConfig
+from orchestrator.scheduling.admission import check_submission
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.job import JobSpec
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.core.priorities import SchedulerConfig
 
 CFG = SchedulerConfig()
 SNAP = ClusterSnapshot.build([

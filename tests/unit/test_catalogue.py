@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError
-from orchestrator.model.catalogue import CATALOGUE, MIG_MEMORY_SLICES, gpu_model
-from orchestrator.model.inventory import GpuDevice, MigDevice, NodeInventory
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.catalogue import CATALOGUE, MIG_MEMORY_SLICES, gpu_model
+from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
 
 
 @pytest.mark.parametrize("model,profiles", [

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from orchestrator.errors import IllegalTransitionError
-from orchestrator.lease import HOLDING_STATES, LEASE_TRANSITIONS, Lease, LeaseState
-from orchestrator.model.request import GpuRequest
+from orchestrator.core.errors import IllegalTransitionError
+from orchestrator.core.lease import HOLDING_STATES, LEASE_TRANSITIONS, Lease, LeaseState
+from orchestrator.core.request import GpuRequest
 
 
 def test_every_edge_has_a_comment_and_terminals_are_final() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.model.request import GpuRequest, ShareKind
-from orchestrator.policy.placement import Placement, Unschedulable, place
-from orchestrator.policy.policies import POLICY_NAMES, get_policy
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.core.request import GpuRequest, ShareKind
+from orchestrator.scheduling.engine import Placement, Unschedulable, place
+from orchestrator.core.priorities import POLICY_NAMES
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 
 
 def demo() -> ClusterSnapshot:
@@ -124,7 +125,7 @@ def test_bestfit_packs_and_spread_spreads() -> None:
 
 
 def test_unknown_policy_is_refused() -> None:
-    from orchestrator.errors import InvalidRequestError
+    from orchestrator.core.errors import InvalidRequestError
     with pytest.raises(InvalidRequestError) as e:
         get_policy("magic")
     assert e.value.field == "policy" and "bestfit" in e.value.allowed

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.model.catalogue import MODEL_NAMES
-from orchestrator.model.request import GpuRequest
-from orchestrator.policy.fgd import FragModel, TaskType, normalise_workload
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.policies import get_policy
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
-from orchestrator.policy.workloads import DEFAULT_WORKLOAD
+from orchestrator.core.catalogue import MODEL_NAMES
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.fgd import FragModel, TaskType, normalise_workload
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.scheduling.workloads import DEFAULT_WORKLOAD
 
 T4, V100 = MODEL_NAMES.index("T4"), MODEL_NAMES.index("V100M32")
 

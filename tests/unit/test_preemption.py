@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.lease import Lease, LeaseState
-from orchestrator.model.request import GpuRequest
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.policies import get_policy
-from orchestrator.policy.preemption import NoPreemption, PreemptionPlan, plan_preemption, victim_order_key
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
-from orchestrator.priorities import PriorityClass, QueueConfig, SchedulerConfig
+from orchestrator.core.lease import Lease, LeaseState
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.preemption import NoPreemption, PreemptionPlan, plan_preemption, victim_order_key
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.core.priorities import PriorityClass, QueueConfig, SchedulerConfig
 
 POLICY = get_policy("bestfit")
 CFG = SchedulerConfig(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import InvalidRequestError
-from orchestrator.model.request import GpuRequest, Isolation, ShareKind, parse_memory_mib, resolve
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.request import GpuRequest, Isolation, ShareKind, parse_memory_mib, resolve
 
 
 @pytest.mark.parametrize("text,kind,check", [

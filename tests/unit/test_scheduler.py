@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from orchestrator.lease import Lease, LeaseState
-from orchestrator.model.request import GpuRequest
-from orchestrator.policy.policies import get_policy
-from orchestrator.policy.snapshot import ClusterSnapshot, NodeSpec
-from orchestrator.priorities import QueueConfig, SchedulerConfig
-from orchestrator.scheduler import PendingItem, effective_priority, order, schedule
+from orchestrator.core.lease import Lease, LeaseState
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.core.priorities import QueueConfig, SchedulerConfig
+from orchestrator.scheduling.cycle import PendingItem, effective_priority, order, schedule
 
 POLICY = get_policy("bestfit")
 CFG = SchedulerConfig(queues={"default": QueueConfig(), "small": QueueConfig(quota_gpus=1, borrowing=False),

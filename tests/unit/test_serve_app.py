@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_rayservice_import_path_is_a_serve_application() -> None:
     from ray.serve import Application
 
-    from orchestrator.k8s.config import load_config
+    from orchestrator.deploy.k8s.config import load_config
 
     base, overlays = load_config(REPO / "configs" / "k8s.yaml")
     for cfg in (base, *overlays.values()):

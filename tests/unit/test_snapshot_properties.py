@@ -18,11 +18,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.model.catalogue import MIG_COMPUTE_SLICES, gpu_model
-from orchestrator.model.request import GpuRequest, ShareKind
-from orchestrator.policy.placement import Placement, place
-from orchestrator.policy.policies import get_policy
-from orchestrator.policy.snapshot import ClusterSnapshot, Mode, NodeSpec
+from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, gpu_model
+from orchestrator.core.request import GpuRequest, ShareKind
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.snapshot import ClusterSnapshot, Mode, NodeSpec
 
 MODELS = ("A100-80GB", "H100-80GB", "A100-40GB", "T4", "P100")
 

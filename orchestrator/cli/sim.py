@@ -1,0 +1,204 @@
+"""``orchestrator sim``: trace-driven evaluation of the placement policies.
+
+Exit codes: 0 ok; 2 bad input (a trace cell that cannot be read names its
+file, line and column; an unknown policy names the allowed ones).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from orchestrator.core.errors import InvalidRequestError
+
+app = typer.Typer(name="sim", help="Trace-driven evaluation (the FGD paper's openb experiments).",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+# The paper's columns at 130% arrival, for the table's reference line.
+PAPER_AT_130 = {
+    "default": {"random": 87.47, "dotproduct": 90.85, "clustering": 91.88, "packing": 92.00, "bestfit": 93.08,
+                "fgd": 95.39},
+    "gpushare100": {"bestfit": 85.01, "fgd": 86.90},
+}
+
+
+@app.callback()
+def _group() -> None:
+    """Trace-driven evaluation (the FGD paper's openb experiments)."""
+
+
+def _fail(err: Exception) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(2)
+
+
+@app.command("openb")
+def openb(
+    nodes: Path = typer.Option(..., "--nodes", help="Node list CSV (sn,cpu_milli,memory_mib,gpu,model)"),
+    pods: Path = typer.Option(..., "--pods", help="Pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)"),
+    policy: str = typer.Option("default", "--policy", help="A policy name, or 'all' for the paper's seven"),
+    seeds: int = typer.Option(10, "--seeds", min=1, help="Runs per policy, seeds seed_base..seed_base+N-1"),
+    seed_base: int = typer.Option(0, "--seed-base", help="First seed"),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON (one object, or a list for --policy all)"),
+    plot: Path | None = typer.Option(None, "--plot", help="Write the allocation-vs-arrival chart (PNG/PDF/SVG)"),
+    mode: str = typer.Option("arrival", "--mode", help="arrival (the paper's) | timeline (the trace's own clock)"),
+    order: str = typer.Option("shuffled", "--order", help="arrival mode: shuffled (the paper's artifact) | trace"),
+    target_pct: float = typer.Option(130.0, "--target-pct", min=1.0, help="arrival mode: resample up to this % of GPU capacity"),
+    load: float = typer.Option(1.0, "--load", min=1e-9, help="timeline mode: compress arrival times by this factor"),
+    workers: int = typer.Option(2, "--workers", min=1, help="Processes running seeds in parallel"),
+    per_seed: bool = typer.Option(False, "--per-seed", help="--json: include every seed's run"),
+) -> None:
+    """Replay an openb pod list against the node list under one or all policies."""
+    from orchestrator.core.priorities import POLICY_NAMES
+    from orchestrator.sim.arrival import ORDERS, PAPER_POLICIES
+
+    names = list(PAPER_POLICIES) if policy == "all" else [policy]
+    for n in names:
+        if n not in POLICY_NAMES:
+            _fail(InvalidRequestError("policy", n, ("all",) + POLICY_NAMES))
+    if mode not in ("arrival", "timeline"):
+        _fail(InvalidRequestError("mode", mode, ("arrival", "timeline")))
+    if order not in ORDERS:
+        _fail(InvalidRequestError("order", order, ORDERS))
+    seed_list = list(range(seed_base, seed_base + seeds))
+    t0 = time.perf_counter()
+    try:
+        if mode == "timeline":
+            from orchestrator.sim.timeline import run_timeline
+
+            out = run_timeline(str(nodes), str(pods), names, seed_list, workers=workers, load=load)
+            wall = time.perf_counter() - t0
+            for d in out:
+                d.update(nodes=str(nodes), pods=str(pods), load=load, wall_s=round(wall, 2))
+            if json_out:
+                typer.echo(json.dumps(out if policy == "all" else out[0], indent=2))
+            else:
+                _print_timeline(out, pods, wall)
+            return
+        from orchestrator.sim.arrival import run_arrival
+
+        summaries = run_arrival(str(nodes), str(pods), names, seed_list, workers=workers,
+                                target_pct=target_pct, order=order)
+    except InvalidRequestError as e:
+        _fail(e)
+        return
+    wall = time.perf_counter() - t0
+    dicts = []
+    for s in summaries:
+        d = s.to_dict(per_seed=per_seed)
+        d.update(mode="arrival", order=order, nodes=str(nodes), pods=str(pods), wall_s=round(wall, 2))
+        dicts.append(d)
+    if plot is not None:
+        write_plot(summaries, plot, title=f"{pods.stem} on {nodes.stem} ({len(seed_list)} seeds)")
+    if json_out:
+        typer.echo(json.dumps(dicts if policy == "all" else dicts[0], indent=2))
+    else:
+        _print_arrival(summaries, pods, wall, plot)
+
+
+def _paper_key(pods: Path) -> str | None:
+    stem = pods.stem
+    for k in PAPER_AT_130:
+        if stem.endswith("_" + k) or stem == k:
+            return k
+    return None
+
+
+def _print_arrival(summaries: list[Any], pods: Path, wall: float, plot: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    last = summaries[0].checkpoints[-1]
+    cols = summaries[0].at(10)
+    table = Table(title=f"Allocation ratio (% of GPU capacity) vs arrived GPU request -- {pods.name}, "
+                        f"mean of {len(summaries[0].seeds)} seed(s)")
+    table.add_column("policy")
+    for i in cols:
+        table.add_column(f"{summaries[0].checkpoints[i]}%", justify="right")
+    table.add_column(f"±sd@{last}", justify="right")
+    table.add_column(f"frag@{last}", justify="right")
+    table.add_column(f"unalloc GPUs@{last}", justify="right")
+    table.add_column("failed pods", justify="right")
+    paper = PAPER_AT_130.get(_paper_key(pods) or "", {})
+    if paper and last == 130:
+        table.add_column("paper@130", justify="right")
+    for s in summaries:
+        row = [s.policy] + [f"{s.allocation_pct[i]:.2f}" for i in cols]
+        row += [f"{s.allocation_std[-1]:.2f}", f"{s.fragmentation_pct[-1]:.1f}", f"{s.unallocated_gpus:.1f}",
+                f"{s.failed:.0f}"]
+        if paper and last == 130:
+            row.append(f"{paper[s.policy]:.2f}" if s.policy in paper else "")
+        table.add_row(*row)
+    console = Console(width=max(120, 12 * (len(cols) + 6)))
+    console.print(table)
+    cpu = sum(s.wall_s for s in summaries)
+    console.print(f"wall {wall:.1f}s, {cpu:.1f} CPU-s in replays" + (f"; chart: {plot}" if plot else ""))
+
+
+def _print_timeline(out: list[dict[str, Any]], pods: Path, wall: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Timeline replay -- {pods.name} (load x{out[0]['load']:g}), mean of {out[0]['seeds']} seed(s)")
+    for c in ("policy", "GPU-time util %", "demanded %", "waited", "delay p50 s", "p90 s", "p99 s", "max s",
+              "LS waited", "never placed"):
+        table.add_column(c, justify="left" if c == "policy" else "right")
+    for d in out:
+        q = d["queueing_delay_s"]
+        table.add_row(d["policy"], f"{d['gpu_time_utilisation_pct']:.3f}", f"{d['demanded_gpu_time_pct']:.3f}",
+                      f"{d['waited']:.0f}", f"{q['p50']:.0f}", f"{q['p90']:.0f}", f"{q['p99']:.0f}", f"{q['max']:.0f}",
+                      f"{d['ls_waited']:.0f}/{d['ls_pods']}", f"{d['never_placed']:.0f}")
+    Console(width=140).print(table)
+    Console().print(f"wall {wall:.1f}s")
+
+
+def write_plot(summaries: list[Any], path: Path, title: str = "") -> None:
+    """The paper's Fig. 9(a) style: GPU allocation ratio vs arrived GPU request, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.6), dpi=130)
+    x_max = summaries[0].checkpoints[-1]
+    ax.plot([0, 100, x_max], [0, 100, 100], color="0.75", ls="--", lw=1, label="ideal")
+    markers = "osD^v<>px*"
+    for k, s in enumerate(summaries):
+        ax.plot(s.checkpoints, s.allocation_pct, lw=1.6, marker=markers[k % len(markers)],
+                markevery=max(1, len(s.checkpoints) // 13), ms=4,
+                label=f"{s.policy} ({s.allocation_pct[-1]:.2f}%)")
+    ax.set_xlabel("Arrived GPU request (% of cluster GPU capacity)")
+    ax.set_ylabel("GPU allocation ratio (%)")
+    ax.set_xlim(0, x_max)
+    lo = min(min(s.allocation_pct[len(s.allocation_pct) * 2 // 3:]) for s in summaries)
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    # Inset: the tail, where the policies differ.
+    ins = ax.inset_axes([0.07, 0.52, 0.36, 0.4])
+    for k, s in enumerate(summaries):
+        ins.plot(s.checkpoints, s.allocation_pct, lw=1.2, marker=markers[k % len(markers)],
+                 markevery=max(1, len(s.checkpoints) // 13), ms=3)
+    ins.set_xlim(85, x_max)
+    ins.set_ylim(max(0.0, lo - 1), 100)
+    ins.tick_params(labelsize=7)
+    ins.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

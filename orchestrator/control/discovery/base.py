@@ -1,0 +1,79 @@
+"""The discovery interface: what an agent asks of the node's GPUs.
+
+A backend reports the node's :class:`~orchestrator.core.inventory.NodeInventory`
+(index, UUID, model, memory, MIG mode and instances with their placements,
+NVLink peers, health) and, between inventories, :class:`HealthEvent` s (an
+XID error makes a GPU unhealthy). It can also make a MIG instance on a card
+that takes them on demand. Backends:
+
+* ``nvml`` (:mod:`.nvml`) -- the real GPUs through pynvml;
+* ``simulated`` (:mod:`.simulated`) -- the node's entry of a cluster file.
+
+:func:`select_backend` picks one: ``auto`` is ``nvml`` where the NVML library
+loads and reports at least one GPU, ``simulated`` otherwise (the default on
+machines without GPUs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.inventory import NodeInventory
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """A GPU's health changed. ``xid`` is the NVIDIA XID error code when that is the cause."""
+
+    gpu_index: int
+    healthy: bool
+    reason: str
+    xid: int | None = None
+
+
+class DiscoveryBackend(Protocol):
+    name: str
+
+    def inventory(self) -> NodeInventory:
+        """The node's devices as they are now."""
+        ...
+
+    def poll_events(self, timeout_s: float = 0.0) -> list[HealthEvent]:
+        """Health events since the last call; waits at most ``timeout_s`` for the first."""
+        ...
+
+    def create_mig(self, gpu_index: int, profile: str, start: int) -> str:
+        """Make a MIG instance of ``profile`` at ``start`` on a MIG-enabled card; returns its UUID."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def apply_events(inv: NodeInventory, events: list[HealthEvent]) -> NodeInventory:
+    """``inv`` with the events' health applied and a higher generation (unchanged if no GPU changed). Pure."""
+    by_index = {e.gpu_index: e for e in events}
+    gpus = []
+    changed = False
+    for g in inv.gpus:
+        e = by_index.get(g.index)
+        if e is not None and (g.healthy != e.healthy or g.health_reason != e.reason):
+            g = g.model_copy(update={"healthy": e.healthy, "health_reason": e.reason})
+            changed = True
+        gpus.append(g)
+    if not changed:
+        return inv
+    return inv.model_copy(update={"gpus": tuple(gpus), "generation": inv.generation + 1})
+
+
+def select_backend(kind: str, node_name: str, simulated_node: object | None = None) -> DiscoveryBackend:
+    """The backend for ``kind`` (auto | nvml | simulated); see the module docstring."""
+    from orchestrator.control.discovery.nvml import NvmlBackend, nvml_available
+    from orchestrator.control.discovery.simulated import SimulatedBackend
+
+    if kind == "nvml" or (kind == "auto" and nvml_available()):
+        return NvmlBackend(node_name)
+    if kind in ("auto", "simulated"):
+        return SimulatedBackend(simulated_node, node_name=node_name)  # type: ignore[arg-type]
+    raise ConfigError("settings.discovery", kind, ["auto", "nvml", "simulated"])

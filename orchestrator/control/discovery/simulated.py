@@ -1,0 +1,59 @@
+"""The ``simulated`` backend: a node's inventory from a cluster file (``configs/*.yaml``).
+
+Health events are injected with :meth:`SimulatedBackend.inject` (tests, demos);
+MIG instances made on demand get deterministic UUIDs; they are not added to the
+reported inventory, whose ``mig_devices`` mean a *fixed* layout.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.inventory import NodeInventory
+from orchestrator.core.config import SimNode
+from orchestrator.control.discovery.base import HealthEvent
+
+_MIG_NS = uuid.UUID("0b8a4a4e-52f0-4f55-8f4e-3c1b5d7a9e21")
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(self, node: SimNode | None, *, node_name: str | None = None) -> None:
+        self._inv = node.inventory() if node is not None else NodeInventory(name=node_name or "unnamed")
+        self._events: list[HealthEvent] = []
+        self.created: dict[tuple[int, str, int], str] = {}
+        self._cond = threading.Condition()
+
+    def inventory(self) -> NodeInventory:
+        return self._inv
+
+    def inject(self, event: HealthEvent) -> None:
+        with self._cond:
+            self._events.append(event)
+            self._cond.notify_all()
+
+    def poll_events(self, timeout_s: float = 0.0) -> list[HealthEvent]:
+        with self._cond:
+            if not self._events and timeout_s > 0:
+                self._cond.wait(timeout_s)
+            out, self._events = self._events, []
+        return out
+
+    def create_mig(self, gpu_index: int, profile: str, start: int) -> str:
+        g = next((g for g in self._inv.gpus if g.index == gpu_index), None)
+        if g is None or not g.mig_enabled:
+            raise InvalidRequestError("gpu_index", gpu_index, [x.index for x in self._inv.gpus if x.mig_enabled],
+                                      detail=f"node {self._inv.name}: no MIG-enabled GPU with that index")
+        for d in g.mig_devices:
+            if d.profile == profile and d.start == start:
+                return d.uuid
+        key = (gpu_index, profile, start)
+        if key not in self.created:
+            self.created[key] = f"MIG-{uuid.uuid5(_MIG_NS, f'{self._inv.name}/{gpu_index}/{profile}@{start}')}"
+        return self.created[key]
+
+    def close(self) -> None:
+        pass

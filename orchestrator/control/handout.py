@@ -1,0 +1,127 @@
+"""From a granted lease to what a workload needs to run on its devices. Pure.
+
+A :class:`Handout` is plain data (JSON-safe) that :func:`orchestrator.rayport.ray_api.actor_options`
+turns into Ray actor options:
+
+* **node affinity** -- ``NodeAffinitySchedulingStrategy(node_id, soft=False)``:
+  the devices are on that node and nowhere else;
+* **num_gpus** -- the share of Ray's ``GPU`` resource the lease stands for,
+  so Ray's own accounting stays truthful (:func:`ray_num_gpus`);
+* **env vars** through ``runtime_env`` (:func:`device_env`):
+  ``CUDA_VISIBLE_DEVICES`` names the GPU or MIG *UUID* the ledger chose and
+  ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` tells Ray not to overwrite
+  it with the GPU ids of its own bookkeeping; MPS shares also get
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+  and ``CUDA_MPS_PIPE_DIRECTORY``; every lease gets ``ORCHESTRATOR_LEASE_ID`` and
+  ``ORCHESTRATOR_FENCING_TOKEN`` so the holder can activate and release it.
+
+Why the numbers are what they are is in ``docs/runtime.md`` ("Ray's
+accounting and our leases").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, gpu_model
+from orchestrator.core.request import ShareKind
+from orchestrator.core.allocation import Allocation
+
+NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+#: Ray keeps resource quantities to 4 decimals (FixedPoint); shares are rounded *down*
+#: to that grid so the shares of one card never sum above 1.0 in Ray's books.
+_RAY_GRID = 10_000
+
+
+def _floor_grid(x: float) -> float:
+    return math.floor(x * _RAY_GRID + 1e-9) / _RAY_GRID
+
+
+def ray_num_gpus(a: Allocation, *, timeslice_capacity_milli: int = 1000) -> float:
+    """The ``num_gpus`` an actor holding ``a`` declares to Ray.
+
+    * whole: the number of cards (an integer: Ray then takes whole GPU instances);
+    * MIG: compute slices / 7 of the card (``3g.40gb`` -> 0.4285);
+    * MPS: the SM percentage (30% -> 0.3);
+    * time-slice: the fraction divided by the oversubscription, so a card's
+      time-slices never sum above 1.0 in Ray's books even when ours allow 2.0.
+    """
+    if a.kind is ShareKind.WHOLE:
+        return float(len(a.gpu_indices))
+    if a.kind is ShareKind.MIG:
+        prof = gpu_model(a.model or "").profile(a.mig_profile or "")
+        return _floor_grid(prof.compute_slices / MIG_COMPUTE_SLICES)
+    if a.kind is ShareKind.MPS:
+        return _floor_grid((a.sm_percent or a.milli // 10) / 100)
+    return _floor_grid(a.milli / timeslice_capacity_milli)
+
+
+def mps_pipe_directory(root: str, gpu_index: int) -> str:
+    """One MPS control daemon per GPU, each with its own pipe directory (as NVIDIA's device plugin does)."""
+    return f"{root.rstrip('/')}/gpu-{gpu_index}"
+
+
+def device_env(a: Allocation, *, lease_id: str, fencing_token: int, mps_pipe_root: str,
+               mig_uuid: str | None = None) -> dict[str, str]:
+    """Environment variables that bind a process to exactly the devices of ``a``.
+
+    ``mig_uuid`` overrides the allocation's (a MIG instance the agent created on
+    demand). Raises :class:`InvalidRequestError` for a MIG allocation with no UUID.
+    """
+    env = {NOSET_CUDA_VISIBLE_DEVICES: "1", "ORCHESTRATOR_LEASE_ID": lease_id, "ORCHESTRATOR_FENCING_TOKEN": str(fencing_token),
+           "ORCHESTRATOR_SHARE_KIND": a.kind.value, "ORCHESTRATOR_NODE": a.node_name}
+    if a.kind is ShareKind.MIG:
+        uuid = mig_uuid or a.mig_uuid
+        if not uuid:
+            raise InvalidRequestError("allocation.mig_uuid", None, "a MIG device UUID",
+                                      detail=f"lease {lease_id}: the MIG instance has not been created yet")
+        env["CUDA_VISIBLE_DEVICES"] = uuid
+        env["ORCHESTRATOR_MIG_PROFILE"] = a.mig_profile or ""
+        return env
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpu_uuids)
+    if a.kind is ShareKind.MPS:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(a.sm_percent)
+        if a.memory_mib:
+            # Keyed by the device index *the client sees*: CUDA_VISIBLE_DEVICES leaves it one device, 0.
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={a.memory_mib}M"
+        env["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_directory(mps_pipe_root, a.gpu_indices[0])
+        if a.client_priority is not None:
+            env["CUDA_MPS_CLIENT_PRIORITY"] = str(a.client_priority)
+    elif a.kind is ShareKind.TIMESLICE:
+        env["ORCHESTRATOR_TIMESLICE_MILLI"] = str(a.milli)
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class Handout:
+    """What a lease holder is started with. JSON-safe; see the module docstring."""
+
+    node_id: str
+    node_name: str
+    num_gpus: float
+    num_cpus: float = 0.0
+    env_vars: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Handout":
+        return cls(node_id=d["node_id"], node_name=d["node_name"], num_gpus=float(d["num_gpus"]),
+                   num_cpus=float(d.get("num_cpus", 0.0)), env_vars=dict(d.get("env_vars", {})))
+
+
+def make_handout(a: Allocation, *, ray_node_id: str, lease_id: str, fencing_token: int, mps_pipe_root: str,
+                 timeslice_capacity_milli: int = 1000, mig_uuid: str | None = None) -> Handout:
+    """The handout of a granted lease (see the module docstring)."""
+    return Handout(
+        node_id=ray_node_id, node_name=a.node_name,
+        num_gpus=ray_num_gpus(a, timeslice_capacity_milli=timeslice_capacity_milli),
+        num_cpus=a.cpu_milli / 1000,
+        env_vars=device_env(a, lease_id=lease_id, fencing_token=fencing_token, mps_pipe_root=mps_pipe_root,
+                            mig_uuid=mig_uuid),
+    )

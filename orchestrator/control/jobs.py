@@ -1,0 +1,435 @@
+"""The head's job layer: jobs become leases, granted leases become Ray jobs.
+
+:class:`JobManager` is a plain class beside the
+:class:`~orchestrator.control.controller.HeadController` (no Ray import; the
+Ray job API is behind the :class:`JobRunner` protocol, faked in unit tests).
+The head actor calls :meth:`JobManager.reconcile` after every controller
+cycle. Contract, as the controller's:
+
+* **Hard state first**: a job's record is written to the store before the
+  Ray job is submitted or stopped, so a restarted head knows every submission
+  id it may have made (a submission id is ``<job>-<attempt>``, so a retried
+  submit after a crash is refused by Ray as a duplicate rather than run twice).
+* **Idempotent**: ``submit`` with a known job id and the same spec returns the
+  job; ``cancel`` of a finished job returns it.
+
+One job, its life (see :data:`orchestrator.core.job.JOB_TRANSITIONS`):
+
+1. ``submit``: admission refusals (the field named), then QUEUED with a lease
+   request ``<job>.a<attempt>`` of the job's class, queue and original
+   submission time;
+2. lease GRANTED -> ADMITTED -> the Ray job is submitted with the lease's
+   env vars (``CUDA_VISIBLE_DEVICES`` ...), pinned to the lease's node
+   (entrypoint resource ``rgo-node-<name>``), ``entrypoint_num_gpus`` from
+   the hand-out so Ray's accounting agrees -> RUNNING, lease ACTIVE;
+3. the Ray job ends -> SUCCEEDED / FAILED, lease RELEASED;
+4. the lease becomes CHECKPOINTING (a preemption victim) -> PREEMPTING: the
+   job's ``preemption_requested()`` now answers true; it checkpoints and
+   calls ``ack_checkpoint(path)``, or its grace period runs out; then the Ray
+   job is stopped and the job is QUEUED again with ``resume_from`` and a new
+   lease attempt that keeps its original submission time;
+5. the lease is LOST (node gone) -> the Ray job is stopped and the job is
+   requeued to resume from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+from orchestrator.scheduling.admission import check_submission
+from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
+from orchestrator.core.ids import attempt_id, job_slug
+from orchestrator.core.job import Job, JobSpec, JobState, Preempted
+from orchestrator.core.lease import LeaseState
+from orchestrator.core.config import NODE_RESOURCE_PREFIX
+from orchestrator.control.controller import HeadController
+from orchestrator.control.store import StateStore
+from orchestrator.core.statemachine import Transition
+
+#: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
+CHECKPOINT_FILE = "checkpoint.pt"
+_RAY_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+class JobRunner(Protocol):
+    """Ray's job API, as the job layer needs it (``ray_api.RayJobRunner`` is the real one)."""
+
+    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
+               entrypoint_resources: dict[str, float], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None: ...
+
+    def status(self, submission_id: str) -> str | None: ...
+
+    def stop(self, submission_id: str) -> None: ...
+
+    def logs(self, submission_id: str) -> str: ...
+
+
+class JobManager:
+    """Jobs on top of leases; see the module docstring."""
+
+    def __init__(self, ctl: HeadController, store: StateStore, runner: JobRunner, *, clock: Callable[[], float],
+                 namespace: str, head_name: str, status_poll_s: float = 0.0) -> None:
+        self.ctl = ctl
+        self.store = store
+        self.runner = runner
+        self.clock = clock
+        self.namespace = namespace
+        self.head_name = head_name
+        self._prefix = f"{namespace}/job/"
+        self._jobs: dict[str, Job] = {}
+        self._acks: dict[str, tuple[str, int | None, float]] = {}  # job id -> (checkpoint path, step, at)
+        self._seq = 0
+        self.status_poll_s = status_poll_s
+        self._polled: dict[str, tuple[float, str | None]] = {}  # submission id -> (when, Ray status)
+
+    # ---- persistence ---------------------------------------------------------------------------
+    def restore(self) -> int:
+        for key in self.store.keys(self._prefix):
+            d = self.store.get(key)
+            if d is not None:
+                job = _job_from_json(d)
+                self._jobs[job.job_id] = job
+                self._seq = max(self._seq, int(d.get("seq", 0)))
+        return len(self._jobs)
+
+    def _commit(self, job: Job) -> Job:
+        self._seq += 1
+        self.store.put(self._prefix + job.job_id, {**_job_json(job), "seq": self._seq})
+        self._jobs[job.job_id] = job
+        return job
+
+    # ---- public API ----------------------------------------------------------------------------
+    def submit(self, spec: JobSpec | Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        spec = spec if isinstance(spec, JobSpec) else JobSpec(**dict(spec))
+        if job_id is not None and job_id in self._jobs:
+            known = self._jobs[job_id]
+            if known.spec != spec:
+                raise InvalidRequestError("job_id", job_id, "an id not used before",
+                                          detail="that id already names a different job")
+            return self.get(job_id)
+        class_name, pclass = check_submission(spec.gpu, spec.priority, spec.queue, self.ctl.sched_config,
+                                              self.ctl.snapshot())
+        if job_id is None:
+            n = 1 + sum(1 for j in self._jobs if j.startswith(job_slug(spec.name) + "-"))
+            job_id = f"{job_slug(spec.name)}-{n}"
+            while job_id in self._jobs:
+                n += 1
+                job_id = f"{job_slug(spec.name)}-{n}"
+        now = self.clock()
+        job = Job.new(job_id, spec, priority=pclass.priority, priority_class=class_name, now=now)
+        job = replace(job, attempt=1, lease_id=attempt_id(job_id, 1))
+        self._commit(job)
+        self._request_lease(job)
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        job = self._job(job_id)
+        d = job.to_dict()
+        d["lease"] = self._lease(job)
+        return d
+
+    def list(self) -> list[dict[str, Any]]:
+        return [self.get(j) for j in sorted(self._jobs, key=lambda j: self._jobs[j].submitted_at)]
+
+    def cancel(self, job_id: str, reason: str = "cancelled by the user") -> dict[str, Any]:
+        job = self._job(job_id)
+        if job.terminal:
+            return self.get(job_id)
+        if job.ray_submission_id and job.state in (JobState.RUNNING, JobState.PREEMPTING, JobState.ADMITTED):
+            self._stop(job.ray_submission_id)
+        self._release_lease(job, reason)
+        self._commit(job.transition(JobState.CANCELLED, now=self.clock(), reason=reason, message=reason))
+        return self.get(job_id)
+
+    def logs(self, job_id: str) -> str:
+        job = self._job(job_id)
+        if not job.ray_submission_id:
+            return ""
+        try:
+            return self.runner.logs(job.ray_submission_id)
+        except Exception as e:  # the Ray job API is a boundary: say what failed, never crash the head
+            return f"(logs of {job.ray_submission_id} unavailable: {type(e).__name__}: {e})"
+
+    def explain(self, job_id: str) -> dict[str, Any]:
+        job = self._job(job_id)
+        out: dict[str, Any] = {"job_id": job.job_id, "name": job.spec.name, "state": job.state.value,
+                               "pending": None, "placement": None,
+                               "preemptions": [{"by": p.by, "reason": p.reason, "at": p.at,
+                                                "checkpoint_path": p.checkpoint_path} for p in job.preemptions]}
+        lease = None
+        if job.lease_id:
+            try:
+                lease = self.ctl.explain_lease(job.lease_id)
+            except UnknownObjectError:
+                lease = None
+        if lease and lease.get("pending"):
+            pend = lease["pending"]
+            pend["would_preempt"] = [dict(v, owner=self._owner_job(v["owner"])) for v in pend["would_preempt"]]
+            pend["being_preempted"] = [dict(v, owner=self._owner_job(v["owner"])) for v in pend["being_preempted"]]
+            out["pending"] = pend
+        if lease and lease.get("placement") and job.state in (JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING,
+                                                                JobState.SUCCEEDED, JobState.FAILED):
+            out["placement"] = lease["placement"]
+        out["summary"] = self._summary(job, out)
+        return out
+
+    def preemption_requested(self, job_id: str) -> dict[str, Any]:
+        job = self._job(job_id)
+        lease = self._lease(job)
+        return {"requested": job.state is JobState.PREEMPTING, "lease_id": job.lease_id,
+                "deadline": (lease or {}).get("preempt_deadline"), "reason": (lease or {}).get("preempt_reason")}
+
+    def ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> dict[str, Any]:
+        """The job checkpointed because it was asked to; its lease ends as PREEMPTED now."""
+        job = self._job(job_id)
+        now = self.clock()
+        self._acks[job_id] = (path, step, now)
+        if job.state is JobState.PREEMPTING and job.lease_id:
+            self.ctl.ack_preemption(job.lease_id, path)
+        elif job.lease_id and job.state is JobState.RUNNING:
+            self.ctl.report_checkpoint(job.lease_id, path, now)
+        return self.get(job_id)
+
+    # ---- the reconcile step --------------------------------------------------------------------
+    def reconcile(self) -> list[str]:
+        """Drive every live job one step; returns human-readable events (for the head's log)."""
+        events: list[str] = []
+        for job in list(self._jobs.values()):
+            if job.terminal:
+                continue
+            try:
+                ev = self._step(job)
+            except Exception as e:  # one job's failure never stops the others (or the head)
+                ev = f"{job.job_id}: reconcile error {type(e).__name__}: {e}"
+            if ev:
+                events.append(ev)
+        return events
+
+    def _step(self, job: Job) -> str | None:
+        lease = self._lease(job)
+        state = LeaseState(lease["state"]) if lease else None
+        now = self.clock()
+        if job.state is JobState.QUEUED:
+            if state is LeaseState.GRANTED and lease and lease.get("handout"):
+                admitted = self._commit(job.transition(JobState.ADMITTED, now=now, reason=lease["history"][-1]["reason"],
+                                                       placement_reason=_grant_reason(lease)))
+                return self._start(admitted, lease)
+            if state in (LeaseState.LOST, LeaseState.EXPIRED, LeaseState.PREEMPTED, LeaseState.RELEASED):
+                self._requeue(job, f"lease {job.lease_id} ended ({state.value}) before it was admitted")
+                return f"{job.job_id}: lease ended before admission; requeued"
+            if state is None and job.lease_id:
+                # The head never got the request (a restart between the job's write and the lease's),
+                # or the lease ended and was pruned unseen: ask again, under the same id (idempotent).
+                self._request_lease(job)
+                return f"{job.job_id}: lease {job.lease_id} missing; requested again"
+            return None
+        if job.state is JobState.ADMITTED:
+            if state is LeaseState.GRANTED and lease:
+                return self._start(job, lease)
+            if state in (LeaseState.LOST, LeaseState.PREEMPTED, LeaseState.EXPIRED) or state is None:
+                what = state.value if state else "gone"
+                self._commit(job.transition(JobState.QUEUED, now=now, reason=f"lease {what} before start"))
+                self._requeue(self._jobs[job.job_id], f"lease {what} before the Ray job started")
+                return f"{job.job_id}: requeued"
+            return None
+        # RUNNING or PREEMPTING: look at the Ray job.
+        ray_status = self._status(job.ray_submission_id)
+        if job.state is JobState.RUNNING:
+            if state is LeaseState.CHECKPOINTING and lease:
+                self._commit(job.transition(JobState.PREEMPTING, now=now, reason=lease.get("preempt_reason") or "preempted"))
+                return f"{job.job_id}: asked to checkpoint ({lease.get('preempt_reason')})"
+            if state in (LeaseState.PREEMPTED, LeaseState.LOST):
+                self._stop(job.ray_submission_id)
+                why = (lease or {}).get("preempt_reason") or lease["history"][-1]["reason"] if lease else "lease ended"
+                self._finish_preemption(job, why, lost=state is LeaseState.LOST)
+                return f"{job.job_id}: {state.value}; requeued to resume"
+            if ray_status in _RAY_TERMINAL:
+                return self._finish(job, ray_status)
+            return None
+        # PREEMPTING
+        if state in (LeaseState.PREEMPTED, LeaseState.LOST, LeaseState.RELEASED) or state is None:
+            self._stop(job.ray_submission_id)
+            self._finish_preemption(job, (lease or {}).get("preempt_reason") or "preempted")
+            return f"{job.job_id}: checkpointed and stopped; requeued to resume"
+        if ray_status in _RAY_TERMINAL and job.job_id not in self._acks:
+            return self._finish(job, ray_status)
+        return None
+
+    # ---- steps ---------------------------------------------------------------------------------
+    def _start(self, job: Job, lease: dict[str, Any]) -> str:
+        h = lease["handout"]
+        node = lease["allocation"]["node"]
+        sub_id = attempt_id(job.job_id, job.attempt)  # the lease attempt's id: one id from our jobs to Ray's
+        env = dict(job.spec.runtime_env.get("env_vars", {}))
+        env.update(h["env_vars"])
+        env.update({"ORCHESTRATOR_JOB_ID": job.job_id, "ORCHESTRATOR_NAMESPACE": self.namespace,
+                    "ORCHESTRATOR_HEAD_NAME": self.head_name, "ORCHESTRATOR_LEASE_ID": job.lease_id or "",
+                    "ORCHESTRATOR_ATTEMPT": str(job.attempt)})
+        if job.spec.checkpoint_dir:
+            env["ORCHESTRATOR_CHECKPOINT_DIR"] = job.spec.checkpoint_dir
+        if job.resume_from:
+            env["ORCHESTRATOR_RESUME_FROM"] = job.resume_from
+        runtime_env = {**job.spec.runtime_env, "env_vars": env}
+        job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
+        try:
+            self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {f"{NODE_RESOURCE_PREFIX}{node}": 0.001},
+                               float(h.get("num_gpus", 0.0)), {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
+        except Exception as e:
+            if "already exists" not in str(e):  # a retry after a crash between commit and submit
+                self._release_lease(job, f"Ray refused the job: {e}")
+                self._commit(job.transition(JobState.FAILED, now=self.clock(), reason=f"Ray refused the submission: {e}",
+                                            message=str(e)))
+                return f"{job.job_id}: Ray refused the submission: {e}"
+        self.ctl.activate(job.lease_id, lease["fencing_token"], None)
+        self._commit(job.transition(JobState.RUNNING, now=self.clock(),
+                                    reason=f"submitted to Ray as {sub_id} on {node} ({lease['allocation']['kind']})"))
+        return f"{job.job_id}: running as {sub_id} on {node}"
+
+    def _finish(self, job: Job, ray_status: str) -> str:
+        ok = ray_status == "SUCCEEDED"
+        to = JobState.SUCCEEDED if ok else (JobState.CANCELLED if ray_status == "STOPPED" else JobState.FAILED)
+        why = f"Ray job {job.ray_submission_id} {ray_status}"
+        self._release_lease(job, why)
+        self._commit(job.transition(to, now=self.clock(), reason=why, message=why))
+        return f"{job.job_id}: {to.value}"
+
+    def _finish_preemption(self, job: Job, reason: str, lost: bool = False) -> None:
+        ack = self._acks.pop(job.job_id, None)
+        lease = self._lease(job) or {}
+        path = (ack[0] if ack else None) or lease.get("checkpoint_path") or self._checkpoint_on_disk(job)
+        by = lease.get("preempt_for") or ("node lost" if lost else "")
+        by_job = self._owner_job(self.ctl.get_lease(by)["owner"]) if by and by != "node lost" and self._has_lease(by) else by
+        asked_at = next((t["at"] for t in reversed(lease.get("history") or []) if t["state"] == "checkpointing"), None)
+        record = Preempted(by=by_job or "unknown", reason=reason, at=self.clock(), checkpoint_path=path,
+                           checkpoint_s=(ack[2] - asked_at) if ack and asked_at is not None else None)
+        to_queue = job.transition(JobState.QUEUED, now=self.clock(),
+                                  reason=f"{'lost' if lost else 'preempted'} by {record.by}: {reason}; "
+                                         f"resumes from {path or 'the start'}",
+                                  preemptions=job.preemptions + (record,), resume_from=path)
+        self._commit(to_queue)
+        self._requeue(to_queue, None)
+
+    def _requeue(self, job: Job, reason: str | None) -> None:
+        attempt = job.attempt + 1
+        job = self._commit(replace(job, attempt=attempt, lease_id=attempt_id(job.job_id, attempt),
+                                   message=reason or job.message))
+        self._request_lease(job)
+
+    def _request_lease(self, job: Job) -> None:
+        self.ctl.request_lease({"lease_id": job.lease_id, "request": job.spec.gpu, "owner": f"job:{job.job_id}",
+                                "priority_class": job.priority_class, "queue": job.spec.queue,
+                                "requeue_on_loss": False, "enqueued_at": job.submitted_at})
+
+    def _release_lease(self, job: Job, reason: str) -> None:
+        lease = self._lease(job)
+        if lease and lease["state"] in ("pending", "granted", "active", "checkpointing"):
+            self.ctl.release(job.lease_id, lease["fencing_token"] if lease["state"] != "pending" else None, reason)
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _job(self, job_id: str) -> Job:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise UnknownObjectError("job", job_id) from None
+
+    def _lease(self, job: Job) -> dict[str, Any] | None:
+        if not job.lease_id or not self._has_lease(job.lease_id):
+            return None
+        return self.ctl.get_lease(job.lease_id)
+
+    def _has_lease(self, lease_id: str) -> bool:
+        try:
+            self.ctl.get_lease(lease_id)
+            return True
+        except UnknownObjectError:
+            return False
+
+    def _status(self, sub_id: str | None) -> str | None:
+        if not sub_id:
+            return None
+        now = self.clock()
+        at, cached = self._polled.get(sub_id, (float("-inf"), None))
+        if now - at < self.status_poll_s:
+            return cached
+        try:
+            status = self.runner.status(sub_id)
+        except Exception:
+            status = None
+        self._polled[sub_id] = (now, status)
+        return status
+
+    def _stop(self, sub_id: str | None) -> None:
+        if sub_id:
+            try:
+                self.runner.stop(sub_id)
+            except Exception:
+                pass  # already gone; Ray's own state is the truth for it
+
+    @staticmethod
+    def _owner_job(owner: str) -> str:
+        return owner[4:] if owner.startswith("job:") else owner
+
+    @staticmethod
+    def _checkpoint_on_disk(job: Job) -> str | None:
+        if job.spec.checkpoint_dir:
+            p = Path(job.spec.checkpoint_dir) / CHECKPOINT_FILE
+            if p.exists():
+                return str(p)
+        return None
+
+    def _summary(self, job: Job, ex: dict[str, Any]) -> str:
+        if job.state is JobState.QUEUED and ex["pending"]:
+            p = ex["pending"]
+            s = f"pending at queue position {p['position'] + 1}: {p['reason']}"
+            if p["being_preempted"]:
+                s += "; waiting for " + ", ".join(f"{v['owner']} ({v['lease_id']})" for v in p["being_preempted"]) + \
+                     " to checkpoint and yield"
+            elif p["would_preempt"]:
+                s += "; preempting " + ", ".join(v["owner"] for v in p["would_preempt"]) + " would admit it"
+            elif p["preemption_blocked"]:
+                s += f"; no preemption: {p['preemption_blocked']}"
+            if job.preemptions:
+                last = job.preemptions[-1]
+                s += f" (preempted earlier by {last.by}; resumes from {last.checkpoint_path or 'the start'})"
+            return s
+        if ex["placement"] and job.state in (JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING):
+            pl = ex["placement"]
+            s = f"{job.state.value} on {pl['node']} GPU {','.join(map(str, pl['gpu_indices']))} ({pl['kind']}): {pl['reason']}"
+            if job.state is JobState.PREEMPTING:
+                s += f"; being preempted: {job.history[-1].reason}"
+            return s
+        if job.preemptions:
+            last = job.preemptions[-1]
+            return (f"{job.state.value}; preempted {len(job.preemptions)}x, last by {last.by}: {last.reason}; "
+                    + (f"checkpoint {last.checkpoint_path}" if last.checkpoint_path else "no checkpoint was written"))
+        return f"{job.state.value}: {job.history[-1].reason}"
+
+
+def _grant_reason(lease: dict[str, Any]) -> str:
+    for t in reversed(lease["history"]):
+        if t["state"] == "granted":
+            return t["reason"]
+    return ""
+
+
+def _job_json(job: Job) -> dict[str, Any]:
+    d = job.to_dict()
+    d["spec"] = job.spec.model_dump(mode="json")
+    d["preemptions"] = [{"by": p.by, "reason": p.reason, "at": p.at, "checkpoint_path": p.checkpoint_path,
+                         "checkpoint_s": p.checkpoint_s} for p in job.preemptions]
+    return d
+
+
+def _job_from_json(d: dict[str, Any]) -> Job:
+    return Job(
+        job_id=d["job_id"], spec=JobSpec(**d["spec"]), priority=d["priority"], priority_class=d["priority_class"],
+        submitted_at=d["submitted_at"], state=JobState(d["state"]),
+        history=tuple(Transition(h["at"], JobState(h["state"]), h["reason"]) for h in d["history"]),
+        lease_id=d.get("lease_id"), ray_submission_id=d.get("ray_submission_id"), attempt=d.get("attempt", 0),
+        resume_from=d.get("resume_from"), placement_reason=d.get("placement_reason", ""),
+        preemptions=tuple(Preempted(p["by"], p["reason"], p["at"], p.get("checkpoint_path"), p.get("checkpoint_s"))
+                          for p in d.get("preemptions", [])),
+        message=d.get("message", ""),
+    )

@@ -1,0 +1,98 @@
+"""The head's API, declared once.
+
+:class:`HeadApi` is the one list of what the head answers. Three things take
+their shape from it, and a test checks each against it:
+
+* :class:`orchestrator.control.service.HeadService` implements it, in process,
+  over the controller and the job layer (no Ray);
+* :class:`orchestrator.rayport.head.HeadActor` exposes every method of it as
+  a Ray actor method (async, answering the wire envelope);
+* :class:`orchestrator.rayport.client.HeadClient` calls them and raises the
+  head's typed errors again.
+
+Every argument and result is JSON-safe (dicts, lists, strings, numbers): the
+head validates what it receives into the typed models itself, once, at this
+edge. State-changing methods are idempotent, because the actor's callers
+retry across a head restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence
+
+Json = dict[str, Any]
+
+
+class HeadApi(Protocol):
+    """What the head answers; see the module docstring. Unknown ids raise ``UnknownObjectError``."""
+
+    # ---- leases --------------------------------------------------------------------------------
+    def request_lease(self, lease_request: Mapping[str, Any]) -> str:
+        """Queue a :class:`~orchestrator.core.lease.LeaseRequest`; returns its id (a retry with the same id and request too)."""
+        ...
+
+    def get_lease(self, lease_id: str) -> Json:
+        """The lease's public view."""
+        ...
+
+    def wait_lease(self, lease_id: str, timeout: float) -> Json:
+        """Wait until the lease (or its latest attempt) is handed out or has ended; ``LeaseTimeoutError`` after ``timeout``."""
+        ...
+
+    def activate(self, lease_id: str, token: int, holder: str | None = None) -> Json:
+        """The holder started on the devices (a stale token is refused)."""
+        ...
+
+    def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
+        """Give the devices back (a pending lease needs no token). Idempotent."""
+        ...
+
+    def explain_lease(self, lease_id: str) -> Json:
+        """Why the lease is where it is: its position and reasons while pending, its placement once granted."""
+        ...
+
+    # ---- jobs ----------------------------------------------------------------------------------
+    def submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Json:
+        """Queue a :class:`~orchestrator.core.job.JobSpec` (refused at once when it can never run)."""
+        ...
+
+    def get_job(self, job_id: str) -> Json: ...
+
+    def list_jobs(self) -> list[Json]: ...
+
+    def cancel_job(self, job_id: str) -> Json:
+        """Stop the job in any state and release its lease. Idempotent."""
+        ...
+
+    def job_logs(self, job_id: str) -> str: ...
+
+    def explain_job(self, job_id: str) -> Json: ...
+
+    def job_preemption_requested(self, job_id: str) -> Json:
+        """Asked by a running job between steps: whether it must checkpoint now, and by when."""
+        ...
+
+    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> Json:
+        """The job wrote the checkpoint at ``path``: while preempting it is stopped and requeued to resume."""
+        ...
+
+    # ---- the cluster ---------------------------------------------------------------------------
+    def status(self) -> Json:
+        """Nodes, live and recently ended leases, the queue and the head's settings."""
+        ...
+
+    def ping(self) -> Json: ...
+
+    # ---- agents (node side) ----------------------------------------------------------------------
+    def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
+        ...
+
+    def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
+                  rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None) -> Json:
+        ...
+
+    def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json: ...
+
+
+#: The names of the head's methods, in declaration order.
+HEAD_METHODS: tuple[str, ...] = tuple(n for n in HeadApi.__dict__ if not n.startswith("_") and callable(HeadApi.__dict__[n]))

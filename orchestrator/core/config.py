@@ -1,0 +1,218 @@
+"""Runtime configuration: the cluster file and the head's settings.
+
+A cluster file (``configs/cluster.demo.yaml``) declares
+
+* ``settings`` -- :class:`RuntimeSettings`: namespace, heartbeat interval,
+  agent TTL, grant TTL, MPS pipe root (the placement policy is the
+  scheduler config's ``policy``, set in one place);
+* ``nodes`` -- :class:`SimNode` s: what the ``simulated`` discovery backend
+  reports for each node and what ``orchestrator up`` gives each raylet
+  (``--num-gpus``, ``--resources``, ``--labels``).
+
+Both are frozen pydantic models; every validation failure is raised as
+:class:`~orchestrator.core.errors.ConfigError` naming the field (dotted, with list
+positions) and showing the offending value.
+
+Simulated UUIDs are deterministic (UUIDv5 of cluster/node/index), so a node
+reports the same devices on every start and the head's stored ledger still
+matches after a restart.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.core.errors import ConfigError, InvalidRequestError
+from orchestrator.core.catalogue import gpu_model
+from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
+from orchestrator.core.request import parse_memory_mib
+from orchestrator.core.priorities import SchedulerConfig
+from orchestrator.core.yamlfile import read_yaml
+
+#: Ray node label that names the simulated (or configured) node a raylet stands for.
+NODE_LABEL = "rgo.io/node"
+#: Ray node label with the GPU model, for label selectors.
+MODEL_LABEL = "rgo.io/gpu-model"
+#: Custom Ray resource every node of ours carries (1 per node), e.g. ``rgo-node-a100-0``.
+NODE_RESOURCE_PREFIX = "rgo-node-"
+
+_UUID_NS = uuid.UUID("6f1c1c3e-7d0b-4a53-9a53-7f0d5c0e2a11")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RuntimeSettings(_Frozen):
+    """How the head and the agents run. Times in seconds."""
+
+    namespace: str = Field(default="rgo", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+                           description="Ray namespace of the head and agent actors, and prefix of their GCS keys")
+    head_name: str = Field(default="rgo-head", min_length=1, description="Name of the detached head actor")
+    heartbeat_interval_s: Annotated[float, Field(gt=0, le=60, description="Agent heartbeat period")] = 1.0
+    agent_ttl_s: Annotated[float, Field(gt=0, le=3600, description="An agent silent this long is lost; its node's leases too")] = 5.0
+    reconcile_interval_s: Annotated[float, Field(gt=0, le=60, description="Head reconcile loop period")] = 0.25
+    grant_ttl_s: Annotated[float, Field(gt=0, description="A granted lease not activated within this is expired")] = 600.0
+    timeslice_capacity_milli: Annotated[int, Field(ge=1000, description="Time-slice oversubscription per card (1000 = 1.0)")] = 1000
+    mps_pipe_root: str = Field(default="/tmp/nvidia-mps",
+                               description="MPS pipe directories live under this root, one per GPU: <root>/gpu-<index>")
+    discovery: str = Field(default="auto", description="auto | nvml | simulated")
+    metrics_port: Annotated[int, Field(ge=0, le=65535, description="Prometheus /metrics of the head; 0 = "
+                                       "$ORCHESTRATOR_METRICS_PORT, else off")] = 0
+    metrics_host: str = Field(default="127.0.0.1", description="Address /metrics listens on (0.0.0.0 in a pod)")
+    ended_retention_s: Annotated[float, Field(ge=0, description="Ended leases leave the ledger and the GCS this long "
+                                              "after they end (also how long a retried lease id is recognised); "
+                                              "0 keeps them forever")] = 86400.0
+
+    @model_validator(mode="after")
+    def _ttl_above_heartbeat(self) -> "RuntimeSettings":
+        if 0 < self.ended_retention_s < 60:
+            raise ConfigError("settings.ended_retention_s", self.ended_retention_s, "0 (keep forever) or >= 60",
+                              detail="the job layer must see a lease end before it goes")
+        if self.agent_ttl_s <= self.heartbeat_interval_s:
+            raise ConfigError("settings.agent_ttl_s", self.agent_ttl_s,
+                              f"more than heartbeat_interval_s={self.heartbeat_interval_s:g}",
+                              detail="an agent must get at least one heartbeat in before it is declared lost")
+        if self.discovery not in ("auto", "nvml", "simulated"):
+            raise ConfigError("settings.discovery", self.discovery, ["auto", "nvml", "simulated"])
+        return self
+
+
+class SimMig(_Frozen):
+    """One fixed MIG instance on a simulated card."""
+
+    profile: str
+    start: Annotated[int, Field(ge=0, le=7)]
+
+
+class SimNode(_Frozen):
+    """A simulated GPU node: what its agent reports and what its raylet is started with."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$",
+                      description="Node name: also a Ray label value, so DNS-label characters only")
+    model: str = Field(description="GPU model (catalogue name or NVML name)")
+    gpus: Annotated[int, Field(ge=0, le=64)] = 0
+    cpus: Annotated[int, Field(ge=0, le=1024, description="Logical CPUs given to the raylet")] = 4
+    memory: str | int = Field(default="64GiB", description="Host memory the inventory reports")
+    mig: dict[int, tuple[SimMig, ...]] = Field(default_factory=dict,
+                                                description="GPU index -> fixed MIG layout; listed cards have MIG on")
+    nvlink: tuple[tuple[int, ...], ...] = Field(default=(), description="Groups of GPU indices joined by NVLink")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        return gpu_model(v).name
+
+    @model_validator(mode="after")
+    def _indices_exist(self) -> "SimNode":
+        for idx in self.mig:
+            if not 0 <= idx < self.gpus:
+                raise ConfigError(f"nodes[{self.name}].mig", idx, f"a GPU index in 0..{self.gpus - 1}")
+        for group in self.nvlink:
+            for idx in group:
+                if not 0 <= idx < self.gpus:
+                    raise ConfigError(f"nodes[{self.name}].nvlink", idx, f"a GPU index in 0..{self.gpus - 1}")
+        try:
+            self.inventory()  # the inventory's own validators check MIG profiles, placements and overlaps
+        except ValidationError as e:
+            err = e.errors()[0]
+            inner = (err.get("ctx") or {}).get("error")
+            if isinstance(inner, InvalidRequestError):
+                raise ConfigError(f"nodes[{self.name}].mig", inner.value, inner.allowed, inner.detail) from None
+            raise ConfigError(f"nodes[{self.name}].mig", {k: [m.model_dump() for m in v] for k, v in self.mig.items()},
+                              "a valid, non-overlapping MIG layout", detail=str(inner or err.get("msg"))) from None
+        except InvalidRequestError as e:
+            raise ConfigError(f"nodes[{self.name}].mig", e.value, e.allowed, e.detail) from None
+        return self
+
+    def gpu_uuid(self, index: int) -> str:
+        return f"GPU-{uuid.uuid5(_UUID_NS, f'{self.name}/{index}')}"
+
+    def inventory(self) -> NodeInventory:
+        """The node as the ``simulated`` discovery backend reports it."""
+        peers: dict[int, set[int]] = {i: set() for i in range(self.gpus)}
+        for group in self.nvlink:
+            for i in group:
+                peers[i].update(j for j in group if j != i)
+        gpus = []
+        for i in range(self.gpus):
+            migs = tuple(
+                MigDevice(uuid=f"MIG-{uuid.uuid5(_UUID_NS, f'{self.name}/{i}/{m.profile}@{m.start}')}",
+                          profile=m.profile, start=m.start)
+                for m in self.mig.get(i, ())
+            )
+            gpus.append(GpuDevice(index=i, uuid=self.gpu_uuid(i), model=self.model, mig_enabled=i in self.mig,
+                                  mig_devices=migs, nvlink_peers=tuple(sorted(peers[i]))))
+        return NodeInventory(name=self.name, gpus=tuple(gpus), cpu_milli=self.cpus * 1000,
+                             memory_mib=parse_memory_mib(self.memory, f"nodes[{self.name}].memory"),
+                             labels=dict(self.labels))
+
+    def ray_labels(self) -> dict[str, str]:
+        return {NODE_LABEL: self.name, MODEL_LABEL: self.model, **self.labels}
+
+    def ray_resources(self) -> dict[str, float]:
+        return {NODE_RESOURCE_PREFIX + self.name: 1.0}
+
+
+class ClusterConfig(_Frozen):
+    """A whole cluster file."""
+
+    settings: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    nodes: tuple[SimNode, ...] = ()
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig,
+                                       description="Priority classes, queues and quotas (see configs/priorities.yaml)")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "ClusterConfig":
+        names = [n.name for n in self.nodes]
+        for n in names:
+            if names.count(n) > 1:
+                raise ConfigError("nodes.name", n, "unique node names")
+        return self
+
+    def node(self, name: str) -> SimNode | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+
+def parse_config(data: Any, source: str = "config") -> ClusterConfig:
+    """Validate a mapping as a cluster file; every failure is a :class:`ConfigError` naming the field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, type(data).__name__, "a mapping with 'settings' and 'nodes'")
+    try:
+        return ClusterConfig(**data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        inner = (err.get("ctx") or {}).get("error")
+        if isinstance(inner, ConfigError):
+            raise inner from None
+        loc = ".".join(str(x) for x in err.get("loc", ())) or source
+        if isinstance(inner, InvalidRequestError):  # e.g. an unknown GPU model, named where it stands
+            raise ConfigError(loc, inner.value, inner.allowed, inner.detail) from None
+        raise ConfigError(loc, err.get("input"), err.get("msg", "a valid value")) from None
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read and validate a cluster file."""
+    p = Path(path)
+    data = read_yaml(p)
+    if isinstance(data, dict) and "scheduler_file" in data:
+        # The priority classes and queues may live in their own file (configs/priorities.yaml).
+        data = dict(data)
+        ref = p.parent / str(data.pop("scheduler_file"))
+        data["scheduler"] = SchedulerConfig.load(ref).model_dump(mode="json")
+    return parse_config(data, str(p))
+
+
+#: The demo cluster shipped with the repository.
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cluster.demo.yaml"

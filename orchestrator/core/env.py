@@ -1,0 +1,68 @@
+"""Every environment variable the orchestrator reads or sets, by name, in one place.
+
+Ours all start with ``ORCHESTRATOR_``. Three groups:
+
+* **the lease's devices** -- set on every process that holds a lease (a Ray
+  job the head starts, an actor started with a lease's ``actor_options``):
+  which lease, its fencing token, the share kind and node, and NVIDIA's own
+  ``CUDA_VISIBLE_DEVICES`` and ``CUDA_MPS_*`` that bind the process to the
+  devices;
+* **the job** -- set on a Ray job the head starts: its id, the head to talk to,
+  where to checkpoint and what to resume from (read by
+  :func:`orchestrator.sdk.context.job_context`);
+* **the tools** -- read by our commands and processes: where ``up`` keeps its
+  state, the metrics endpoint, Ray's auth and temp-dir settings we pass on.
+
+Invariant: code refers to these names through the constants below, never by a
+string literal of its own, so a rename is one edit.
+"""
+
+from __future__ import annotations
+
+# ---- the lease's devices ------------------------------------------------------------------------
+LEASE_ID = "ORCHESTRATOR_LEASE_ID"
+FENCING_TOKEN = "ORCHESTRATOR_FENCING_TOKEN"
+SHARE_KIND = "ORCHESTRATOR_SHARE_KIND"
+NODE = "ORCHESTRATOR_NODE"
+MIG_PROFILE = "ORCHESTRATOR_MIG_PROFILE"
+TIMESLICE_MILLI = "ORCHESTRATOR_TIMESLICE_MILLI"
+#: Memory a time-slice or MPS holder may allocate, in MiB (the workload context applies it).
+MEMORY_LIMIT_MIB = "ORCHESTRATOR_MEMORY_LIMIT_MIB"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+MPS_ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_PINNED_DEVICE_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
+MPS_CLIENT_PRIORITY = "CUDA_MPS_CLIENT_PRIORITY"
+MPS_PREFIX = "CUDA_MPS_"
+#: Tells Ray not to overwrite ``CUDA_VISIBLE_DEVICES`` with the ids of its own bookkeeping.
+RAY_NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+# ---- the job -------------------------------------------------------------------------------------
+JOB_ID = "ORCHESTRATOR_JOB_ID"
+NAMESPACE = "ORCHESTRATOR_NAMESPACE"
+HEAD_NAME = "ORCHESTRATOR_HEAD_NAME"
+CHECKPOINT_DIR = "ORCHESTRATOR_CHECKPOINT_DIR"
+RESUME_FROM = "ORCHESTRATOR_RESUME_FROM"
+ATTEMPT = "ORCHESTRATOR_ATTEMPT"
+#: Seconds between two calls to the head from one poll (override for tests or chatty jobs).
+POLL_S = "ORCHESTRATOR_POLL_S"
+#: Ray's job supervisor sets this in every job driver's environment.
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+# ---- the tools -----------------------------------------------------------------------------------
+STATE_DIR = "ORCHESTRATOR_STATE_DIR"
+METRICS_PORT = "ORCHESTRATOR_METRICS_PORT"
+METRICS_HOST = "ORCHESTRATOR_METRICS_HOST"
+DASHBOARD_PORT = "ORCHESTRATOR_DASHBOARD_PORT"
+#: Set in every process of a local cluster: its ``sitecustomize`` keeps loopback addresses loopback.
+KEEP_LOOPBACK = "ORCHESTRATOR_KEEP_LOOPBACK"
+#: Kubernetes: the node a pod runs on, the pool it belongs to and the pool's sharing mode.
+K8S_NODE_NAME = "ORCHESTRATOR_NODE_NAME"
+K8S_POOL = "ORCHESTRATOR_POOL"
+K8S_SHARING = "ORCHESTRATOR_SHARING"
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+RAY_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+RAY_TMPDIR = "RAY_TMPDIR"
+RAY_USAGE_STATS_ENABLED = "RAY_USAGE_STATS_ENABLED"

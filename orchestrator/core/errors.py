@@ -1,0 +1,115 @@
+"""Typed errors of the orchestrator.
+
+Every error carries fields, never a message to be parsed. ``retryable`` says
+whether the same call may succeed later without the caller changing anything
+(capacity frees up, an agent comes back); a non-retryable error means the
+input itself is wrong and the message says what is allowed instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class OrchestratorError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    retryable: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": str(self), "retryable": self.retryable}
+
+
+class InvalidRequestError(OrchestratorError, ValueError):
+    """Input that can never be accepted as given.
+
+    ``field`` names the offending field (dotted for nested ones), ``value`` is
+    what was given and ``allowed`` says what would have been accepted.
+    """
+
+    def __init__(self, field: str, value: Any, allowed: str | Iterable[str], detail: str = "") -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed if isinstance(allowed, str) else ", ".join(str(a) for a in allowed)
+        self.detail = detail
+        msg = f"invalid {field}={value!r}"
+        if detail:
+            msg += f": {detail}"
+        msg += f" (allowed: {self.allowed})"
+        super().__init__(msg)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.update(field=self.field, value=repr(self.value), allowed=self.allowed)
+        return d
+
+
+class ConfigError(InvalidRequestError):
+    """A configuration file or object that fails validation."""
+
+
+class IllegalTransitionError(OrchestratorError):
+    """A state machine was asked for an edge its transition table does not have."""
+
+    def __init__(self, machine: str, current: str, target: str) -> None:
+        self.machine, self.current, self.target = machine, current, target
+        super().__init__(f"{machine}: no transition {current} -> {target}")
+
+
+class CapacityError(OrchestratorError):
+    """The allocation does not fit the snapshot it is applied to (a stale plan)."""
+
+    retryable = True
+
+
+class UnknownObjectError(OrchestratorError, KeyError):
+    """A job, lease or node id that the head does not know."""
+
+    def __init__(self, kind: str, ident: str) -> None:
+        self.kind, self.ident = kind, ident
+        super().__init__(f"unknown {kind} {ident!r}")
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the sentence readable
+        return f"unknown {self.kind} {self.ident!r}"
+
+
+class StaleFencingTokenError(OrchestratorError):
+    """A lease was used with a fencing token older than the ledger's."""
+
+    def __init__(self, lease_id: str, token: int, current: int) -> None:
+        self.lease_id, self.token, self.current = lease_id, token, current
+        super().__init__(f"lease {lease_id}: fencing token {token} is stale (current {current})")
+
+
+class LeaseTimeoutError(OrchestratorError, TimeoutError):
+    """A lease was not granted within the caller's timeout. Retryable."""
+
+    retryable = True
+
+    def __init__(self, request: str, timeout_s: float, explanation: str = "") -> None:
+        self.request, self.timeout_s, self.explanation = request, timeout_s, explanation
+        msg = f"lease for {request} not granted within {timeout_s:g}s"
+        if explanation:
+            msg += f": {explanation}"
+        super().__init__(msg)
+
+
+class NotConnectedError(OrchestratorError):
+    """No orchestrator head is reachable at the given address. Retryable."""
+
+    retryable = True
+
+
+#: Exit statuses of every command line of the project.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def exit_code(e: BaseException) -> int:
+    """The one error -> exit status mapping of every command line (``orchestrator ...``,
+    ``python -m orchestrator.deploy.kuberay``): input that can never be accepted, or an
+    unknown object, 2; no reachable orchestrator 3; anything else 1."""
+    if isinstance(e, (InvalidRequestError, UnknownObjectError)):
+        return EXIT_BAD_INPUT
+    if isinstance(e, NotConnectedError):
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED

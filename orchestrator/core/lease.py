@@ -1,0 +1,197 @@
+"""Leases: a workload's claim on concrete GPU devices.
+
+A lease binds one :class:`~orchestrator.core.request.GpuRequest` to an
+:class:`~orchestrator.scheduling.snapshot.Allocation` (node, GPU indices and
+UUIDs, MIG slot or MPS/time-slice share). Nomenclature:
+
+* **granted**: the head has reserved the devices in its ledger; nothing runs yet.
+* **active**: the holder (an actor or a Ray job) has started on them.
+* **checkpointing**: the holder was asked to checkpoint because it is being
+  preempted; the devices are still reserved.
+* terminal states **released** (holder finished or gave them back),
+  **preempted** (taken for higher-priority work), **expired** (granted but
+  never activated within the grant TTL), **lost** (the node's agent stopped
+  answering, or the holder died).
+
+Invariants:
+
+* a lease only moves along an edge of :data:`LEASE_TRANSITIONS`;
+* ``history`` is append-only and its last entry is the current state;
+* ``fencing_token`` is the ledger's counter at grant time: it grows with
+  every grant, so a holder with an older token than the ledger's latest for
+  the same devices is stale (the classic fencing-token rule);
+* devices are held from *granted* until a terminal state, never after.
+
+Leases are immutable values: :meth:`Lease.transition` returns a new lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.ids import ID_PATTERN
+from orchestrator.core.request import GpuRequest, typed_error
+from orchestrator.core.allocation import Allocation
+from orchestrator.core.statemachine import Transition, TransitionTable
+
+
+class LeaseRequest(BaseModel):
+    """What a client sends to ``request_lease``. ``lease_id`` is the client's own, which makes retries safe."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lease_id: str = Field(description="Client-supplied id: a retry with the same id returns the same lease")
+    request: GpuRequest
+    owner: str = ""
+    priority: int = 0
+    priority_class: str = ""
+    requeue_on_loss: bool = Field(default=True, description="When the node is lost, queue a new attempt")
+    queue: str = Field(default="default", description="Queue (quota group) the lease counts against")
+    enqueued_at: float | None = Field(default=None, description="Keep this queue position (a resumed job keeps "
+                                      "its original submission time); None = now")
+
+    @classmethod
+    def parse(cls, data: "LeaseRequest | Mapping[str, Any]") -> "LeaseRequest":
+        if isinstance(data, LeaseRequest):
+            return data
+        try:
+            d = dict(data)
+            if isinstance(d.get("request"), str):
+                d["request"] = GpuRequest.parse(d["request"])
+            out = cls(**d)
+        except ValidationError as e:
+            raise typed_error(e, "lease_request") from None
+        if not ID_PATTERN.match(out.lease_id):
+            raise InvalidRequestError("lease_request.lease_id", out.lease_id,
+                                      "1-128 characters: letters, digits and _ . : - (not first)")
+        return out
+
+
+class LeaseState(str, Enum):
+    PENDING = "pending"
+    GRANTED = "granted"
+    ACTIVE = "active"
+    CHECKPOINTING = "checkpointing"
+    RELEASED = "released"
+    PREEMPTED = "preempted"
+    EXPIRED = "expired"
+    LOST = "lost"
+
+
+L = LeaseState
+LEASE_TRANSITIONS: TransitionTable[LeaseState] = TransitionTable(
+    "lease",
+    {
+        L.PENDING: {
+            L.GRANTED: "the placement engine found devices and the ledger reserved them",
+            L.RELEASED: "the request was withdrawn (job cancelled) before it was granted",
+            L.EXPIRED: "the requester gave up waiting (lease timeout) while still pending",
+        },
+        L.GRANTED: {
+            L.ACTIVE: "the holder started on the devices (actor created, job submitted)",
+            L.RELEASED: "the holder gave the grant back before starting",
+            L.EXPIRED: "the holder never activated within the grant TTL",
+            L.PREEMPTED: "taken before it started: nothing to checkpoint, so no handshake",
+            L.LOST: "the node's agent went silent past its TTL before the holder started",
+        },
+        L.ACTIVE: {
+            L.CHECKPOINTING: "chosen as a preemption victim: the holder is asked to checkpoint",
+            L.RELEASED: "the holder finished or gave the lease back",
+            L.PREEMPTED: "a non-checkpointing victim (batch, or no checkpoint support) is stopped at once",
+            L.LOST: "the node's agent went silent past its TTL, or the holder process died",
+        },
+        L.CHECKPOINTING: {
+            L.PREEMPTED: "the holder acknowledged its checkpoint, or its grace period ran out; it is stopped",
+            L.RELEASED: "the holder finished on its own while checkpointing",
+            L.LOST: "the node or the holder died during the checkpoint",
+        },
+        L.RELEASED: {},
+        L.PREEMPTED: {},
+        L.EXPIRED: {},
+        L.LOST: {},
+    },
+    terminal=frozenset({L.RELEASED, L.PREEMPTED, L.EXPIRED, L.LOST}),
+)
+
+#: States in which a lease holds devices in the ledger.
+HOLDING_STATES = frozenset({L.GRANTED, L.ACTIVE, L.CHECKPOINTING})
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """An immutable lease value; see the module docstring for its invariants."""
+
+    lease_id: str
+    request: GpuRequest
+    owner: str = ""
+    priority: int = 0
+    priority_class: str = ""
+    state: LeaseState = LeaseState.PENDING
+    allocation: Allocation | None = None
+    fencing_token: int = 0
+    history: tuple[Transition[LeaseState], ...] = field(default=())
+    checkpoint_path: str | None = None
+    last_checkpoint_at: float | None = None
+    queue: str = "default"
+    restore_estimate_s: float = 0.0
+
+    @classmethod
+    def new(cls, lease_id: str, request: GpuRequest, *, now: float, owner: str = "", priority: int = 0,
+            priority_class: str = "", queue: str = "default", reason: str = "requested") -> "Lease":
+        return cls(lease_id, request, owner, priority, priority_class, queue=queue,
+                   history=(Transition(now, LeaseState.PENDING, reason),))
+
+    @property
+    def gpus_held(self) -> float:
+        """GPUs this lease holds, fractions counted (a 3g MIG slice is 3/7, an MPS 30% share 0.3)."""
+        a = self.allocation
+        return a.gpu_demand if a is not None and self.holding else 0.0
+
+    @property
+    def started_at(self) -> float | None:
+        """When the holder started (entered ACTIVE), else when granted."""
+        active = self.entered(LeaseState.ACTIVE)
+        return active if active is not None else self.entered(LeaseState.GRANTED)
+
+    @property
+    def holding(self) -> bool:
+        return self.state in HOLDING_STATES
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in LEASE_TRANSITIONS.terminal
+
+    def entered(self, state: LeaseState) -> float | None:
+        """When the lease last entered ``state`` (None if never)."""
+        for t in reversed(self.history):
+            if t.state is state:
+                return t.at
+        return None
+
+    def transition(self, to: LeaseState, *, now: float, reason: str, **changes: Any) -> "Lease":
+        """Move along one edge of :data:`LEASE_TRANSITIONS`; raises on an edge it lacks."""
+        LEASE_TRANSITIONS.check(self.state, to)
+        return replace(self, state=to, history=self.history + (Transition(now, to, reason),), **changes)
+
+    def grant(self, allocation: Allocation, token: int, *, now: float, reason: str) -> "Lease":
+        return self.transition(LeaseState.GRANTED, now=now, reason=reason, allocation=allocation, fencing_token=token)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lease_id": self.lease_id,
+            "owner": self.owner,
+            "state": self.state.value,
+            "request": self.request.describe(),
+            "priority": self.priority,
+            "priority_class": self.priority_class,
+            "fencing_token": self.fencing_token,
+            "allocation": self.allocation.to_json() if self.allocation else None,
+            "checkpoint_path": self.checkpoint_path,
+            "queue": self.queue,
+            "history": [t.to_dict() for t in self.history],
+        }

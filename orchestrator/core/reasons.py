@@ -1,0 +1,99 @@
+"""Reasons: every decision carries a cause code (an enum) and the text built from it.
+
+As Ray's autoscaler does with its ``Cause``: code reads the code, people read
+the text, and ``orchestrator explain --json`` shows both. The codes are
+stable strings (they end up in the GCS store, in ``--json`` output and in
+metric labels); the texts may be reworded freely.
+
+Groups:
+
+* **fit** -- why a node (or a GPU state) cannot host a request now; the engine's
+  :class:`~orchestrator.scheduling.engine.Unschedulable` groups nodes by them;
+* **wait** -- why a queued request is still waiting after a scheduling cycle;
+* **victim** -- why a running lease is chosen for preemption (a lower
+  priority, or capacity it borrowed beyond its queue's quota);
+* **ineligible** / **no_preemption** -- why a lease may not be preempted, or
+  why no preemption can help;
+* **lease** -- why a lease changed state (granted, lost, expired...).
+
+Invariant: a :class:`Reason` always has a cause; its text is never parsed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Cause(str, Enum):
+    # ---- fit: why a node cannot host a request now --------------------------------------------
+    FIT_NODE_PIN = "fit.node_pin"                    # the request names another node
+    FIT_MODEL = "fit.model"                          # GPU model not among the allowed ones
+    FIT_CPU = "fit.cpu"                              # not enough free host CPU
+    FIT_HOST_MEMORY = "fit.host_memory"              # not enough free host memory
+    FIT_NO_GPU = "fit.no_gpu"                        # the node has no GPUs
+    FIT_UNHEALTHY = "fit.unhealthy"                  # every GPU is unhealthy
+    FIT_WHOLE = "fit.whole"                          # fewer free whole GPUs than requested
+    FIT_NVLINK = "fit.nvlink"                        # no NVLink island with enough free GPUs
+    FIT_COMPUTE = "fit.compute"                      # no GPU with enough free compute
+    FIT_MEMORY = "fit.memory"                        # no GPU with enough free memory
+    FIT_NO_MPS = "fit.no_mps"                        # the model does not support MPS
+    FIT_NO_MIG = "fit.no_mig"                        # no MIG-enabled GPU
+    FIT_MIG_FULL = "fit.mig_full"                    # no free valid placement for the MIG profile
+    FIT_MIG_PROFILE = "fit.mig_profile"              # the model does not offer the profile
+    FIT_MODE = "fit.mode"                            # the cards are in another sharing mode
+    # ---- placed --------------------------------------------------------------------------------
+    PLACED = "placed"                                # granted where the policy scored best
+    PLACED_BORROWING = "placed.borrowing"            # granted on idle capacity beyond the queue's quota
+    # ---- wait: why a queued request still waits ------------------------------------------------
+    WAIT_NO_FIT = "wait.no_fit"                      # nothing fits now and no preemption helps
+    WAIT_QUOTA = "wait.quota"                        # its queue is at its quota and does not borrow
+    WAIT_BORROW_ONLY = "wait.borrow_only"            # over its quota: it only borrows idle capacity, preempts nothing
+    WAIT_VICTIMS = "wait.victims"                    # victims chosen for it are checkpointing
+    WAIT_PREEMPTING = "wait.preempting"              # this cycle chose victims for it
+    # ---- victim: why a lease is preempted ------------------------------------------------------
+    VICTIM_PRIORITY = "victim.priority"              # a lower priority than the requester
+    VICTIM_RECLAIM = "victim.reclaim"                # capacity borrowed beyond its queue's quota is reclaimed
+    # ---- ineligible: why a lease may not be preempted ------------------------------------------
+    INELIGIBLE_IN_FLIGHT = "ineligible.in_flight"    # already being preempted
+    INELIGIBLE_NOT_HOLDING = "ineligible.not_holding"
+    INELIGIBLE_CLASS = "ineligible.class"            # its class is not preemptible
+    INELIGIBLE_PRIORITY = "ineligible.priority"      # not lower priority, and not borrowing
+    INELIGIBLE_MIN_RUNTIME = "ineligible.min_runtime"
+    # ---- no preemption -------------------------------------------------------------------------
+    NO_PREEMPTION_NONE_ELIGIBLE = "no_preemption.none_eligible"
+    NO_PREEMPTION_NOT_ENOUGH = "no_preemption.not_enough"  # even all eligible victims would not make room
+    # ---- lease lifecycle -----------------------------------------------------------------------
+    LEASE_REQUESTED = "lease.requested"
+    LEASE_REQUEUED = "lease.requeued"
+    LEASE_ACTIVATED = "lease.activated"
+    LEASE_RELEASED = "lease.released"
+    LEASE_WITHDRAWN = "lease.withdrawn"
+    LEASE_EXPIRED = "lease.expired"
+    LEASE_NODE_LOST = "lease.node_lost"
+    LEASE_HOLDER_DIED = "lease.holder_died"
+    LEASE_DEVICES_GONE = "lease.devices_gone"
+    LEASE_AGENT_REFUSED = "lease.agent_refused"
+    LEASE_CHECKPOINT_ASKED = "lease.checkpoint_asked"
+    LEASE_CHECKPOINTED = "lease.checkpointed"
+    LEASE_GRACE_OVER = "lease.grace_over"
+    LEASE_STOPPED = "lease.stopped"                  # preempted without a checkpoint (not started, or its class does not checkpoint)
+
+    @property
+    def group(self) -> str:
+        return self.value.split(".", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """A decision's cause and its human-readable text."""
+
+    cause: Cause
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cause": self.cause.value, "text": self.text}

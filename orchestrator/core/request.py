@@ -1,0 +1,428 @@
+"""One request type for every kind of GPU share.
+
+A :class:`GpuRequest` either names its kind:
+
+* ``whole``     -- ``count`` >= 1 entire cards;
+* ``mig``       -- one MIG slice of ``profile``;
+* ``mps``       -- an MPS client with ``sm_percent`` of the SMs, a pinned
+  memory limit ``memory_mib`` and an optional ``client_priority``;
+* ``timeslice`` -- ``fraction`` of one card's time, no isolation;
+
+or states only what it needs (``memory_mib``, ``compute``, ``isolation``) and
+lets the engine choose. :func:`resolve` turns it into an ordered list of
+:class:`Alternative` s, cheapest first, each with the reason it was chosen:
+
+* ``isolation=hard`` -> the smallest MIG profile with enough memory and
+  compute on each MIG-capable model, then a whole card;
+* ``isolation=soft`` -> an MPS share, then a whole card;
+* ``isolation=none`` -> a time-slice, then an MPS share, then a whole card.
+
+Compute is accounted in *milli-GPUs* (1000 = one card): an MPS share of 30%
+is 300, a time-slice of 0.25 is 250, a whole card 1000. This is the unit of
+the openb trace too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.catalogue import (
+    CATALOGUE,
+    MIG_COMPUTE_SLICES,
+    GpuModel,
+    MigProfile,
+    all_mig_profiles,
+    gpu_model,
+    mig_compute_slices,
+)
+
+
+def typed_error(e: ValidationError, prefix: str) -> InvalidRequestError:
+    """The first error of a pydantic ``ValidationError`` as our typed error, naming the field.
+
+    Our own validators raise :class:`InvalidRequestError`, which pydantic wraps;
+    that one is returned as it was. Others (range, type) become one with the
+    field's dotted location and pydantic's own words for what is allowed.
+    """
+    err = e.errors()[0]
+    inner = (err.get("ctx") or {}).get("error")
+    if isinstance(inner, InvalidRequestError):
+        return inner
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    field_name = f"{prefix}.{loc}" if loc else prefix
+    return InvalidRequestError(field_name, err.get("input"), err.get("msg", "a valid value"))
+
+
+class ShareKind(str, Enum):
+    WHOLE = "whole"
+    MIG = "mig"
+    MPS = "mps"
+    TIMESLICE = "timeslice"
+
+
+class Isolation(str, Enum):
+    HARD = "hard"
+    SOFT = "soft"
+    NONE = "none"
+
+
+_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|[KMGT])?\s*$", re.IGNORECASE)
+_UNIT_MIB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def parse_memory_mib(value: str | int | float, field_name: str = "memory") -> int:
+    """``"20GiB"``, ``"20GB"``, ``"512MiB"``, ``"1.5Ti"`` or a bare number of MiB -> MiB.
+
+    GB and GiB are both read as GiB: GPU memory is sold in binary units and
+    nobody means 10^9 bytes when they ask for "20GB" of an 80 GB card.
+    """
+    allowed = "a non-negative size such as 20GiB, 512MiB or a number of MiB"
+    if isinstance(value, bool):
+        raise InvalidRequestError(field_name, value, allowed)
+    if isinstance(value, (int, float)):
+        if value < 0 or not math.isfinite(value):
+            raise InvalidRequestError(field_name, value, allowed)
+        return int(value)
+    m = _MEM_RE.match(str(value))
+    if not m:
+        raise InvalidRequestError(field_name, value, allowed)
+    number, unit = float(m.group(1)), (m.group(2) or "")[:1].lower()
+    return int(number * _UNIT_MIB[unit])
+
+
+class GpuRequest(BaseModel):
+    """What a workload asks for. Immutable; validated on construction.
+
+    Invariants: exactly the fields of its kind are set (a ``whole`` request
+    has no ``profile``...); a request without ``kind`` has ``isolation``;
+    fractional kinds (mig, mps, timeslice) ask for one card.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+    kind: ShareKind | None = Field(default=None, description="Named kind; None lets the engine resolve one")
+    count: Annotated[int, Field(ge=0, le=64, description="Whole cards (kind=whole); 0 = no GPU (a CPU-only task)")] = 1
+    profile: str | None = Field(default=None, description="MIG profile such as 1g.10gb (kind=mig)")
+    sm_percent: Annotated[int, Field(ge=1, le=100, description="MPS active thread percentage (kind=mps)")] | None = None
+    memory_mib: Annotated[int, Field(ge=0, description="GPU memory needed / MPS pinned memory limit")] | None = None
+    client_priority: Annotated[int, Field(ge=0, le=1, description="CUDA_MPS_CLIENT_PRIORITY: 0 normal, 1 below")] | None = None
+    fraction: Annotated[float, Field(gt=0, le=1, description="Share of one card's time (kind=timeslice)")] | None = None
+    compute: Annotated[float, Field(gt=0, le=1, description="Fraction of one card's compute (unified)")] | None = None
+    isolation: Isolation | None = Field(default=None, description="hard | soft | none (unified)")
+    models: tuple[str, ...] = Field(default=(), description="Allowed GPU models; empty = any")
+    node: str | None = Field(default=None, description="Only this node")
+    nvlink: bool = Field(default=False, description="Multi-GPU: all GPUs in one NVLink island")
+    cpu_milli: Annotated[int, Field(ge=0)] = 0
+    host_memory_mib: Annotated[int, Field(ge=0)] = 0
+
+    def __init__(self, **data: object) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise typed_error(e, "gpu") from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_models(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("models"):
+            ms = data["models"]
+            if isinstance(ms, str):
+                ms = [m for m in ms.split("|") if m]
+            data = {**data, "models": tuple(gpu_model(m).name for m in ms)}
+        return data
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> "GpuRequest":
+        k = self.kind
+        def forbid(name: str, why: str) -> None:
+            if getattr(self, name) is not None:
+                raise InvalidRequestError(name, getattr(self, name), "unset", detail=why)
+        if k is None:
+            if self.isolation is None:
+                raise InvalidRequestError("isolation", None, [i.value for i in Isolation],
+                                          detail="a request without kind must state isolation")
+            if self.compute is None and self.memory_mib is None:
+                raise InvalidRequestError("compute", None, "a fraction in (0, 1], and/or memory",
+                                          detail="a request without kind must state compute or memory")
+            for n in ("profile", "sm_percent", "fraction"):
+                forbid(n, "set kind to use it")
+            if self.count != 1:
+                raise InvalidRequestError("count", self.count, "1", detail="unified requests ask for one card's share")
+            return self
+        if self.isolation is not None or self.compute is not None:
+            raise InvalidRequestError("isolation" if self.isolation is not None else "compute",
+                                      self.isolation or self.compute, "unset", detail=f"kind={k.value} is explicit")
+        if k is ShareKind.WHOLE:
+            for n in ("profile", "sm_percent", "fraction", "client_priority"):
+                forbid(n, "kind=whole")
+        elif k is ShareKind.MIG:
+            if not self.profile:
+                raise InvalidRequestError("profile", self.profile, sorted(all_mig_profiles()))
+            if self.profile not in all_mig_profiles():
+                raise InvalidRequestError("profile", self.profile, sorted(all_mig_profiles()),
+                                          detail="no GPU model offers this MIG profile")
+            for n in ("sm_percent", "fraction", "client_priority", "memory_mib"):
+                forbid(n, "kind=mig: the profile fixes compute and memory")
+        elif k is ShareKind.MPS:
+            if self.sm_percent is None:
+                raise InvalidRequestError("sm_percent", None, "an integer percentage 1..100")
+            for n in ("profile", "fraction"):
+                forbid(n, "kind=mps")
+        elif k is ShareKind.TIMESLICE:
+            if self.fraction is None:
+                raise InvalidRequestError("fraction", None, "a fraction in (0, 1]")
+            for n in ("profile", "sm_percent", "client_priority"):
+                forbid(n, "kind=timeslice")
+        if k is not ShareKind.WHOLE and self.count != 1:
+            raise InvalidRequestError("count", self.count, "1", detail=f"kind={k.value} shares one card")
+        if self.nvlink and self.count < 2:
+            raise InvalidRequestError("nvlink", True, "false for single-GPU requests")
+        return self
+
+    # ---- constructors -------------------------------------------------------------------------
+    @classmethod
+    def whole(cls, count: int = 1, **kw: object) -> "GpuRequest":
+        return cls(kind=ShareKind.WHOLE, count=count, **kw)
+
+    @classmethod
+    def mig(cls, profile: str, **kw: object) -> "GpuRequest":
+        return cls(kind=ShareKind.MIG, profile=profile, **kw)
+
+    @classmethod
+    def mps(cls, sm_percent: int, memory_mib: int | None = None, **kw: object) -> "GpuRequest":
+        return cls(kind=ShareKind.MPS, sm_percent=sm_percent, memory_mib=memory_mib, **kw)
+
+    @classmethod
+    def timeslice(cls, fraction: float, **kw: object) -> "GpuRequest":
+        return cls(kind=ShareKind.TIMESLICE, fraction=fraction, **kw)
+
+    @classmethod
+    def parse(cls, text: str) -> "GpuRequest":
+        """The CLI's ``--gpu`` forms: ``1``, ``2``, ``mig:1g.10gb``, ``mps:30%,20GiB``,
+        ``timeslice:0.25``, ``mem=20GiB,compute=0.3,isolation=hard``."""
+        forms = "N (whole cards), mig:PROFILE, mps:PCT%[,MEM], timeslice:FRACTION, mem=MEM,compute=F,isolation=hard|soft|none"
+        s = (text or "").strip()
+        if not s:
+            raise InvalidRequestError("gpu", text, forms)
+        if s.isdigit():
+            n = int(s)
+            if n < 1:
+                raise InvalidRequestError("gpu", text, forms, detail="at least one card")
+            return cls.whole(n)
+        head, sep, rest = s.partition(":")
+        head = head.lower()
+        if sep and head == "mig":
+            return cls.mig(rest.strip())
+        if sep and head == "mps":
+            parts = [p.strip() for p in rest.split(",") if p.strip()]
+            if not parts:
+                raise InvalidRequestError("gpu.sm_percent", rest, "PCT% such as 30%")
+            pct_s = parts[0].rstrip("%")
+            try:
+                pct = float(pct_s)
+            except ValueError:
+                raise InvalidRequestError("gpu.sm_percent", parts[0], "an integer percentage 1..100") from None
+            if not (1 <= pct <= 100) or pct != int(pct):
+                raise InvalidRequestError("gpu.sm_percent", parts[0], "an integer percentage 1..100")
+            mem = parse_memory_mib(parts[1], "gpu.memory") if len(parts) > 1 else None
+            return cls.mps(int(pct), mem)
+        if sep and head in ("timeslice", "ts"):
+            try:
+                frac = float(rest)
+            except ValueError:
+                raise InvalidRequestError("gpu.fraction", rest, "a fraction in (0, 1]") from None
+            if not (0 < frac <= 1):
+                raise InvalidRequestError("gpu.fraction", rest, "a fraction in (0, 1]")
+            return cls.timeslice(frac)
+        if "=" in s:
+            kv: dict[str, object] = {}
+            for part in s.split(","):
+                k, eq, v = part.partition("=")
+                k, v = k.strip().lower(), v.strip()
+                if not eq:
+                    raise InvalidRequestError("gpu", part, forms)
+                if k in ("mem", "memory"):
+                    kv["memory_mib"] = parse_memory_mib(v, "gpu.memory")
+                elif k == "compute":
+                    try:
+                        c = float(v)
+                    except ValueError:
+                        raise InvalidRequestError("gpu.compute", v, "a fraction in (0, 1]") from None
+                    if not (0 < c <= 1):
+                        raise InvalidRequestError("gpu.compute", v, "a fraction in (0, 1]")
+                    kv["compute"] = c
+                elif k == "isolation":
+                    if v.lower() not in {i.value for i in Isolation}:
+                        raise InvalidRequestError("gpu.isolation", v, [i.value for i in Isolation])
+                    kv["isolation"] = Isolation(v.lower())
+                else:
+                    raise InvalidRequestError("gpu", k, ["mem", "compute", "isolation"])
+            return cls(**kv)
+        raise InvalidRequestError("gpu", text, forms)
+
+    @property
+    def gpu_demand(self) -> float:
+        """GPUs asked for, fractions counted (:func:`share_demand`); a unified request counts its
+        ``compute`` (0.1 when it names only memory)."""
+        k = self.kind
+        if k is ShareKind.WHOLE:
+            return share_demand(k, cards=self.count)
+        if k is ShareKind.MIG:
+            return share_demand(k, profile=self.profile)
+        if k is ShareKind.MPS:
+            return share_demand(k, milli=(self.sm_percent or 0) * 10)
+        if k is ShareKind.TIMESLICE:
+            return share_demand(k, milli=round((self.fraction or 0.0) * 1000))
+        return self.compute or 0.1
+
+    def describe(self) -> str:
+        """A short human form, the inverse of :meth:`parse` where one exists."""
+        k = self.kind
+        if k is ShareKind.WHOLE:
+            s = f"{self.count}x whole"
+        elif k is ShareKind.MIG:
+            s = f"mig:{self.profile}"
+        elif k is ShareKind.MPS:
+            s = f"mps:{self.sm_percent}%" + (f",{self.memory_mib}MiB" if self.memory_mib is not None else "")
+        elif k is ShareKind.TIMESLICE:
+            s = f"timeslice:{self.fraction:g}"
+        else:
+            parts = []
+            if self.memory_mib is not None:
+                parts.append(f"mem={self.memory_mib}MiB")
+            if self.compute is not None:
+                parts.append(f"compute={self.compute:g}")
+            parts.append(f"isolation={self.isolation.value}")  # type: ignore[union-attr]
+            s = ",".join(parts)
+        if self.models:
+            s += f" on {'|'.join(self.models)}"
+        return s
+
+
+def share_demand(kind: ShareKind, *, cards: int = 1, profile: str | None = None, milli: int = 0) -> float:
+    """GPUs one share stands for: the one definition quotas and preemption count, before a grant
+    (:attr:`GpuRequest.gpu_demand`) and after it (:attr:`~orchestrator.core.allocation.Allocation.gpu_demand`).
+
+    Whole cards count 1 each; a MIG slice its compute slices / 7 (``3g.40gb`` is 3/7 on every
+    model); MPS and time-slice shares their milli-GPUs / 1000 on each card.
+    """
+    if kind is ShareKind.WHOLE:
+        return float(cards)
+    if kind is ShareKind.MIG:
+        return mig_compute_slices(profile or "") / MIG_COMPUTE_SLICES
+    return cards * milli / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One concrete way to satisfy a request.
+
+    ``milli`` is compute per GPU in milli-GPUs; ``memory_mib`` is GPU memory per
+    GPU (None: proportional to ``milli`` on the chosen card, for MPS, or not
+    accounted, for time-slices); ``profiles`` maps model name -> MIG profile
+    for ``kind=mig``.
+    """
+
+    kind: ShareKind
+    count: int
+    milli: int
+    memory_mib: int | None
+    profiles: tuple[tuple[str, str], ...] = ()
+    reason: str = ""
+    sm_percent: int | None = None
+    client_priority: int | None = None
+    fraction: float | None = None
+    nvlink: bool = False
+
+    def profile_for(self, model: str) -> MigProfile | None:
+        for m, p in self.profiles:
+            if m == model:
+                return gpu_model(m).profile(p)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRequest:
+    """A request with its alternatives, cheapest first, and the reason for the order."""
+
+    request: GpuRequest
+    alternatives: tuple[Alternative, ...]
+    reason: str = field(default="")
+
+
+def _smallest_profile(model: GpuModel, memory_mib: int, compute: float) -> MigProfile | None:
+    need_slices = math.ceil(compute * MIG_COMPUTE_SLICES - 1e-9) if compute else 1
+    fits = [p for p in model.mig_profiles if p.memory_mib >= memory_mib and p.compute_slices >= need_slices]
+    # Cheapest = fewest memory slices taken, then fewest compute slices.
+    return min(fits, key=lambda p: (p.memory_slices, p.compute_slices), default=None)
+
+
+def resolve(request: GpuRequest) -> ResolvedRequest:
+    """Turn a request into concrete alternatives, cheapest first. Pure."""
+    k = request.kind
+    if k is ShareKind.WHOLE:
+        alt = Alternative(ShareKind.WHOLE, request.count, 1000, request.memory_mib, nvlink=request.nvlink,
+                          reason=f"{request.count} whole card(s) as asked" + (" in one NVLink island" if request.nvlink else ""))
+        return ResolvedRequest(request, (alt,), alt.reason)
+    if k is ShareKind.MIG:
+        profs = tuple((m.name, request.profile) for m in CATALOGUE.values()
+                      if any(p.name == request.profile for p in m.mig_profiles))
+        alt = Alternative(ShareKind.MIG, 1, 0, None, profiles=profs, reason=f"MIG {request.profile} as asked")
+        return ResolvedRequest(request, (alt,), alt.reason)
+    if k is ShareKind.MPS:
+        alt = Alternative(ShareKind.MPS, 1, request.sm_percent * 10, request.memory_mib,  # type: ignore[operator]
+                          sm_percent=request.sm_percent, client_priority=request.client_priority,
+                          reason=f"MPS {request.sm_percent}% as asked")
+        return ResolvedRequest(request, (alt,), alt.reason)
+    if k is ShareKind.TIMESLICE:
+        alt = Alternative(ShareKind.TIMESLICE, 1, round(request.fraction * 1000), request.memory_mib,  # type: ignore[operator]
+                          fraction=request.fraction, reason=f"time-slice {request.fraction:g} as asked")
+        return ResolvedRequest(request, (alt,), alt.reason)
+
+    # Unified: the cheapest kind that gives the isolation asked for.
+    compute = request.compute or 0.0
+    mem = request.memory_mib or 0
+    milli = max(1, math.ceil(compute * 1000)) if compute else 0
+    whole = Alternative(ShareKind.WHOLE, 1, 1000, mem or None, reason="whole card: always satisfies the isolation asked for")
+    alts: list[Alternative] = []
+    iso = request.isolation
+    want = f"memory>={mem}MiB, compute>={compute:g}"
+    if iso is Isolation.HARD:
+        profs = []
+        for m in CATALOGUE.values():
+            if request.models and m.name not in request.models:
+                continue
+            p = _smallest_profile(m, mem, compute)
+            if p is not None:
+                profs.append((m.name, p.name))
+        if profs:
+            shown = ", ".join(f"{p} on {m}" for m, p in profs)
+            alts.append(Alternative(ShareKind.MIG, 1, 0, None, profiles=tuple(profs),
+                                    reason=f"isolation=hard: smallest MIG profile with {want} ({shown})"))
+        alts.append(whole)
+        reason = "isolation=hard needs hardware isolation: a MIG slice, else a whole card"
+    else:
+        sm = max(1, math.ceil(compute * 100)) if compute else None
+        mps_alt = None
+        if sm is not None or mem:
+            sm = sm or 10
+            mps_alt = Alternative(ShareKind.MPS, 1, sm * 10, mem or None, sm_percent=sm,
+                                  reason=f"isolation={iso.value}: MPS share of {sm}% SMs with a {mem}MiB memory limit")  # type: ignore[union-attr]
+        if iso is Isolation.NONE:
+            frac_milli = milli or 100
+            alts.append(Alternative(ShareKind.TIMESLICE, 1, frac_milli, mem or None, fraction=frac_milli / 1000,
+                                    reason=f"isolation=none: a time-slice of {frac_milli / 1000:g} is cheapest"))
+            reason = "isolation=none: a time-slice, else an MPS share, else a whole card"
+        else:
+            reason = "isolation=soft: an MPS share (SM and memory limits), else a whole card"
+        if mps_alt is not None:
+            alts.append(mps_alt)
+        alts.append(whole)
+    return ResolvedRequest(request, tuple(alts), reason)

@@ -1,0 +1,393 @@
+"""Starting and stopping the orchestrator: ``orchestrator up`` / ``down``.
+
+``up --config FILE`` starts a local Ray cluster on 127.0.0.1 -- one raylet per
+node of the file, each a ``ray start --block`` with ``--num-gpus``,
+``--resources`` and ``--labels`` (:func:`plan_local_cluster`) -- then the head
+actor, which starts one agent per node; it waits until every agent has
+registered and prints the address. ``up --address ADDR`` attaches to a Ray
+cluster that already runs and starts only the head (and through it the agents).
+
+``down`` stops exactly what ``up`` started, never ``ray stop`` (which kills
+every Ray process on the host, other people's included):
+
+* every raylet runs in its own session (``setsid``); Ray's processes for that
+  node -- GCS, raylet, agents, workers -- stay in it. The state file records
+  each ``ray start`` PID, its session id and its start time (so a recycled PID
+  is never signalled);
+* ``down`` sends SIGTERM to each ``ray start`` (Ray drains and stops the
+  node's processes), waits, then SIGKILLs whatever is left *in those
+  sessions*; for an attached cluster it kills only the head and agent actors.
+
+Everything ``up`` writes -- the state file, raylet logs, Ray's session
+directories (``RAY_TMPDIR``), the auth token it had to make -- lives in one
+state directory (``--state-dir``, default ``$TMPDIR/rgo-<uid>``), which
+``down`` removes.
+
+Auth: Ray 2.60 turns token auth on for local clusters. ``up`` keeps it on: it
+uses ``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token`` when
+one exists, else makes a token inside the state directory (not in ``~/.ray``)
+and records where, so ``status`` and ``down`` connect with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
+from orchestrator.core.config import ClusterConfig
+from orchestrator.core.statefile import Proc, State
+from orchestrator.rayport.loopback import LOOPBACK_SITE
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Object store per raylet: small, since nothing large moves through a simulated cluster.
+OBJECT_STORE_BYTES = 128 * 1024 * 1024
+Progress = Callable[[str], None]
+
+
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---- the plan (pure) ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class NodeLaunch:
+    name: str
+    head: bool
+    argv: tuple[str, ...]
+    log: str
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    address: str
+    nodes: tuple[NodeLaunch, ...]
+    dashboard: str = ""  # Ray's API server (jobs, state), which runs even without the dashboard UI
+
+
+def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[], int] = free_port,
+                       dashboard: bool = True) -> LaunchPlan:
+    """The ``ray start`` command of every node; the first node of the file is the Ray head node."""
+    if not config.nodes:
+        raise ConfigError("nodes", [], "at least one node")
+    gcs = ports()
+    address = f"127.0.0.1:{gcs}"
+    dashboard_url = ""
+    out = []
+    for i, node in enumerate(config.nodes):
+        argv = ["start", "--block", "--node-ip-address", "127.0.0.1",
+                "--num-cpus", str(node.cpus), "--num-gpus", str(node.gpus),
+                "--resources", json.dumps(node.ray_resources(), sort_keys=True),
+                "--labels", ",".join(f"{k}={v}" for k, v in sorted(node.ray_labels().items())),
+                "--object-store-memory", str(OBJECT_STORE_BYTES),
+                "--dashboard-agent-listen-port", str(ports()),
+                "--min-worker-port", "0", "--max-worker-port", "0",
+                "--disable-usage-stats"]
+        if i == 0:
+            # The dashboard process serves the job API that Ray jobs are submitted through: a free loopback port.
+            api_port = ports()
+            dashboard_url = f"http://127.0.0.1:{api_port}"
+            argv[1:1] = ["--head", "--port", str(gcs), "--ray-client-server-port", str(ports()),
+                         "--temp-dir", str(state_dir / "ray"), "--dashboard-host", "127.0.0.1",
+                         "--dashboard-port", str(api_port), "--include-dashboard", "true" if dashboard else "false"]
+        else:
+            argv[1:1] = ["--address", address]
+        out.append(NodeLaunch(node.name, i == 0, tuple(argv), str(state_dir / "logs" / f"{node.name}.log")))
+    return LaunchPlan(address, tuple(out), dashboard_url)
+
+
+def auth_env(state_dir: Path, environ: dict[str, str] | None = None, home: Path | None = None) -> dict[str, str]:
+    """The token-auth environment for our raylets and clients (see the module docstring).
+
+    May write ``<state_dir>/auth_token``; never writes outside ``state_dir``.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    if environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return {"RAY_AUTH_MODE": "disabled"}  # the user's explicit choice
+    env = {"RAY_AUTH_MODE": "token"}
+    if environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH"):
+        if environ.get("RAY_AUTH_TOKEN_PATH"):
+            env["RAY_AUTH_TOKEN_PATH"] = environ["RAY_AUTH_TOKEN_PATH"]
+        return env
+    if ((home or Path.home()) / ".ray" / "auth_token").is_file():
+        return env
+    token = state_dir / "auth_token"
+    if not token.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    env["RAY_AUTH_TOKEN_PATH"] = str(token)
+    return env
+
+
+# ---- /proc -------------------------------------------------------------------------------------
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(session id, start time in clock ticks) of a live process, None if it is gone or a zombie."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[3]), int(fields[19])  # session (field 6), starttime (field 22)
+
+
+def session_members(sid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None and st[0] == sid:
+                out.append(int(entry))
+    return sorted(out)
+
+
+def _same_process(p: Proc) -> bool:
+    st = _stat(p.pid)
+    return st is not None and st[1] == p.start_ticks
+
+
+# ---- up ----------------------------------------------------------------------------------------
+def _spawn(node: NodeLaunch, env: dict[str, str], cwd: Path) -> Proc:
+    Path(node.log).parent.mkdir(parents=True, exist_ok=True)
+    with open(node.log, "ab") as log:
+        p = subprocess.Popen([sys.executable, "-m", "orchestrator.deploy.raylet", *node.argv], env=env,
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                             start_new_session=True)
+    for _ in range(50):
+        st = _stat(p.pid)
+        if st is not None:
+            return Proc(node.name, p.pid, st[0], st[1])
+        time.sleep(0.01)
+    raise OrchestratorError(f"raylet of {node.name} exited at once; see {node.log}")
+
+
+def _child_env(state_dir: Path, auth: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(auth)
+    env["RAY_TMPDIR"] = str(state_dir / "ray")
+    env["TMPDIR"] = str(state_dir / "tmp")
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # `down` stops the whole cluster: a SIGTERMed raylet need not wait (30 s by default) for
+    # its detached actors to drain away first.
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
+    # Job entrypoints say `python ...`: make that the interpreter the orchestrator runs on (its venv).
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
+    return env
+
+
+def _apply_env(env: dict[str, str]) -> None:
+    """Our client's own environment must match the cluster's (auth, temp dir) before Ray is imported."""
+    os.environ.update(env)
+
+
+def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, timeout_s: float = 180.0,
+             dashboard: bool = True) -> State:
+    """Start a local cluster for ``config`` and the orchestrator on it; see the module docstring."""
+    if State.load(state_dir) is not None:
+        raise ConfigError("state_dir", str(state_dir), "a directory without a running orchestrator",
+                          detail="one is already up there: run `orchestrator down` first, or pass --state-dir")
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    for sub in ("ray", "tmp", "logs"):
+        (state_dir / sub).mkdir(parents=True, exist_ok=True)
+    auth = auth_env(state_dir)
+    env = _child_env(state_dir, auth)
+    plan = plan_local_cluster(config, state_dir, dashboard=dashboard)
+    s = config.settings
+    state = State(plan.address, s.namespace, s.head_name, attached=False,
+                  env={k: env[k] for k in (*auth, "RAY_TMPDIR")}, started_at=time.time(), dashboard=plan.dashboard)
+    try:
+        head = plan.nodes[0]
+        progress(f"starting raylet {head.name} (Ray head node) at {plan.address}")
+        state.processes.append(_spawn(head, env, state_dir / "tmp"))
+        state.save(state_dir)  # from here on, `down` can clean up whatever happens next
+        _wait_started(state.processes[-1], head, deadline)
+        # One at a time: raylets starting together on one host race for ports and log file names.
+        for node in plan.nodes[1:]:
+            progress(f"starting raylet {node.name}")
+            state.processes.append(_spawn(node, env, state_dir / "tmp"))
+            state.save(state_dir)
+            _wait_started(state.processes[-1], node, deadline)
+        _apply_env(state.env)
+        _start_orchestrator(config, plan.address, progress, timeout_s - (time.monotonic() - t0),
+                            expect_nodes=len(plan.nodes))
+    except BaseException:
+        progress("up failed; stopping what it started")
+        down(state_dir, progress=progress, keep_logs=True)
+        raise
+    state.up_seconds = round(time.monotonic() - t0, 2)
+    state.save(state_dir)
+    return state
+
+
+def attach(config: ClusterConfig, address: str, state_dir: Path, *, progress: Progress, timeout_s: float = 120.0) -> State:
+    """Start the orchestrator on a Ray cluster that already runs."""
+    t0 = time.monotonic()
+    s = config.settings
+    state = State(address, s.namespace, s.head_name, attached=True, started_at=time.time())
+    state.started_head = _start_orchestrator(config, address, progress, timeout_s, expect_nodes=None)
+    state.save(state_dir)
+    state.up_seconds = round(time.monotonic() - t0, 2)
+    state.save(state_dir)
+    return state
+
+
+#: What ``ray start --block`` prints once its node is up.
+_STARTED = b"Ray runtime started"
+
+
+def _wait_started(proc: Proc, node: NodeLaunch, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            if _STARTED in Path(node.log).read_bytes():
+                return
+        except OSError:
+            pass
+        if not _same_process(proc):
+            raise OrchestratorError(f"raylet of {node.name} exited during startup; see {node.log}")
+        time.sleep(0.2)
+    raise NotConnectedError(f"raylet of {node.name} did not start in time; see {node.log}")
+
+
+def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress, timeout_s: float,
+                        expect_nodes: int | None) -> bool:
+    """Start the head (unless one runs) and wait for every agent. True if this call started the head."""
+    from orchestrator.rayport import ray_api
+
+    s = config.settings
+    deadline = time.monotonic() + max(timeout_s, 1.0)
+    ray_api.connect(address, s.namespace)
+    try:
+        seen = -1
+        while True:
+            nodes = ray_api.alive_nodes_all()
+            if len(nodes) != seen:
+                progress(f"{len(nodes)}/{expect_nodes or len(nodes)} raylets joined")
+                seen = len(nodes)
+            if expect_nodes is None or len(nodes) >= expect_nodes:
+                break
+            if time.monotonic() > deadline:
+                raise NotConnectedError(f"only {len(nodes)} of {expect_nodes} raylets joined within {timeout_s:g}s")
+            time.sleep(0.25)
+        try:
+            ray_api.get_head(s.namespace, s.head_name)
+            started = False
+            progress(f"head {s.head_name!r} already runs in namespace {s.namespace!r}; using it")
+        except NotConnectedError:
+            started = True
+        head = ray_api.start_head(s, config, node_id=ray_api.head_node_id())
+        client = ray_api.HeadClient(handle=head)
+        want = {n.name for n in ray_api.alive_nodes()}
+        progress(f"head actor {s.head_name!r} in namespace {s.namespace!r}; waiting for {len(want)} agents")
+        registered: set[str] = set()
+        while True:
+            nodes = client.status()["nodes"]
+            now_registered = {n["name"] for n in nodes if n["state"] == "registered"}
+            if now_registered != registered:
+                registered = now_registered
+                progress(f"agents registered {len(registered & want)}/{len(want)}: {', '.join(sorted(registered))}")
+            if want <= registered:
+                return started
+            if time.monotonic() > deadline:
+                raise NotConnectedError(f"agents of {sorted(want - registered)} did not register within {timeout_s:g}s")
+            time.sleep(0.25)
+    finally:
+        ray_api.disconnect()
+
+
+# ---- down --------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class DownReport:
+    terminated: list[str] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    actors: list[str] = field(default_factory=list)
+    removed: str | None = None
+
+
+def down(state_dir: Path, *, progress: Progress, keep_logs: bool = False, grace_s: float = 20.0) -> DownReport:
+    """Stop what ``up`` started in ``state_dir`` (see the module docstring). Idempotent."""
+    report = DownReport()
+    state = State.load(state_dir)
+    if state is None:
+        progress(f"nothing to stop: no state in {state_dir}")
+        return report
+    if state.attached and state.started_head:
+        _apply_env(state.env)
+        from orchestrator.rayport import ray_api
+
+        try:
+            ray_api.connect(state.address, state.namespace)
+            names = [state.head_name] + [ray_api.agent_name(n.name) for n in ray_api.alive_nodes()]
+            report.actors = [n for n in names if ray_api.kill_named(n, state.namespace)]
+        finally:
+            ray_api.disconnect()
+        progress(f"killed actors {report.actors}")
+    # Workers first, the head node (GCS) last, so raylets do not spin waiting for a dead GCS.
+    procs = list(state.processes)
+    for group in (procs[1:], procs[:1]):
+        for p in group:
+            if _same_process(p):
+                os.kill(p.pid, signal.SIGTERM)
+                report.terminated.append(p.node)
+                progress(f"stopping raylet {p.node} (pid {p.pid})")
+        _wait_gone(group, grace_s)
+    for p in procs:  # whatever did not stop, in the sessions we started and nowhere else
+        leader = _stat(p.sid)
+        if leader is not None and leader[1] != p.start_ticks:
+            continue  # the session id now belongs to someone else's process
+        for pid in session_members(p.sid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                report.killed.append(pid)
+            except ProcessLookupError:
+                pass
+    if report.killed:
+        progress(f"killed {len(report.killed)} leftover processes")
+        _wait_gone(procs, 5.0)
+    if keep_logs:
+        State.path(state_dir).unlink(missing_ok=True)
+    else:
+        shutil.rmtree(state_dir, ignore_errors=True)
+        report.removed = str(state_dir)
+    return report
+
+
+def _wait_gone(procs: list[Proc], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(session_members(p.sid) for p in procs):
+            return
+        time.sleep(0.2)
+
+
+def load_state(state_dir: Path) -> State | None:
+    """The state of a running ``up``, with its environment applied to this process (for clients)."""
+    state = State.load(state_dir)
+    if state is not None:
+        _apply_env(state.env)
+    return state
+
+
+def describe(state: State) -> dict[str, Any]:
+    return {"address": state.address, "namespace": state.namespace, "attached": state.attached,
+            "dashboard": state.dashboard or None,
+            "raylets": [p.node for p in state.processes], "up_seconds": state.up_seconds}

@@ -1,0 +1,157 @@
+"""One scheduling cycle, pure: ``schedule(snapshot, pending, holding, config, now, policy) -> Plan``.
+
+It reads as a numbered script (Kueue's scheduling cycle):
+
+1. **order** the pending items: effective priority (class priority plus
+   aging, capped below the next class) descending, then submission time,
+   then id;
+2. for each item, on a working copy of the snapshot that already holds this
+   cycle's grants:
+   a. **quota**: an item whose queue would exceed its quota may only borrow
+      idle capacity (no preemption on its behalf), and not at all when the
+      queue does not allow borrowing;
+   b. **place**: if the engine finds room, **grant** it (apply to the working
+      snapshot, so later items see it taken);
+   c. otherwise, unless victims are already being preempted for it
+      (``nominated``), **plan a preemption** on the working snapshot; the
+      victims go into the plan and are excluded from later items' plans, so
+      nothing is preempted twice;
+   d. otherwise it stays **pending** with the engine's grouped reasons, its
+      queue position and what would admit it.
+
+The plan is the whole output; the head applies it (store first, then act).
+Invariants: the input snapshot is never changed; a lease appears as a victim
+at most once per plan; no grant in the plan over-commits the snapshot (each
+was applied to the working copy before the next was placed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from orchestrator.core.lease import Lease
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.engine import Placement, Unschedulable, place
+from orchestrator.scheduling.preemption import NoPreemption, PreemptionPlan, Victim, plan_preemption, queue_usage
+from orchestrator.scheduling.snapshot import ClusterSnapshot
+from orchestrator.core.priorities import SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class PendingItem:
+    """A request waiting for a lease."""
+
+    item_id: str
+    request: GpuRequest
+    priority: int
+    priority_class: str
+    submitted_at: float
+    queue: str = "default"
+    nominated: bool = False  # victims are already being preempted for it
+
+    @property
+    def demand(self) -> float:
+        """GPUs asked for, fractions counted: :attr:`GpuRequest.gpu_demand`, the definition held leases count too."""
+        return self.request.gpu_demand
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    item_id: str
+    placement: Placement
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop ``victim`` so that ``for_item`` can run."""
+
+    victim: Victim
+    for_item: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why an item is still pending."""
+
+    item_id: str
+    position: int
+    effective_priority: float
+    reason: str
+    unschedulable: Unschedulable | None = None
+    would_preempt: tuple[str, ...] = ()
+    preemption_blocked: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "position": self.position, "effective_priority": self.effective_priority,
+                "reason": self.reason, "would_preempt": list(self.would_preempt),
+                "preemption_blocked": self.preemption_blocked,
+                "unschedulable": self.unschedulable.to_dict() if self.unschedulable else None}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    grants: tuple[Grant, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    waiting: tuple[Waiting, ...] = field(default=())
+
+    def waiting_for(self, item_id: str) -> Waiting | None:
+        return next((w for w in self.waiting if w.item_id == item_id), None)
+
+
+def effective_priority(item: PendingItem, config: SchedulerConfig, now: float) -> float:
+    aged = item.priority + config.aging_per_minute * max(0.0, now - item.submitted_at) / 60.0
+    return min(aged, config.aging_cap(item.priority))
+
+
+def order(pending: Sequence[PendingItem], config: SchedulerConfig, now: float) -> list[PendingItem]:
+    return sorted(pending, key=lambda i: (-effective_priority(i, config, now), i.submitted_at, i.item_id))
+
+
+def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding: Sequence[Lease],
+             config: SchedulerConfig, now: float, policy: Any, *, in_flight: frozenset[str] = frozenset()) -> Plan:
+    """Run one cycle; see the module docstring. ``in_flight``: lease ids already being preempted."""
+    work = snapshot
+    usage = queue_usage(holding)
+    grants: list[Grant] = []
+    preemptions: list[Preemption] = []
+    waiting: list[Waiting] = []
+    taken = set(in_flight)
+    for pos, item in enumerate(order(pending, config, now)):
+        eff = effective_priority(item, config, now)
+        _, q = config.queue(item.queue) if item.queue in config.queues else ("", None)
+        over_quota = q is not None and q.quota_gpus is not None and usage.get(item.queue, 0.0) + item.demand > q.quota_gpus
+        if over_quota and q is not None and not q.borrowing:
+            waiting.append(Waiting(item.item_id, pos, eff, f"queue {item.queue} is at its quota of {q.quota_gpus:g} GPUs "
+                                   "and does not borrow"))
+            continue
+        res = place(work, item.request, policy)
+        if isinstance(res, Placement):
+            work = work.apply(res.allocation)
+            usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
+            why = res.reason + (f" (borrowing beyond queue {item.queue}'s quota)" if over_quota else "")
+            grants.append(Grant(item.item_id, res, why))
+            continue
+        if item.nominated:
+            waiting.append(Waiting(item.item_id, pos, eff, "waiting for the leases being preempted for it to be released",
+                                   res))
+            continue
+        if over_quota:
+            waiting.append(Waiting(item.item_id, pos, eff, f"{res.message}; queue {item.queue} is over its quota, "
+                                   "so it only borrows idle capacity and preempts nothing", res))
+            continue
+        candidates = [lease for lease in holding if lease.lease_id not in taken]
+        plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
+                               config=config, now=now, policy=policy, in_flight=frozenset(taken), demand=item.demand)
+        if isinstance(plan, PreemptionPlan):
+            for v in plan.victims:
+                taken.add(v.lease_id)
+                preemptions.append(Preemption(v, item.item_id, v.reason))
+            waiting.append(Waiting(item.item_id, pos, eff, plan.reason, res,
+                                   would_preempt=tuple(v.lease_id for v in plan.victims)))
+        else:
+            assert isinstance(plan, NoPreemption)
+            waiting.append(Waiting(item.item_id, pos, eff, res.message, res, preemption_blocked=plan.reason))
+    return Plan(tuple(grants), tuple(preemptions), tuple(waiting))

@@ -1,0 +1,187 @@
+"""Preemption planning: the minimal set of leases whose release admits a request.
+
+Pure: a function of an immutable snapshot, the holding leases, the config and
+the clock; it imports no Ray and changes nothing (tests assert the snapshot
+is unchanged after planning). The head carries the plan out: it asks each
+victim to checkpoint, waits up to its class's grace period, stops it and
+releases its lease.
+
+The algorithm (Kueue's, ``pkg/scheduler/preemption``):
+
+1. **Eligible victims**: holding leases of a preemptible class, strictly lower
+   priority than the requester -- or *borrowed* capacity (the victim's queue
+   is over its quota) when the requester's queue is within its own; never a
+   lease younger than its class's ``min_runtime_s``; never one already being
+   preempted (CHECKPOINTING, or named in ``in_flight``).
+2. **Order** them by :func:`victim_order_key`: lower priority first, then
+   least work lost (seconds since the last checkpoint x GPUs held), then
+   shortest restore time, then most recently started, then lease id -- a
+   total order, so plans are deterministic.
+3. **Remove until it fits**: release victims in that order on a copy of the
+   snapshot until the request places.
+4. **Add back what was not needed**: walk the chosen victims from the last
+   to the first, re-apply each, and keep it running if the request still
+   places. What remains is minimal: removing any one victim less makes the
+   request not fit (under the engine's deterministic choice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from orchestrator.core.lease import Lease, LeaseState
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.snapshot import ClusterSnapshot
+from orchestrator.core.priorities import SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A lease chosen for preemption and why."""
+
+    lease_id: str
+    owner: str
+    priority: int
+    priority_class: str
+    queue: str
+    gpus: float
+    work_lost_gpu_s: float
+    restore_s: float
+    started_at: float
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    """Victims (in order) whose release lets the request land at ``placement``."""
+
+    victims: tuple[Victim, ...]
+    placement: Placement
+    considered: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NoPreemption:
+    """Why no set of victims helps; ``ineligible`` says why each holding lease was not a candidate."""
+
+    reason: str
+    ineligible: tuple[tuple[str, str], ...] = ()
+
+
+def work_lost_gpu_s(lease: Lease, now: float) -> float:
+    """GPU-seconds of progress lost if ``lease`` stopped now without a new checkpoint."""
+    since = next((t for t in (lease.last_checkpoint_at, lease.started_at) if t is not None), now)
+    return max(0.0, now - since) * lease.gpus_held
+
+
+def victim_order_key(lease: Lease, now: float) -> tuple:
+    """The documented victim order; ends in the lease id, so it is total."""
+    started = lease.started_at
+    return (lease.priority, round(work_lost_gpu_s(lease, now), 6), lease.restore_estimate_s,
+            -(started if started is not None else 0.0), lease.lease_id)
+
+
+def queue_usage(leases: Iterable[Lease]) -> dict[str, float]:
+    usage: dict[str, float] = {}
+    for lease in leases:
+        if lease.holding:
+            usage[lease.queue] = usage.get(lease.queue, 0.0) + lease.gpus_held
+    return usage
+
+
+def ineligibility(lease: Lease, *, priority: int, queue: str, config: SchedulerConfig, now: float,
+                  in_flight: frozenset[str], usage: dict[str, float], demand: float) -> str | None:
+    """Why ``lease`` may not be preempted for this requester; None when it may."""
+    if lease.state is LeaseState.CHECKPOINTING or lease.lease_id in in_flight:
+        return "already being preempted"
+    if not lease.holding or lease.allocation is None:
+        return "holds no devices"
+    cls = config.classes.get(lease.priority_class)
+    if cls is not None and not cls.preemptible:
+        return f"class {lease.priority_class} is not preemptible"
+    _, own_q = config.queue(queue) if queue in config.queues else ("", None)
+    victim_q = config.queues.get(lease.queue)
+    borrowed = (victim_q is not None and victim_q.quota_gpus is not None
+                and usage.get(lease.queue, 0.0) > victim_q.quota_gpus and lease.queue != queue)
+    within_own = own_q is None or own_q.quota_gpus is None or usage.get(queue, 0.0) + demand <= own_q.quota_gpus
+    if lease.priority >= priority and not (borrowed and within_own):
+        return f"priority {lease.priority} is not lower than {priority}"
+    if cls is not None and cls.min_runtime_s:
+        ran = now - (lease.started_at if lease.started_at is not None else now)
+        if ran < cls.min_runtime_s:
+            return f"younger than the {cls.min_runtime_s:g}s minimum runtime of class {lease.priority_class}"
+    return None
+
+
+def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Sequence[Lease], *, priority: int,
+                    queue: str, config: SchedulerConfig, now: float, policy: Any,
+                    in_flight: frozenset[str] = frozenset(), demand: float = 0.0) -> PreemptionPlan | NoPreemption:
+    """Plan the minimal preemption that admits ``request``; see the module docstring."""
+    usage = queue_usage(holding)
+    eligible: list[Lease] = []
+    ineligible: list[tuple[str, str]] = []
+    for lease in holding:
+        why = ineligibility(lease, priority=priority, queue=queue, config=config, now=now, in_flight=in_flight,
+                            usage=usage, demand=demand)
+        if why is None:
+            eligible.append(lease)
+        else:
+            ineligible.append((lease.lease_id, why))
+    if not eligible:
+        return NoPreemption("no running lease may be preempted for it" + _grouped(ineligible), tuple(ineligible))
+    eligible.sort(key=lambda lease: victim_order_key(lease, now))
+
+    sim = snapshot
+    chosen: list[Lease] = []
+    fits: Placement | None = None
+    for lease in eligible:
+        sim = sim.release(lease.allocation)  # type: ignore[arg-type]
+        chosen.append(lease)
+        res = place(sim, request, policy)
+        if isinstance(res, Placement):
+            fits = res
+            break
+    if fits is None:
+        return NoPreemption(f"even preempting all {len(eligible)} eligible leases would not make room",
+                            tuple(ineligible))
+    # Add back, last chosen first, every victim the request does not need.
+    for lease in reversed(chosen[:-1]):
+        trial = sim.apply(lease.allocation)  # type: ignore[arg-type]
+        res = place(trial, request, policy)
+        if isinstance(res, Placement):
+            sim, fits = trial, res
+            chosen.remove(lease)
+    victims = tuple(
+        Victim(lease.lease_id, lease.owner, lease.priority, lease.priority_class, lease.queue, lease.gpus_held,
+               work_lost_gpu_s(lease, now), lease.restore_estimate_s,
+               lease.started_at if lease.started_at is not None else 0.0,
+               reason=_victim_reason(lease, request, priority, now, fits))
+        for lease in chosen
+    )
+    return PreemptionPlan(victims, fits, len(eligible),
+                          f"preempting {len(victims)} of {len(eligible)} eligible lease(s) admits "
+                          f"{request.describe()} on {fits.allocation.node_name}")
+
+
+def _grouped(ineligible: Sequence[tuple[str, str]]) -> str:
+    if not ineligible:
+        return ""
+    counts: dict[str, int] = {}
+    for _, why in ineligible:
+        counts[why] = counts.get(why, 0) + 1
+    return " (" + "; ".join(f"{n} lease{'s' if n != 1 else ''}: {why}" for why, n in
+                            sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) + ")"
+
+
+def _victim_reason(lease: Lease, request: GpuRequest, priority: int, now: float, fits: Placement) -> str:
+    a = lease.allocation
+    where = f"{a.node_name} GPU {','.join(map(str, a.gpu_indices))}" if a else "?"
+    return (f"{lease.priority_class or 'priority'} {lease.priority} < {priority}: its {where} is needed for "
+            f"{request.describe()} (would land on {fits.allocation.node_name}); "
+            f"work lost if stopped now {work_lost_gpu_s(lease, now):.0f} GPU-s")

@@ -1,0 +1,429 @@
+"""The immutable cluster snapshot the placement engine decides over.
+
+A snapshot is a set of numpy arrays, one row per node and one column per GPU
+slot (nodes with fewer GPUs than the widest node have absent columns). The
+*static* part (names, models, which GPUs exist, MIG mode and fixed MIG
+layouts, NVLink islands, capacities) is shared by every snapshot derived from
+the same :meth:`ClusterSnapshot.build`; the *dynamic* part (what is used) is
+copied on :meth:`ClusterSnapshot.apply` and :meth:`ClusterSnapshot.release`,
+which return new snapshots and never change their receiver. All arrays are
+read-only.
+
+Units: GPU compute in milli-GPUs (1000 = one card), memory in MiB, CPU in
+milli-cores.
+
+Per-GPU sharing mode (:class:`Mode`): a card without MIG starts FREE and takes
+the mode of its first lease -- WHOLE, MPS or TIMESLICE -- until its last
+lease leaves, so MPS clients and time-sliced processes never share a card
+(NVIDIA's device plugin configures one sharing strategy per card, too). A
+MIG-enabled card is always MIG.
+
+Invariants (the property tests check them after any sequence of operations):
+
+* a WHOLE card has exactly one holder and ``used_milli == 1000``;
+* MIG instances on a card never overlap (``mig_mask``), start only at valid
+  placements, use at most 7 compute slices, and on a card with a fixed layout
+  are exactly instances of that layout;
+* on an MPS card ``used_milli <= 1000`` (SM percentages sum to <= 100%) and
+  ``used_mem`` <= the card's memory;
+* on a TIMESLICE card ``used_milli <= timeslice_capacity_milli`` (the
+  configured oversubscription);
+* node CPU and memory are never over-committed;
+* ``release(a)`` after ``apply(a)`` restores the arrays exactly.
+
+Every node's GPU-only state is interned to a small integer (``gstate``); nodes
+in identical GPU states get the same id, which is what lets the engine score
+thousands of nodes by scoring a handful of distinct states once each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from orchestrator.core.allocation import Allocation
+from orchestrator.core.errors import CapacityError, InvalidRequestError
+from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, MODEL_NAMES, gpu_model
+from orchestrator.core.inventory import NodeInventory
+from orchestrator.core.request import ShareKind
+
+
+class Mode(IntEnum):
+    FREE = 0
+    WHOLE = 1
+    MPS = 2
+    TIMESLICE = 3
+    MIG = 4
+
+
+_KIND_MODE = {ShareKind.WHOLE: Mode.WHOLE, ShareKind.MPS: Mode.MPS, ShareKind.TIMESLICE: Mode.TIMESLICE, ShareKind.MIG: Mode.MIG}
+
+MODEL_INDEX = {name: i for i, name in enumerate(MODEL_NAMES)}
+MODEL_MEMORY = np.array([CATALOGUE[n].memory_mib for n in MODEL_NAMES], dtype=np.int64)
+MODEL_MPS = np.array([CATALOGUE[n].mps for n in MODEL_NAMES], dtype=bool)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A node as the engine sees it; built from an inventory or directly (benchmarks, traces).
+
+    ``nvlink_islands`` None means: all GPUs form one island if the model has
+    NVLink, else every GPU is its own island. ``mig_layout`` lists fixed MIG
+    instances as ``(gpu, profile, start, uuid)``; a MIG-enabled GPU without
+    entries there takes instances on demand at any valid placement.
+    """
+
+    name: str
+    model: str | None
+    gpus: int
+    cpu_milli: int = 64_000
+    memory_mib: int = 262_144
+    mig_enabled: tuple[int, ...] = ()
+    nvlink_islands: tuple[tuple[int, ...], ...] | None = None
+    uuids: tuple[str, ...] | None = None
+    mig_layout: tuple[tuple[int, str, int, str], ...] = ()
+    unhealthy: tuple[int, ...] = ()
+    gpu_indices: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_inventory(cls, inv: NodeInventory) -> "NodeSpec":
+        gpus = sorted(inv.gpus, key=lambda g: g.index)
+        islands = tuple(tuple(sorted(s)) for s in inv.nvlink_islands()) if any(g.nvlink_peers for g in gpus) else tuple((g.index,) for g in gpus)
+        pos = {g.index: i for i, g in enumerate(gpus)}
+        return cls(
+            name=inv.name,
+            model=inv.model,
+            gpus=len(gpus),
+            cpu_milli=inv.cpu_milli,
+            memory_mib=inv.memory_mib,
+            mig_enabled=tuple(pos[g.index] for g in gpus if g.mig_enabled),
+            nvlink_islands=tuple(tuple(pos[i] for i in isl) for isl in islands),
+            uuids=tuple(g.uuid for g in gpus),
+            mig_layout=tuple((pos[g.index], d.profile, d.start, d.uuid) for g in gpus for d in g.mig_devices),
+            unhealthy=tuple(pos[g.index] for g in gpus if not g.healthy),
+            gpu_indices=tuple(g.index for g in gpus),
+        )
+
+
+def _gpu_field_property(name: str) -> property:
+    """A read-only (N, G) view of one per-GPU field, derived from the interned states."""
+    return property(lambda self: self._gpu_field(name), doc=f"(N, G) ``{name}`` of every GPU (read-only, derived)")
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+class _Static:
+    """The part of a snapshot no placement changes, shared by derived snapshots.
+
+    Also holds the intern table of GPU states: append-only, a pure function of
+    the state's bytes, so sharing it between snapshots keeps them immutable in
+    every way that matters.
+    """
+
+    def __init__(self, specs: Sequence[NodeSpec], timeslice_capacity_milli: int) -> None:
+        n = len(specs)
+        g = max((s.gpus for s in specs), default=0) or 1
+        self.names: tuple[str, ...] = tuple(s.name for s in specs)
+        if len(set(self.names)) != n:
+            raise InvalidRequestError("nodes.name", "duplicate", "unique node names")
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.n, self.g = n, g
+        self.timeslice_capacity_milli = int(timeslice_capacity_milli)
+        model = np.full(n, -1, dtype=np.int16)
+        present = np.zeros((n, g), dtype=bool)
+        mig = np.zeros((n, g), dtype=bool)
+        mig_fixed = np.zeros((n, g), dtype=bool)
+        island = np.full((n, g), -1, dtype=np.int16)
+        gpu_index = np.full((n, g), -1, dtype=np.int32)
+        self.layout_bits: dict[str, np.ndarray] = {}
+        self.mig_uuid: dict[tuple[int, int, int], str] = {}
+        self.uuids: list[tuple[str, ...]] = []
+        unhealthy = np.zeros((n, g), dtype=bool)
+        for i, s in enumerate(specs):
+            if s.gpus:
+                if s.model is None:
+                    raise InvalidRequestError(f"nodes[{s.name}].model", None, sorted(CATALOGUE))
+                model[i] = MODEL_INDEX[gpu_model(s.model).name]
+            present[i, : s.gpus] = True
+            gpu_index[i, : s.gpus] = s.gpu_indices if s.gpu_indices is not None else range(s.gpus)
+            for j in s.mig_enabled:
+                mig[i, j] = True
+            islands = s.nvlink_islands
+            if islands is None:
+                islands = (tuple(range(s.gpus)),) if (s.gpus and CATALOGUE[MODEL_NAMES[model[i]]].nvlink) else tuple((j,) for j in range(s.gpus))
+            for k, isl in enumerate(islands):
+                for j in isl:
+                    island[i, j] = k
+            for j, prof, start, uuid in s.mig_layout:
+                mig_fixed[i, j] = True
+                bits = self.layout_bits.setdefault(prof, np.zeros((n, g), dtype=np.int16))
+                bits[i, j] |= 1 << start
+                self.mig_uuid[(i, j, start)] = uuid
+            for j in s.unhealthy:
+                unhealthy[i, j] = True
+            self.uuids.append(s.uuids or tuple(f"GPU-{s.name}-{j}" for j in range(s.gpus)))
+        self.model = _ro(model)
+        self.present = _ro(present)
+        self.mig_enabled = _ro(mig)
+        self.mig_fixed = _ro(mig_fixed)
+        self.island = _ro(island)
+        self.gpu_index = _ro(gpu_index)
+        for b in self.layout_bits.values():
+            _ro(b)
+        safe_model = np.where(model >= 0, model, 0)
+        self.gpu_memory = _ro(np.where(model >= 0, MODEL_MEMORY[safe_model], 0).astype(np.int64))
+        self.mps_ok = _ro(np.where(model >= 0, MODEL_MPS[safe_model], False))
+        self.cpu_total = _ro(np.array([s.cpu_milli for s in specs], dtype=np.int64))
+        self.mem_total = _ro(np.array([s.memory_mib for s in specs], dtype=np.int64))
+        self.initial_unhealthy = unhealthy
+        # Static class of a node: everything static that a GPU-state score may depend on.
+        self._static_key = [
+            model[i].tobytes() + present[i].tobytes() + mig[i].tobytes() + mig_fixed[i].tobytes()
+            + island[i].tobytes() + b"".join(self.layout_bits[p][i].tobytes() for p in sorted(self.layout_bits))
+            for i in range(n)
+        ]
+        # Intern table of GPU states: key bytes -> id, and for each id one representative row.
+        self._ids: dict[bytes, int] = {}
+        self.n_states = 0
+        cap = max(64, n)
+        self.rep_node = np.zeros(cap, dtype=np.int64)
+        self.rep_rows: dict[str, np.ndarray] = {f: np.zeros((cap, g), dtype=_DTYPES[f]) for f in _DYN_GPU_FIELDS}
+
+    def intern(self, i: int, rows: dict[str, np.ndarray]) -> int:
+        """The id of node ``i``'s GPU state ``rows``; a new id (and a stored copy) when unseen."""
+        key = self._static_key[i] + b"".join(rows[f].tobytes() for f in _DYN_GPU_FIELDS)
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self.n_states
+            if sid == len(self.rep_node):
+                self.rep_node = np.concatenate([self.rep_node, np.zeros_like(self.rep_node)])
+                self.rep_rows = {f: np.concatenate([a, np.zeros_like(a)]) for f, a in self.rep_rows.items()}
+            self._ids[key] = sid
+            self.rep_node[sid] = i
+            for f in _DYN_GPU_FIELDS:
+                self.rep_rows[f][sid] = rows[f]
+            self.n_states = sid + 1
+        return sid
+
+
+# Per-GPU dynamic fields; each is an (N, G) array in the snapshot.
+_DYN_GPU_FIELDS = ("mode", "used_milli", "used_mem", "mig_mask", "mig_compute", "holders", "healthy")
+_DTYPES = {"mode": np.int8, "used_milli": np.int32, "used_mem": np.int64, "mig_mask": np.int16,
+           "mig_compute": np.int8, "holders": np.int16, "healthy": bool}
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterSnapshot:
+    """An immutable view of the cluster's capacity and what is used; see the module docstring.
+
+    The per-GPU arrays (``mode``, ``used_milli``, ``used_mem``, ``mig_mask``,
+    ``mig_compute``, ``holders``, ``healthy``; each (N, G)) are not stored:
+    a node's GPU rows are those of its interned state, so they are derived
+    on first use as ``rows[gstate]``. A change therefore copies three (N,)
+    vectors, not a cluster's worth of arrays.
+    """
+
+    static: _Static
+    gstate: np.ndarray
+    cpu_used: np.ndarray
+    mem_used: np.ndarray
+    version: int = 0
+    _derived: dict = field(default_factory=dict, compare=False, repr=False)
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def build(cls, nodes: Iterable[NodeSpec | NodeInventory], *, timeslice_capacity_milli: int = 1000) -> "ClusterSnapshot":
+        """A snapshot with nothing allocated. ``timeslice_capacity_milli`` is the time-slice
+        oversubscription: 1000 means the fractions on one card sum to at most 1.0."""
+        if timeslice_capacity_milli < 1000:
+            raise InvalidRequestError("timeslice_capacity_milli", timeslice_capacity_milli, ">= 1000")
+        specs = [NodeSpec.from_inventory(x) if isinstance(x, NodeInventory) else x for x in nodes]
+        st = _Static(specs, timeslice_capacity_milli)
+        n, g = st.n, st.g
+        dyn = {f: np.zeros((n, g), dtype=_DTYPES[f]) for f in _DYN_GPU_FIELDS}
+        dyn["mode"][st.mig_enabled] = Mode.MIG
+        dyn["healthy"][:] = st.present & ~st.initial_unhealthy
+        gstate = np.array([st.intern(i, {f: dyn[f][i] for f in _DYN_GPU_FIELDS}) for i in range(n)], dtype=np.int32)
+        return cls(st, gstate=_ro(gstate), cpu_used=_ro(np.zeros(n, dtype=np.int64)),
+                   mem_used=_ro(np.zeros(n, dtype=np.int64)))
+
+    def _gpu_field(self, f: str) -> np.ndarray:
+        return self.derived(("field", f), lambda: _ro(self.static.rep_rows[f][self.gstate]))
+
+    mode = _gpu_field_property("mode")
+    used_milli = _gpu_field_property("used_milli")
+    used_mem = _gpu_field_property("used_mem")
+    mig_mask = _gpu_field_property("mig_mask")
+    mig_compute = _gpu_field_property("mig_compute")
+    holders = _gpu_field_property("holders")
+    healthy = _gpu_field_property("healthy")
+
+    def gpu_row(self, i: int) -> dict[str, np.ndarray]:
+        """Node ``i``'s per-GPU rows (copies)."""
+        sid = self.gstate[i]
+        return {f: self.static.rep_rows[f][sid].copy() for f in _DYN_GPU_FIELDS}
+
+    # ---- queries ------------------------------------------------------------------------------
+    @property
+    def n_nodes(self) -> int:
+        return self.static.n
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return self.static.names
+
+    def node_index(self, name: str) -> int:
+        try:
+            return self.static.index[name]
+        except KeyError:
+            raise InvalidRequestError("node", name, "a node of the cluster") from None
+
+    def locate(self, a: Allocation) -> Allocation:
+        """``a`` with its row and columns in this snapshot (an allocation decoded from JSON, or one
+        located in an older snapshot whose nodes differ). Raises ``InvalidRequestError`` for a node or
+        GPU index this snapshot lacks."""
+        n = self.node_index(a.node_name)
+        idx = self.static.gpu_index[n]
+        cols = []
+        for g in a.gpu_indices:
+            hit = np.flatnonzero(idx == g)
+            if not hit.size:
+                raise InvalidRequestError("allocation.gpu_indices", g, [int(i) for i in idx if i >= 0],
+                                          detail=f"no such GPU on node {a.node_name}")
+            cols.append(int(hit[0]))
+        return a.at(n, tuple(cols))
+
+    def capacity_milli(self) -> int:
+        """Total GPU compute of healthy GPUs, in milli-GPUs."""
+        return int(self.static.present.sum()) * 1000
+
+    def allocated_milli(self) -> int:
+        """GPU milli allocated: MIG slices count their compute share; time-slices count at most 1000 a card."""
+        st = self.static
+        used = np.minimum(self.used_milli, 1000)
+        mig = self.mode == Mode.MIG
+        used = np.where(mig, (self.mig_compute.astype(np.int64) * 1000) // MIG_COMPUTE_SLICES, used)
+        return int(used[st.present].sum())
+
+    def free_milli(self) -> np.ndarray:
+        """(N, G) free compute per GPU for a new share of the card's current mode (0 where absent)."""
+        cap = np.where(self.mode == Mode.TIMESLICE, self.static.timeslice_capacity_milli, 1000)
+        free = np.where(self.mode == Mode.MIG,
+                        ((MIG_COMPUTE_SLICES - self.mig_compute.astype(np.int64)) * 1000) // MIG_COMPUTE_SLICES,
+                        cap - self.used_milli)
+        return np.where(self.static.present & self.healthy, free, 0)
+
+    def same_state(self, other: "ClusterSnapshot") -> bool:
+        """True when every dynamic array equals ``other``'s (the static part must be shared)."""
+        return self.static is other.static and all(
+            np.array_equal(getattr(self, f), getattr(other, f)) for f in ("gstate", "cpu_used", "mem_used")
+        )
+
+    # ---- changes ------------------------------------------------------------------------------
+    def apply(self, a: Allocation) -> "ClusterSnapshot":
+        """A new snapshot with ``a`` added. Raises :class:`CapacityError` if it does not fit
+        (a stale plan); the receiver is never changed."""
+        return self._change(a, +1)
+
+    def release(self, a: Allocation) -> "ClusterSnapshot":
+        """A new snapshot with ``a`` removed (exact inverse of :meth:`apply`)."""
+        return self._change(a, -1)
+
+    def with_health(self, node: str, gpu_index: int, healthy: bool) -> "ClusterSnapshot":
+        """A new snapshot with one GPU's health changed (leases on it stay; new ones avoid it)."""
+        i = self.node_index(node)
+        cols = np.flatnonzero(self.static.gpu_index[i] == gpu_index)
+        if not len(cols):
+            raise InvalidRequestError("gpu_index", gpu_index, list(self.static.gpu_index[i][self.static.present[i]]))
+        row = self.gpu_row(i)
+        row["healthy"][cols[0]] = healthy and bool(self.static.present[i, cols[0]])
+        return self._with(i, row, self.cpu_used, self.mem_used)
+
+    def _with(self, i: int, row: dict[str, np.ndarray], cpu_used: np.ndarray, mem_used: np.ndarray) -> "ClusterSnapshot":
+        gstate = self.gstate.copy()
+        gstate[i] = self.static.intern(i, row)
+        return ClusterSnapshot(self.static, gstate=_ro(gstate), cpu_used=_ro(cpu_used), mem_used=_ro(mem_used),
+                               version=self.version + 1)
+
+    def _change(self, a: Allocation, sign: int) -> "ClusterSnapshot":
+        st = self.static
+        i = a.node
+        if not (0 <= i < st.n) or st.names[i] != a.node_name:
+            raise CapacityError(f"allocation names node {a.node_name!r} which this snapshot does not have at {i}")
+        cpu = self.cpu_used.copy()
+        mem = self.mem_used.copy()
+        cpu[i] += sign * a.cpu_milli
+        mem[i] += sign * a.host_memory_mib
+        if sign > 0 and (cpu[i] > st.cpu_total[i] or mem[i] > st.mem_total[i]):
+            raise CapacityError(f"node {a.node_name}: CPU or host memory over-committed")
+        if sign < 0 and (cpu[i] < 0 or mem[i] < 0):
+            raise CapacityError(f"node {a.node_name}: releasing more CPU or memory than allocated")
+        row = self.gpu_row(i)
+        for j in a.gpus:
+            self._change_gpu(row, i, j, a, sign)
+        return self._with(i, row, cpu, mem)
+
+    def _change_gpu(self, row: dict[str, np.ndarray], i: int, j: int, a: Allocation, sign: int) -> None:
+        st = self.static
+        if not st.present[i, j]:
+            raise CapacityError(f"node {a.node_name}: no GPU in column {j}")
+        mode = Mode(int(row["mode"][j]))
+        want = _KIND_MODE[a.kind]
+        gmem = int(st.gpu_memory[i])
+        if a.kind is ShareKind.MIG:
+            if mode is not Mode.MIG:
+                raise CapacityError(f"node {a.node_name} GPU {j}: MIG is not enabled")
+            prof = gpu_model(MODEL_NAMES[st.model[i]]).profile(a.mig_profile or "")
+            mask = prof.mask(a.mig_start or 0)
+            if sign > 0:
+                if a.mig_start not in prof.placements or row["mig_mask"][j] & mask \
+                        or row["mig_compute"][j] + prof.compute_slices > MIG_COMPUTE_SLICES:
+                    raise CapacityError(f"node {a.node_name} GPU {j}: MIG {prof.name}@{a.mig_start} does not fit")
+                if st.mig_fixed[i, j]:
+                    bits = st.layout_bits.get(prof.name)
+                    if bits is None or not (int(bits[i, j]) >> int(a.mig_start)) & 1:
+                        raise CapacityError(f"node {a.node_name} GPU {j}: fixed MIG layout has no {prof.name}@{a.mig_start}")
+                row["mig_mask"][j] |= mask
+            else:
+                if (row["mig_mask"][j] & mask) != mask:
+                    raise CapacityError(f"node {a.node_name} GPU {j}: MIG {prof.name}@{a.mig_start} is not allocated")
+                row["mig_mask"][j] &= ~mask
+            row["mig_compute"][j] += sign * prof.compute_slices
+            row["used_mem"][j] += sign * prof.memory_mib
+            row["holders"][j] += sign
+            return
+        if sign > 0:
+            if mode is Mode.MIG:
+                raise CapacityError(f"node {a.node_name} GPU {j}: MIG-enabled cards take MIG slices only")
+            if mode is not Mode.FREE and mode is not want:
+                raise CapacityError(f"node {a.node_name} GPU {j}: card is in {mode.name} mode, not {want.name}")
+            cap = st.timeslice_capacity_milli if want is Mode.TIMESLICE else 1000
+            if row["used_milli"][j] + a.milli > cap or row["used_mem"][j] + a.memory_mib > gmem:
+                raise CapacityError(f"node {a.node_name} GPU {j}: {a.kind.value} share does not fit")
+            if want is Mode.WHOLE and row["holders"][j]:
+                raise CapacityError(f"node {a.node_name} GPU {j}: whole card already held")
+            row["mode"][j] = want
+        elif mode is not want or row["holders"][j] <= 0:
+            raise CapacityError(f"node {a.node_name} GPU {j}: nothing of kind {a.kind.value} to release")
+        row["used_milli"][j] += sign * a.milli
+        row["used_mem"][j] += sign * a.memory_mib
+        row["holders"][j] += sign
+        if row["holders"][j] == 0:
+            row["mode"][j] = Mode.FREE
+            if row["used_milli"][j] or row["used_mem"][j]:
+                raise CapacityError(f"node {a.node_name} GPU {j}: release left residue (ledger inconsistent)")
+
+    # ---- derived views (cached per snapshot; pure functions of it) -----------------------------
+    def derived(self, key: Any, compute: Any) -> Any:
+        """Memoise a pure function of this snapshot (the engine's per-snapshot indexes)."""
+        try:
+            return self._derived[key]
+        except KeyError:
+            v = self._derived[key] = compute()
+            return v

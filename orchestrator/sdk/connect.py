@@ -1,0 +1,140 @@
+"""Finding the head and connecting to it: the SDK's one module that talks to Ray directly.
+
+**Finding the head** (:func:`discover`), in this order -- the same as every
+``orchestrator`` command:
+
+1. an explicit ``address`` (``host:port`` or ``auto``);
+2. inside a Ray job (``ray job submit`` or one the head started) the job's
+   own cluster (Ray's job supervisor sets ``RAY_ADDRESS``); a driver that has
+   already called ``ray.init`` is used as it is;
+3. the state file ``orchestrator up`` wrote (:mod:`orchestrator.core.statefile`),
+   with its auth settings;
+4. ``auto``.
+
+The head's namespace and name come from the arguments, else
+``ORCHESTRATOR_NAMESPACE`` / ``ORCHESTRATOR_HEAD_NAME`` (the head sets them
+inside its jobs), else the state file, else ``rgo`` / ``rgo-head``.
+
+**Fate sharing.** :meth:`Connection.start_holder` makes a small actor owned by
+the calling driver; when the driver dies, Ray kills it and the head's
+dead-holder check frees what it held.
+
+Ray is imported only when a connection is made (``import orchestrator.sdk``
+stays free of Ray, which takes a second to import): the heavy-dependency
+exception to our no-imports-in-functions rule.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from orchestrator.core import env as E
+from orchestrator.core.api import HeadApi
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.statefile import State, default_state_dir
+
+DEFAULT_NAMESPACE = "rgo"
+DEFAULT_HEAD_NAME = "rgo-head"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the head is, and why we think so (``source``, for messages)."""
+
+    address: str | None  # None: the driver is (or will be) connected by Ray itself (inside a Ray job)
+    namespace: str
+    head_name: str
+    source: str
+    env: Mapping[str, str] = field(default_factory=dict)  # from the state file: auth, RAY_TMPDIR
+
+
+def discover(address: str | None = None, *, namespace: str | None = None, head_name: str | None = None,
+             state_dir: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
+             connected: bool = False) -> Target:
+    """Where to find the head; see the module docstring for the order. Reads the state file, nothing else."""
+    env = os.environ if environ is None else environ
+    in_ray = connected or E.RAY_JOB_CONFIG in env
+    sd = Path(state_dir) if state_dir is not None else default_state_dir()
+    state = None if (in_ray and not address) else State.load(sd)
+    if address:
+        addr, source = address, "--address"
+    elif connected:
+        addr, source = None, "this driver's Ray connection"
+    elif E.RAY_JOB_CONFIG in env:
+        addr, source = None, "the Ray job's cluster (RAY_ADDRESS)"
+    elif state is not None:
+        addr, source = state.address, f"the state file in {sd}"
+    else:
+        addr, source = "auto", f"auto (no state file in {sd})"
+    ns = namespace or env.get(E.NAMESPACE) or (state.namespace if state else None) or DEFAULT_NAMESPACE
+    hn = head_name or env.get(E.HEAD_NAME) or (state.head_name if state else None) or DEFAULT_HEAD_NAME
+    return Target(addr, ns, hn, source, dict(state.env) if state else {})
+
+
+class Connection:
+    """A driver connection to the cluster plus a head client; closes only what it opened."""
+
+    def __init__(self, target: Target) -> None:
+        import ray
+
+        from orchestrator.rayport import ray_api
+
+        self.target = target
+        self._ray_api = ray_api
+        self.owned = not ray.is_initialized()
+        if self.owned:
+            os.environ.update(target.env)
+            ray_api.connect(target.address, target.namespace)
+        try:
+            self.head: HeadApi = ray_api.HeadClient(target.namespace, target.head_name)
+        except OrchestratorError as e:
+            self.close()
+            raise type(e)(f"{e} (found through {target.source})") from None
+
+    def start_holder(self) -> tuple[Any, str]:
+        """A tiny actor owned by this driver: it dies with the driver, and the head frees what it held."""
+        import ray
+
+        actor = ray.remote(num_cpus=0, max_restarts=0)(_Holder).remote()
+        ray.get(actor.__ray_ready__.remote(), timeout=120)
+        return actor, actor._actor_id.hex()
+
+    def stop_holder(self, actor: Any) -> None:
+        import ray
+
+        ray.kill(actor, no_restart=True)
+
+    def close(self) -> None:
+        if self.owned:
+            self._ray_api.disconnect()
+            self.owned = False
+
+
+class _Holder:
+    """A lease's stand-in holder (see "Fate sharing" in the module docstring)."""
+
+    def ping(self) -> bool:
+        return True
+
+
+def connected() -> bool:
+    """Whether this process is already a Ray driver (never imports Ray just to ask)."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+def open_connection(address: str | None = None, *, namespace: str | None = None, head_name: str | None = None,
+                    state_dir: str | os.PathLike[str] | None = None) -> Connection:
+    """Find the head (:func:`discover`) and connect this process to its cluster."""
+    return Connection(discover(address, namespace=namespace, head_name=head_name, state_dir=state_dir,
+                               connected=connected()))
+
+
+def connect_head(address: str | None = None, *, namespace: str | None = None, head_name: str | None = None,
+                 state_dir: str | os.PathLike[str] | None = None) -> HeadApi:
+    """A head client for this process, connecting it as a driver when it is not one yet."""
+    return open_connection(address, namespace=namespace, head_name=head_name, state_dir=state_dir).head

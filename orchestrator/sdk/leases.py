@@ -1,0 +1,186 @@
+"""Leases from inside any Ray driver: ``with orchestrator.lease(GpuRequest.mig("1g.10gb")) as l:``.
+
+:func:`lease` blocks until the head grants the devices and yields a
+:class:`LeaseHandle`; ``l.actor_options()`` starts an actor on exactly those
+devices; leaving the block releases them. It works in a notebook, a script
+started with plain ``ray job submit``, or a job the head started.
+
+**Fate sharing.** A lease is activated with a small holder actor owned by the
+calling driver (:meth:`orchestrator.sdk.connect.Connection.start_holder`);
+when the driver dies without leaving the block, Ray kills that actor and the
+head's dead-holder check frees the devices.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+from orchestrator.core import env as E
+from orchestrator.core.api import HeadApi
+from orchestrator.core.errors import LeaseTimeoutError, OrchestratorError
+from orchestrator.core.request import GpuRequest
+from orchestrator.sdk.connect import Connection, open_connection
+from orchestrator.sdk.context import Poll
+from orchestrator.sdk.inputs import as_request, new_lease_id
+
+__all__ = ["LeaseHandle", "lease"]
+
+_LIVE_LEASE = {"pending", "granted", "active", "checkpointing"}
+
+
+class LeaseHandle:
+    """A granted lease, inside a ``with orchestrator.lease(...)`` block.
+
+    ``env`` is what the devices need in a process's environment
+    (``CUDA_VISIBLE_DEVICES`` = GPU or MIG UUIDs, ``CUDA_MPS_*``...);
+    :meth:`actor_options` gives Ray actor options that start one holder on
+    exactly these devices, on the lease's node. One actor per lease: its
+    ``num_gpus`` is the lease's share, so a second one would count twice in
+    Ray's accounting.
+    """
+
+    def __init__(self, head: HeadApi, info: dict[str, Any], *, poll_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.head = head
+        self.info = info
+        self.released = False
+        self._poll = Poll(self._checkpoint_asked, poll_s, what=f"lease {self.lease_id}", clock=clock)
+
+    def __repr__(self) -> str:
+        return f"LeaseHandle({self.lease_id!r}, state={self.info.get('state')!r}, node={self.node!r})"
+
+    @property
+    def lease_id(self) -> str:
+        return self.info["lease_id"]
+
+    @property
+    def fencing_token(self) -> int:
+        return int(self.info["fencing_token"])
+
+    @property
+    def handout(self) -> dict[str, Any]:
+        return self.info["handout"]
+
+    @property
+    def node(self) -> str | None:
+        return (self.info.get("allocation") or {}).get("node")
+
+    @property
+    def allocation(self) -> dict[str, Any]:
+        return dict(self.info.get("allocation") or {})
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.handout["env_vars"])
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return self.handout["env_vars"].get("CUDA_VISIBLE_DEVICES", "")
+
+    def actor_options(self, *, extra_env: Mapping[str, str] | None = None, **options: Any) -> dict[str, Any]:
+        """Ray actor options for one holder of this lease; ``options`` (``num_cpus``, ``name``...) are added."""
+        from orchestrator.rayport import ray_api  # Ray only when actors are started (see sdk.connect)
+
+        out = ray_api.actor_options(self.handout, extra_env=extra_env)
+        out.update(options)
+        return out
+
+    def refresh(self) -> dict[str, Any]:
+        self.info = self.head.get_lease(self.lease_id)
+        return self.info
+
+    def preemption_requested(self) -> bool:
+        """True once the head wants these devices back (the lease is checkpointing, or ended). Rate-limited."""
+        return self._poll.ask()
+
+    def _checkpoint_asked(self) -> bool:
+        return self.refresh()["state"] not in ("granted", "active")
+
+    def release(self, reason: str = "released by its holder") -> dict[str, Any]:
+        """Give the devices back (idempotent). Leaving the ``with`` block does this."""
+        d = self.head.release(self.lease_id, self.fencing_token, reason)
+        self.info, self.released = d, True
+        return d
+
+
+@contextmanager
+def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str | None = None,
+          queue: str = "default", timeout: float = 300.0, owner: str | None = None, lease_id: str | None = None,
+          address: str | None = None, namespace: str | None = None, head_name: str | None = None,
+          state_dir: str | os.PathLike[str] | None = None, head: HeadApi | None = None,
+          fate_share: bool = True, poll_s: float = 1.0) -> Iterator[LeaseHandle]:
+    """Block until the head grants ``request``; yield the :class:`LeaseHandle`; release it when the block ends.
+
+    ``priority`` is a priority class (``inference``, ``training``, ``batch`` or
+    one from the config; None = the config's default). Raises
+    ``InvalidRequestError`` (naming the field) for a request that can never be
+    granted, ``LeaseTimeoutError`` (with the scheduler's reason) when it is not
+    granted within ``timeout`` -- the pending request is withdrawn then.
+    """
+    req = as_request(request)  # local refusals before any call
+    conn: Connection | None = None
+    if head is None:
+        conn = open_connection(address, namespace=namespace, head_name=head_name, state_dir=state_dir)
+        head = conn.head
+    lid = lease_id or new_lease_id()
+    holder: Any = None
+    handle: LeaseHandle | None = None
+    requested = failed = False
+    why = "holder left the lease block"
+    try:
+        head.request_lease({"lease_id": lid, "request": req.model_dump(mode="json"),
+                            "owner": owner or _default_owner(), "priority_class": priority or "", "queue": queue,
+                            "requeue_on_loss": False})
+        requested = True
+        info = head.wait_lease(lid, timeout)
+        if info.get("state") not in ("granted", "active") or not info.get("handout"):
+            last = (info.get("history") or [{}])[-1].get("reason", "")
+            raise OrchestratorError(f"lease {lid} ended before it was handed out: {info.get('state')} ({last})")
+        holder_id = None
+        if fate_share and conn is not None:
+            holder, holder_id = conn.start_holder()
+        info = {**info, **head.activate(lid, int(info["fencing_token"]), holder_id)}
+        handle = LeaseHandle(head, info, poll_s=poll_s)
+        yield handle
+    except LeaseTimeoutError:
+        why, failed = f"not granted within {timeout:g}s; withdrawn by its requester", True
+        raise
+    except BaseException as e:
+        why, failed = f"holder left the lease block with {type(e).__name__}", True
+        raise
+    finally:
+        try:
+            if handle is not None:
+                if not handle.released:
+                    handle.release(why)
+            elif requested:
+                _withdraw(head, lid, why)
+        except OrchestratorError:
+            if not failed:
+                raise  # otherwise the error that ended the block matters more
+        finally:
+            if holder is not None and conn is not None:
+                try:
+                    conn.stop_holder(holder)
+                except Exception:
+                    pass  # it dies with the driver anyway
+            if conn is not None:
+                conn.close()
+
+
+def _withdraw(head: HeadApi, lease_id: str, reason: str) -> None:
+    """Release a lease in whatever live state it is (pending needs no token); ended ones are left alone."""
+    d = head.get_lease(lease_id)
+    if d["state"] in _LIVE_LEASE:
+        head.release(lease_id, d.get("fencing_token") if d["state"] != "pending" else None, reason)
+
+
+def _default_owner() -> str:
+    job = os.environ.get(E.JOB_ID)
+    if job:
+        return f"job:{job}"
+    return f"driver:{socket.gethostname()}:{os.getpid()}"
