@@ -116,13 +116,14 @@ def apply(
 ) -> None:
     """Server-side apply of every rendered object, then wait for the RayCluster to be ready."""
     from orchestrator.deploy.k8s.client import ClusterStatus
-    from orchestrator.deploy.k8s.render import render_objects
+    from orchestrator.deploy.k8s.render import render_checked
 
     def body() -> None:
         cfg = _pick(config, overlay)
+        objs = render_checked(cfg, overlay or "the base")  # before connecting: a bad render never half-applies
         client = _client(kubeconfig, context)
         con = _console()
-        results = client.apply(render_objects(cfg), dry_run=dry_run)
+        results = client.apply(objs, dry_run=dry_run)
         con.print(_results_table(f"applied to {cfg.namespace} (field manager ray-gpu-orchestrator)", results))
         if not wait or dry_run:
             return

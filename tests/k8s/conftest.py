@@ -33,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
+from orchestrator.deploy.k8s.references import pod_templates
 from orchestrator.deploy.k8s.render import apply_json_patch, object_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,19 +122,6 @@ def unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str
     return out
 
 
-def pod_templates(obj: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every PodTemplateSpec inside a Ray object (a mapping whose spec has containers)."""
-    if isinstance(obj, dict):
-        if isinstance(obj.get("spec"), dict) and "containers" in obj["spec"]:
-            yield path, obj
-            return
-        for k, v in obj.items():
-            yield from pod_templates(v, f"{path}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from pod_templates(v, f"{path}[{i}]")
-
-
 def _builtin(obj: dict[str, Any]) -> list[str]:
     import kubernetes_validate
 
@@ -156,9 +144,9 @@ def manifest_problems(obj: dict[str, Any], crds: dict[str, dict[str, Any]] | Non
     name = (obj.get("metadata") or {}).get("name")
     if api_version.startswith("ray.io/"):
         problems = []
-        for where, tpl in pod_templates(obj.get("spec", {}), ".spec"):
-            wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": tpl}
-            problems += [f"{kind}/{name} {where}: {p}" for p in _builtin(wrapped)]
+        for t in pod_templates(obj):
+            wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": t.template}
+            problems += [f"{kind}/{name} {t.path}: {p}" for p in _builtin(wrapped)]
         if crds is not None:
             schema = crds[kind]
             problems += [f"{kind}/{name}: {e.message} at {list(e.absolute_path)}"
@@ -265,6 +253,10 @@ BUILTIN_KINDS = (
     Kind("", "v1", "ServiceAccount", "serviceaccounts", True),
     Kind("", "v1", "ConfigMap", "configmaps", True),
     Kind("", "v1", "ResourceQuota", "resourcequotas", True),
+    Kind("", "v1", "Secret", "secrets", True),
+    Kind("", "v1", "Service", "services", True),
+    Kind("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+    Kind("apps", "v1", "Deployment", "deployments", True),
     Kind("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False),
     Kind("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
     Kind("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False),
@@ -299,6 +291,7 @@ class StandInApiServer:
 
     kinds: tuple[Kind, ...] = BUILTIN_KINDS + KUBERAY_KINDS + PROMETHEUS_KINDS
     store: dict[str, Any] = field(default_factory=dict)
+    applied: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> field manager -> last applied
     requests: list[Request] = field(default_factory=list)
     raycluster_states: list[str] = field(default_factory=lambda: ["ready"])
     nodes: list[dict[str, Any]] = field(default_factory=list)
@@ -372,7 +365,13 @@ class StandInApiServer:
                 return 422, _status_body(422, "Invalid", "fieldManager is required for apply patch")
             if query.get("dryRun") == ["All"]:
                 return 200, parsed
-            stored = copy.deepcopy(parsed)
+            # Server-side apply per field manager: each manager's last applied config, merged in the
+            # order the managers first applied. A manager's re-apply drops only what it set before.
+            managers = self.applied.setdefault(path, {})
+            managers[query["fieldManager"][0]] = copy.deepcopy(parsed)
+            stored: dict[str, Any] = {}
+            for applied in managers.values():
+                stored = _merge(stored, applied)
             stored.setdefault("metadata", {})["resourceVersion"] = str(len(self.requests))
             self.store[path] = stored
             return 200, stored
@@ -392,6 +391,7 @@ class StandInApiServer:
             if path not in self.store:
                 return 404, _status_body(404, "NotFound", f'{kind.plural} "{name}" not found')
             del self.store[path]
+            self.applied.pop(path, None)
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
         return 405, _status_body(405, "MethodNotAllowed", method)
 
@@ -401,6 +401,12 @@ class StandInApiServer:
 
     def paths(self, method: str) -> list[str]:
         return [r.path for r in self.calls(method)]
+
+
+def _merge(a: Any, b: Any) -> Any:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {**a, **{k: _merge(a[k], v) if k in a else copy.deepcopy(v) for k, v in b.items()}}
+    return copy.deepcopy(b)
 
 
 def _status_body(code: int, reason: str, message: str) -> dict[str, Any]:

@@ -46,8 +46,8 @@ class FakeClock:
 def test_apply_is_server_side_apply_with_our_field_manager(client: KubeRayClient, api_server, cfg: K8sConfig) -> None:
     objs = render_objects(cfg)
     results = client.apply(objs)
-    assert [r.action for r in results] == ["applied"] * len(objs)
-    patches = api_server.calls("PATCH")
+    assert [r.action for r in results if r.action != "generated"] == ["applied"] * len(objs)
+    patches = [r for r in api_server.calls("PATCH") if r.query["fieldManager"] == ["ray-gpu-orchestrator"]]
     assert len(patches) == len(objs)
     for req in patches:
         assert req.content_type == "application/apply-patch+yaml"
@@ -67,6 +67,41 @@ def test_apply_twice_changes_nothing(client: KubeRayClient, api_server, cfg: K8s
     first = {p: {k: v for k, v in o.items() if k != "metadata"} for p, o in api_server.store.items()}
     client.apply(render_objects(cfg))
     assert {p: {k: v for k, v in o.items() if k != "metadata"} for p, o in api_server.store.items()} == first
+
+
+SECRET = "/api/v1/namespaces/gpu-orchestrator/secrets/gpu-orchestrator-redis"
+
+
+def test_apply_fills_the_redis_password_once_and_later_applies_keep_it(client: KubeRayClient, api_server,
+                                                                       cfg: K8sConfig) -> None:
+    import base64
+
+    results = client.apply(render_objects(cfg))
+    gen = [r for r in results if r.action == "generated"]
+    assert [(r.kind, r.name, r.reason) for r in gen] == [("Secret", "gpu-orchestrator-redis", "random password")]
+    # Right after the Secret, before the Redis Deployment that reads it.
+    order = [(r.kind, r.action) for r in results]
+    assert order.index(("Secret", "generated")) < order.index(("Deployment", "applied"))
+    password = base64.b64decode(api_server.store[SECRET]["data"]["password"]).decode()
+    assert len(password) == 64 and int(password, 16) >= 0
+    (gen_patch,) = [r for r in api_server.calls("PATCH") if r.query["fieldManager"] == ["ray-gpu-orchestrator-generated"]]
+    assert set(gen_patch.body) == {"apiVersion", "kind", "metadata", "data"}  # nothing else is that manager's
+    # Applying again (our manager sets no data) keeps it, and says so.
+    again = client.apply(render_objects(cfg))
+    assert ("Secret", "kept") in [(r.kind, r.action) for r in again]
+    assert base64.b64decode(api_server.store[SECRET]["data"]["password"]).decode() == password
+
+
+def test_an_operator_made_password_is_kept(client: KubeRayClient, api_server, cfg: K8sConfig) -> None:
+    import base64
+
+    mine = base64.b64encode(b"operator-chosen").decode()
+    api_server.applied[SECRET] = {"kubectl": {"apiVersion": "v1", "kind": "Secret", "data": {"password": mine},
+                                              "metadata": {"name": "gpu-orchestrator-redis"}}}
+    api_server.store[SECRET] = dict(api_server.applied[SECRET]["kubectl"])
+    results = client.apply(render_objects(cfg))
+    assert not [r for r in results if r.action == "generated"]
+    assert api_server.store[SECRET]["data"]["password"] == mine
 
 
 def test_dry_run_stores_nothing(client: KubeRayClient, api_server, cfg: K8sConfig) -> None:

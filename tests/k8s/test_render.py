@@ -49,6 +49,8 @@ def _pod_specs(objs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
                     yield g["template"]["spec"]
         if "submitterPodTemplate" in spec:
             yield spec["submitterPodTemplate"]["spec"]
+        if o["kind"] == "Deployment":  # the GCS's Redis
+            yield spec["template"]["spec"]
 
 
 def test_worker_groups_request_what_each_sharing_mode_needs(configs: tuple[K8sConfig, dict[str, K8sConfig]]) -> None:
@@ -91,8 +93,8 @@ def test_nodes_are_selected_by_the_gpu_operator_labels(configs: tuple[K8sConfig,
     assert _node_terms(groups["a10-timesliced"])["nvidia.com/gpu.sharing-strategy"] == ("In", ["time-slicing"])
     for g in groups.values():
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in g["template"]["spec"]["tolerations"]
-    # A cpu pool (the dev overlay) asks for no GPU node.
-    dev = _groups(_by_kind(render_objects(overlays["dev"]), "RayCluster")[0]["spec"])["cpu"]
+    # A cpu pool (the dev overlay's, simulating GPUs) asks for no GPU node.
+    dev = _groups(_by_kind(render_objects(overlays["dev"]), "RayCluster")[0]["spec"])["sim-a100"]
     assert "affinity" not in dev["template"]["spec"] and "tolerations" not in dev["template"]["spec"]
 
 
@@ -152,7 +154,8 @@ def test_auth_modes() -> None:
 
 
 def test_network_policy_admits_the_dashboard_only_from_the_namespace(configs: tuple[K8sConfig, dict[str, K8sConfig]]) -> None:
-    (np,) = _by_kind(render_objects(configs[0]), "NetworkPolicy")
+    (np,) = [p for p in _by_kind(render_objects(configs[0]), "NetworkPolicy") if p["metadata"]["name"].endswith("-ingress")
+             and not p["metadata"]["name"].endswith("-redis-ingress")]
     spec = np["spec"]
     assert spec["policyTypes"] == ["Ingress"]
     assert spec["podSelector"] == {"matchLabels": {"app.kubernetes.io/instance": "gpu-orchestrator"}}

@@ -18,6 +18,12 @@ missing CRD means) is spelled out here so the CLI only prints.
   and the sleep are injected so tests never sleep.
 * **delete** removes objects in reverse apply order; an object already gone
   counts as deleted (idempotent). The Namespace is kept unless asked.
+* **generated keys**: a Secret the renderer annotates with
+  :data:`GENERATE_KEYS_ANNOTATION` (the GCS Redis password) is rendered without
+  data; right after applying it, each listed key it lacks is filled with a
+  random value under a field manager of its own (:data:`GENERATED_MANAGER`).
+  Our manager never sets those keys, so no later apply removes or overwrites
+  them, and a key the operator put there first is kept as it is.
 
 Errors are typed: :class:`~orchestrator.core.errors.NotConnectedError` when the
 API server cannot be reached (retryable), :class:`KubernetesApiError` with
@@ -26,13 +32,18 @@ the HTTP status and the server's reason otherwise.
 
 from __future__ import annotations
 
+import base64
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from orchestrator.core.errors import NotConnectedError, OrchestratorError
-from orchestrator.deploy.k8s.render import FIELD_MANAGER, Obj, object_key
+from orchestrator.deploy.k8s.render import FIELD_MANAGER, GENERATE_KEYS_ANNOTATION, Obj, object_key
+
+#: The field manager that owns generated Secret keys (never FIELD_MANAGER, whose applies would drop them).
+GENERATED_MANAGER = f"{FIELD_MANAGER}-generated"
 
 OPTIONAL_KINDS: frozenset[tuple[str, str]] = frozenset({("monitoring.coreos.com/v1", "PodMonitor")})
 READY = "ready"
@@ -69,7 +80,8 @@ class WaitTimeoutError(OrchestratorError, TimeoutError):
 
 @dataclass(frozen=True)
 class ObjectResult:
-    """What happened to one object: ``applied``, ``skipped``, ``deleted`` or ``kept``, and why."""
+    """What happened to one object: ``applied``, ``skipped``, ``generated`` (keys of a Secret), ``deleted``
+    or ``kept``, and why."""
 
     kind: str
     name: str
@@ -214,7 +226,23 @@ class KubeRayClient:
             self._call("apply", kind, name, lambda: self._dyn.server_side_apply(
                 res, body=obj, name=name, namespace=namespace or None, **kwargs))
             out.append(ObjectResult(kind, name, namespace, "applied", "dry run" if dry_run else ""))
+            keys = (obj["metadata"].get("annotations") or {}).get(GENERATE_KEYS_ANNOTATION)
+            if keys and not dry_run:
+                out.append(self._generate_keys(res, obj, [k for k in keys.split(",") if k]))
         return out
+
+    def _generate_keys(self, res: Any, obj: Obj, keys: list[str]) -> ObjectResult:
+        """Fill the keys a Secret lacks with random values (see the module docstring); keep the rest."""
+        api_version, kind, namespace, name = object_key(obj)
+        have = (self.get(api_version, kind, name, namespace) or {}).get("data") or {}
+        missing = [k for k in keys if not have.get(k)]
+        if not missing:
+            return ObjectResult(kind, name, namespace, "kept", f"has {', '.join(keys)}; left as it is")
+        body = {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": namespace},
+                "data": {k: base64.b64encode(secrets.token_hex(32).encode()).decode() for k in missing}}
+        self._call("apply", kind, name, lambda: self._dyn.server_side_apply(
+            res, body=body, name=name, namespace=namespace or None, field_manager=GENERATED_MANAGER))
+        return ObjectResult(kind, name, namespace, "generated", f"random {', '.join(missing)}")
 
     # ------------------------------------------------------------------ status and wait
 

@@ -27,7 +27,12 @@ Invariants (checked here, so the renderer never sees a bad config):
 * every priority class a pool or the head names is declared;
 * the minimum cluster (head plus ``min_replicas`` of every pool) fits the
   namespace quota, so the RayCluster can become ready at all;
-* the ports the head listens on are distinct.
+* the ports the head listens on are distinct;
+* the image is named with an explicit tag or digest (never an implied
+  ``latest``), so every pod of a cluster runs the same build;
+* the training job's checkpoint directory lies on the checkpoint volume,
+  which every Ray pod of the training cluster mounts at the same path: every
+  attempt of a job, on whichever node, finds the previous attempt's checkpoint.
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Kubernetes resource.Quantity, the decimal and binary suffixes the API server accepts.
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _RAY_IMAGE = re.compile(r"^(docker\.io/)?rayproject/ray(-ml)?:(?P<version>\d+\.\d+\.\d+)")
+# name[:tag][@digest] with a tag or a digest: a registry host (with a port), path components, then the reference.
+_IMAGE_REF = re.compile(
+    r"^(?P<name>[a-z0-9]+([._-][a-z0-9]+)*(\.[a-z0-9]+([._-][a-z0-9]+)*)*(:[0-9]+)?(/[a-z0-9]+([._/-][a-z0-9]+)*)*)"
+    r"(:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(@(?P<digest>sha256:[a-f0-9]{64}))?$"
+)
+# The Dockerfile's tag scheme: <project version>-ray<Ray version>-py311-<variant>.
+_OUR_IMAGE = re.compile(r":[^:/@]*-ray(?P<version>\d+\.\d+\.\d+)-")
+_HOST_PORT = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}$")
 
 Sharing = Literal["whole", "mig", "mps", "time-slicing", "cpu"]
 
@@ -66,6 +79,19 @@ def _dns_label(field: str, v: str, max_len: int = 63) -> str:
 def _quantity(field: str, v: str) -> str:
     if not _QUANTITY.match(v):
         raise ConfigError(field, v, "a Kubernetes quantity, e.g. '4', '500m', '16Gi'")
+    return v
+
+
+def _image(field: str, v: str) -> str:
+    m = _IMAGE_REF.match(v)
+    if not m or not (m.group("tag") or m.group("digest")):
+        raise ConfigError(
+            field, v, "an image reference with an explicit tag or digest, e.g. "
+            "'registry.example.com/ray-gpu-orchestrator:0.1.0-ray2.60.0-py311-gpu'",
+            detail="an untagged image means 'latest', which differs from node to node over time",
+        )
+    if m.group("tag") == "latest":
+        raise ConfigError(field, v, "a fixed tag or a digest", detail="'latest' differs from node to node over time")
     return v
 
 
@@ -153,6 +179,20 @@ class PriorityClassSpec(_Frozen):
         return _dns_label("name", v, 253)
 
 
+class SimulatedGpus(_Frozen):
+    """GPUs a cpu pool's raylet declares without having them, to try the orchestrator where there are none
+    (kind). The head's cluster file (``head.command``'s ``--config``) must list a node named like the pool
+    with the same model and count: its agent then reports them through the simulated discovery backend."""
+
+    model: str = Field(description="Catalogue GPU model the simulated node reports (e.g. A100-80GB)")
+    gpus: Annotated[int, Field(ge=1, le=16)] = Field(default=1, description="Simulated GPUs of the node")
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        return gpu_model(v).name
+
+
 class NodePool(_Frozen):
     """A set of alike GPU nodes, rendered as one KubeRay worker group."""
 
@@ -194,6 +234,12 @@ class NodePool(_Frozen):
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of each pod")
     priority_class: str | None = Field(default=None, description="Name of a declared priority class")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels to require")
+    simulated: SimulatedGpus | None = Field(
+        default=None,
+        description="cpu only: the pod's raylet declares these simulated GPUs (Ray labels rgo.io/node=<pool name> "
+        "and rgo.io/gpu-model, resource rgo-node-<pool name>), as `orchestrator up` does locally; at most one "
+        "replica, since the node name is the pool's",
+    )
 
     @field_validator("name")
     @classmethod
@@ -208,6 +254,13 @@ class NodePool(_Frozen):
     @model_validator(mode="after")
     def _consistent(self) -> "NodePool":
         where = f"pool {self.name!r}"
+        if self.simulated is not None:
+            if self.sharing != "cpu":
+                raise _bad("simulated", self.simulated.model, "nothing (unset)",
+                           f"{where}: only a cpu pool simulates GPUs; sharing {self.sharing!r} has real ones")
+            if self.max_replicas > 1:
+                raise _bad("max_replicas", self.max_replicas, "0 or 1",
+                           f"{where}: a simulated node is one raylet (its name is the pool's)")
         if self.sharing == "cpu":
             for f in ("gpu_model", "mig_layout", "replicas_per_gpu"):
                 if getattr(self, f):
@@ -403,21 +456,165 @@ class SchedulerSpec(_Frozen):
         return {}
 
 
+class _ClaimSpec(_Frozen):
+    """A PersistentVolumeClaim the render makes: its class and size."""
+
+    storage_class: str | None = Field(default=None, description="storageClassName of the rendered claim")
+    size: str = Field(default="8Gi", description="Requested storage of the rendered claim")
+
+    @field_validator("size")
+    @classmethod
+    def _q(cls, v: str) -> str:
+        return _quantity("size", v)
+
+    @field_validator("storage_class")
+    @classmethod
+    def _class(cls, v: str | None) -> str | None:
+        return None if v is None else _dns_label("storage_class", v, 253)
+
+
+class CheckpointSpec(_ClaimSpec):
+    """Where training jobs checkpoint: one PersistentVolumeClaim, mounted at ``mount_path`` in every Ray pod
+    of the training cluster (head and every worker group), so a job's every attempt, on any node, reads
+    and writes the same directory. Preemption is only lossless if the checkpoint outlives the pod.
+
+    ``storage_class`` must serve ReadWriteMany (NFS, CephFS, EFS, Filestore, Azure Files); it is required
+    unless ``claim_name`` names an existing claim."""
+
+    claim_name: str | None = Field(
+        default=None,
+        description="An existing PersistentVolumeClaim to mount; unset: render one named <name>-checkpoints",
+    )
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = Field(
+        default="ReadWriteMany",
+        description="ReadWriteMany: pods on every node share it (production). ReadWriteOnce only works when "
+        "every Ray pod runs on one node (a one-node kind cluster)",
+    )
+    size: str = Field(default="100Gi", description="Requested storage of the rendered claim")
+    mount_path: str = Field(
+        default="/mnt/checkpoints", pattern=r"^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$",
+        description="Where the claim is mounted in every Ray pod; a job's checkpoint_dir lies below it",
+    )
+
+    @field_validator("claim_name")
+    @classmethod
+    def _claim_name(cls, v: str | None) -> str | None:
+        return None if v is None else _dns_label("claim_name", v, 253)
+
+    @model_validator(mode="after")
+    def _claim(self) -> "CheckpointSpec":
+        if self.claim_name is None and self.storage_class is None:
+            raise _bad("storage_class", None, "the name of a StorageClass that serves ReadWriteMany",
+                       "a rendered checkpoint claim needs it (or set claim_name to an existing claim)")
+        if self.mount_path in ("/tmp", "/dev/shm", "/home/ray/.cache") or self.mount_path.startswith(
+                ("/tmp/", "/dev/shm/")):
+            raise _bad("mount_path", self.mount_path, "a path outside /tmp and /dev/shm (e.g. /mnt/checkpoints)",
+                       "those are emptyDirs that die with the pod")
+        return self
+
+
+class RedisSpec(_ClaimSpec):
+    """The Redis that backs the GCS (KubeRay's GCS fault tolerance). ``storage_class`` and ``size`` are those
+    of its append-only file's ReadWriteOnce claim (deploy true; unset class: the cluster's default)."""
+
+    deploy: bool = Field(
+        default=True,
+        description="true: render a one-replica Redis (Deployment, Service, Secret, a ReadWriteOnce claim for "
+        "its append-only file, a NetworkPolicy admitting only the Ray head pods). false: use the Redis at "
+        "address (a managed one)",
+    )
+    address: str | None = Field(default=None, description="deploy false: host:port of your Redis")
+    password_secret: str | None = Field(
+        default=None,
+        description="Secret whose key 'password' is Redis' password. deploy true: default <name>-redis, rendered "
+        "without data (`orchestrator k8s apply` fills it once with a random password, or you create it; "
+        "server-side apply never touches data it does not set). deploy false: your Secret, or unset for no "
+        "password",
+    )
+    image: str = Field(default="redis:7.2.5-alpine", description="Redis image (deploy true)")
+    resources: Resources = Field(default_factory=lambda: Resources(cpu="500m", memory="1Gi"))
+
+    @field_validator("image")
+    @classmethod
+    def _img(cls, v: str) -> str:
+        return _image("image", v)
+
+    @field_validator("password_secret")
+    @classmethod
+    def _secret_name(cls, v: str | None) -> str | None:
+        return None if v is None else _dns_label("password_secret", v, 253)
+
+    @model_validator(mode="after")
+    def _where(self) -> "RedisSpec":
+        if self.deploy and self.address:
+            raise _bad("address", self.address, "nothing (unset)", "deploy true renders its own Redis")
+        if not self.deploy:
+            if not self.address:
+                raise _bad("address", None, "host:port of a Redis, e.g. redis.example.internal:6379",
+                           "deploy false needs the Redis to use")
+            if not _HOST_PORT.match(self.address):
+                raise _bad("address", self.address, "host:port, e.g. redis.example.internal:6379")
+        return self
+
+
+class GcsFaultToleranceSpec(_Frozen):
+    """KubeRay's GCS fault tolerance: the GCS keeps its tables in Redis, so the head pod can die and come
+    back with every actor, job and KV entry -- the orchestrator's lease ledger, queue and fencing counter
+    live in the GCS KV store."""
+
+    enabled: bool = Field(default=True, description="Render spec.gcsFaultToleranceOptions on every Ray cluster")
+    redis: RedisSpec = Field(default_factory=RedisSpec)
+
+
 class TrainingJobSpec(_Frozen):
-    """A RayJob that submits a training job through the orchestrator to the RayCluster."""
+    """A RayJob that submits a training job through the orchestrator to the RayCluster.
+
+    The RayJob's entrypoint is built, not written: ``orchestrator submit --job-id <name> ... --checkpoint-dir
+    <checkpoints.mount_path>/<name> -- <command>``. A fixed job id makes a retried submitter return the
+    same job; a fixed checkpoint directory on the shared volume makes every attempt resume where the
+    last one stopped.
+    """
 
     enabled: bool = True
-    name: str = Field(default="train", description="RayJob name suffix (<cluster>-<name>)")
-    entrypoint: str = Field(
-        default="orchestrator submit --address auto --wait --gpu 1 --priority training --checkpoint-dir /tmp/checkpoints/train -- python jobs/train.py --steps 1000",
-        description="Command the submitter runs on the cluster",
+    name: str = Field(default="train", description="RayJob name suffix (<cluster>-<name>), job id and checkpoint subdirectory")
+    command: str = Field(
+        default="python /opt/orchestrator/jobs/train.py --steps 1000",
+        description="The training command; paths are inside the image (see the Dockerfile)",
     )
+    gpu: str = Field(default="1", description="GPU request, as `orchestrator submit --gpu`")
+    priority: str = Field(default="training", description="Priority class, as `orchestrator submit --priority`")
     active_deadline_seconds: Annotated[int, Field(gt=0)] | None = Field(default=None)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return _dns_label("name", v)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str) -> str:
+        if not v.strip():
+            raise _bad("command", v, "the command the job runs, e.g. python /opt/orchestrator/jobs/train.py")
+        return v
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, v: str) -> str:
+        from orchestrator.core.request import GpuRequest
+
+        GpuRequest.parse(v)  # raises InvalidRequestError naming the request
+        return v
+
+    def checkpoint_dir(self, checkpoints: CheckpointSpec) -> str:
+        return f"{checkpoints.mount_path}/{self.name}"
+
+    def entrypoint(self, checkpoints: CheckpointSpec) -> str:
+        import shlex
+
+        submit = ["orchestrator", "submit", "--address", "auto", "--wait", "--job-id", self.name,
+                  "--name", self.name, "--gpu", self.gpu, "--priority", self.priority,
+                  "--checkpoint-dir", self.checkpoint_dir(checkpoints)]
+        return f"{shlex.join(submit)} -- {self.command}"
 
 
 class InferenceSpec(_Frozen):
@@ -455,13 +652,12 @@ class K8sConfig(_Frozen):
 
     name: str = Field(default="gpu-orchestrator", description="RayCluster name; prefixes every other object")
     namespace: str = Field(default="gpu-orchestrator", description="Namespace of every namespaced object")
-    image: str = Field(default="rayproject/ray:2.60.0-py311-gpu", description="Container image of every Ray pod")
-    ray_version: str = Field(default="2.60.0", pattern=r"^\d+\.\d+\.\d+$", description="Ray version in the image")
-    pip_packages: tuple[str, ...] = Field(
-        default=("ray-gpu-orchestrator",),
-        description="Installed by an init container into a shared volume on PYTHONUSERBASE; empty when the image "
-        "already has the orchestrator",
+    image: str = Field(
+        default="ray-gpu-orchestrator:0.1.0-ray2.60.0-py311-gpu",
+        description="Image of every Ray pod, name:tag or name@digest: the project's Dockerfile built FROM "
+        "rayproject/ray with the orchestrator, jobs/ and torch (build arg VARIANT=cpu|gpu)",
     )
+    ray_version: str = Field(default="2.60.0", pattern=r"^\d+\.\d+\.\d+$", description="Ray version in the image")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     pod_security: Literal["restricted", "baseline", "privileged"] = Field(
         default="baseline",
@@ -482,11 +678,17 @@ class K8sConfig(_Frozen):
     priority_classes: tuple[PriorityClassSpec, ...] = Field(default_factory=_default_priority_classes)
     training_job: TrainingJobSpec = Field(default_factory=TrainingJobSpec)
     inference: InferenceSpec = Field(default_factory=InferenceSpec)
+    checkpoints: CheckpointSpec = Field(
+        default_factory=lambda: CheckpointSpec(claim_name=None, storage_class="nfs-csi"),
+        description="The shared volume training jobs checkpoint to",
+    )
+    gcs_fault_tolerance: GcsFaultToleranceSpec = Field(default_factory=GcsFaultToleranceSpec)
     metrics_port: Annotated[int, Field(ge=1024, le=65535)] = Field(
         default=8080, description="Port of the orchestrator head's Prometheus /metrics"
     )
     dashboard_port: Annotated[int, Field(ge=1024, le=65535)] = Field(
-        default=8090, description="Port of the orchestrator's own dashboard"
+        default=8090, description="Port of the orchestrator's own dashboard (served by the head; "
+        "ORCHESTRATOR_DASHBOARD_PORT in the head pod)"
     )
     ray_metrics_port: Annotated[int, Field(ge=1024, le=65535)] = Field(
         default=8081,
@@ -501,7 +703,10 @@ class K8sConfig(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> "K8sConfig":
+        _image("image", self.image)
         m = _RAY_IMAGE.match(self.image)
+        if m is None:
+            m = _OUR_IMAGE.search(self.image)
         if m and m.group("version") != self.ray_version:
             raise _bad("ray_version", self.ray_version, m.group("version"),
                        f"image {self.image!r} carries another Ray; KubeRay needs them equal")
@@ -541,12 +746,57 @@ class K8sConfig(_Frozen):
         gpu = [p for p in self.pools if p.sharing != "cpu"]
         return tuple(gpu[:1]) or tuple(self.pools[:1])
 
+    @property
+    def checkpoint_claim(self) -> str:
+        """The PersistentVolumeClaim every Ray pod of the training cluster mounts for checkpoints."""
+        return self.checkpoints.claim_name or f"{self.name}-checkpoints"
+
+    @property
+    def redis_deployed(self) -> bool:
+        return self.gcs_fault_tolerance.enabled and self.gcs_fault_tolerance.redis.deploy
+
+    @property
+    def redis_service(self) -> str:
+        return f"{self.name}-redis"
+
+    @property
+    def redis_address(self) -> str | None:
+        """host:port the GCS stores its tables at, or None without GCS fault tolerance."""
+        ft = self.gcs_fault_tolerance
+        if not ft.enabled:
+            return None
+        return f"{self.redis_service}:6379" if ft.redis.deploy else ft.redis.address
+
+    @property
+    def redis_password_secret(self) -> str | None:
+        """The Secret with Redis' password (key ``password``), or None for a Redis without one."""
+        ft = self.gcs_fault_tolerance
+        if not ft.enabled:
+            return None
+        return ft.redis.password_secret or (f"{self.name}-redis" if ft.redis.deploy else None)
+
+    def external_refs(self) -> set[tuple[str, str]]:
+        """(kind, name) of the objects the render refers to but the operator creates: the render check
+        (tests/k8s/test_references.py) accepts exactly these as missing from the render."""
+        out: set[tuple[str, str]] = set()
+        if self.auth.secret_name:
+            out.add(("Secret", self.auth.secret_name))
+        ft = self.gcs_fault_tolerance
+        if ft.enabled and not ft.redis.deploy and ft.redis.password_secret:
+            out.add(("Secret", ft.redis.password_secret))
+        if self.checkpoints.claim_name:
+            out.add(("PersistentVolumeClaim", self.checkpoints.claim_name))
+        return out
+
     def minimum_requests(self) -> dict[str, float]:
-        """What the head plus every pool's ``min_replicas`` request: the least the cluster needs to be ready."""
+        """What the head, every pool's ``min_replicas`` and the Redis request: the least the cluster needs to be ready."""
         total: dict[str, float] = {
             "cpu": parse_quantity(self.head.resources.cpu),
             "memory": parse_quantity(self.head.resources.memory),
         }
+        if self.redis_deployed:
+            total["cpu"] += parse_quantity(self.gcs_fault_tolerance.redis.resources.cpu)
+            total["memory"] += parse_quantity(self.gcs_fault_tolerance.redis.resources.memory)
         for p in self.pools:
             n = p.min_replicas
             total["cpu"] += n * parse_quantity(p.resources.cpu)
