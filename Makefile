@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: install
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 unit: install

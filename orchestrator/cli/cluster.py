@@ -48,8 +48,8 @@ def up(
     dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Start Ray's dashboard and job API (on 127.0.0.1); jobs need it"),
 ) -> None:
     """Start a local Ray cluster from the cluster file (or attach to one), the head and the agents."""
-    from orchestrator.deploy import local as launcher
     from orchestrator.core.config import DEMO_CONFIG, load_config
+    from orchestrator.deploy import local as launcher
 
     try:
         cfg = load_config(config or DEMO_CONFIG)
@@ -94,11 +94,12 @@ def status(
     ns = namespace or (state.namespace if state else "rgo")
     head_name = state.head_name if state else "rgo-head"
     try:
-        from orchestrator.rayport import ray_api
+        from orchestrator.rayport import ray_api  # Ray loads only for commands that reach a cluster
+        from orchestrator.rayport.client import HeadClient
 
         ray_api.connect(addr, ns)
         try:
-            data = ray_api.HeadClient(ns, head_name).status()
+            data = HeadClient(ns, head_name).status()
         finally:
             ray_api.disconnect()
     except OrchestratorError as e:

@@ -27,8 +27,11 @@ app = typer.Typer()
 def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any, *,
                  state_dir: Path | None = None, keep: bool = False, progress: Any = None) -> dict[str, Any]:
     """Up, scenario, down (always). Returns the figures."""
-    from orchestrator.deploy import local as launcher, ray_api
+    # Ray and the cluster code load only when the demo runs (`orchestrator --help` stays quick).
     from orchestrator.core.config import DEMO_CONFIG, load_config
+    from orchestrator.deploy import local as launcher
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.client import HeadClient
     from orchestrator.scenarios.preemption import Scenario, ScenarioConfig
 
     cfg = load_config(DEMO_CONFIG)
@@ -45,7 +48,7 @@ def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any
         started = True
         work.mkdir(parents=True, exist_ok=True)
         ray_api.connect(state.address, state.namespace)
-        head = ray_api.HeadClient(state.namespace, state.head_name)
+        head = HeadClient(state.namespace, state.head_name)
         sc = Scenario(head, state.dashboard, work, ScenarioConfig(rounds=rounds, mode=mode, steps=steps,  # type: ignore[arg-type]
                                                                   step_delay_s=step_delay), say=say)
         res = sc.run()

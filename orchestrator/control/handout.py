@@ -25,12 +25,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.core.errors import InvalidRequestError
-from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, gpu_model
-from orchestrator.core.request import ShareKind
+from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
+from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, gpu_model
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.request import ShareKind
 
-NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+NOSET_CUDA_VISIBLE_DEVICES = E.RAY_NOSET_CUDA_VISIBLE_DEVICES
 
 #: Ray keeps resource quantities to 4 decimals (FixedPoint); shares are rounded *down*
 #: to that grid so the shares of one card never sum above 1.0 in Ray's books.
@@ -72,27 +73,27 @@ def device_env(a: Allocation, *, lease_id: str, fencing_token: int, mps_pipe_roo
     ``mig_uuid`` overrides the allocation's (a MIG instance the agent created on
     demand). Raises :class:`InvalidRequestError` for a MIG allocation with no UUID.
     """
-    env = {NOSET_CUDA_VISIBLE_DEVICES: "1", "ORCHESTRATOR_LEASE_ID": lease_id, "ORCHESTRATOR_FENCING_TOKEN": str(fencing_token),
-           "ORCHESTRATOR_SHARE_KIND": a.kind.value, "ORCHESTRATOR_NODE": a.node_name}
+    env = {E.RAY_NOSET_CUDA_VISIBLE_DEVICES: "1", E.LEASE_ID: lease_id, E.FENCING_TOKEN: str(fencing_token),
+           E.SHARE_KIND: a.kind.value, E.NODE: a.node_name}
     if a.kind is ShareKind.MIG:
         uuid = mig_uuid or a.mig_uuid
         if not uuid:
             raise InvalidRequestError("allocation.mig_uuid", None, "a MIG device UUID",
                                       detail=f"lease {lease_id}: the MIG instance has not been created yet")
-        env["CUDA_VISIBLE_DEVICES"] = uuid
-        env["ORCHESTRATOR_MIG_PROFILE"] = a.mig_profile or ""
+        env[E.CUDA_VISIBLE_DEVICES] = uuid
+        env[E.MIG_PROFILE] = a.mig_profile or ""
         return env
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpu_uuids)
+    env[E.CUDA_VISIBLE_DEVICES] = ",".join(a.gpu_uuids)
     if a.kind is ShareKind.MPS:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(a.sm_percent)
+        env[E.MPS_ACTIVE_THREAD_PERCENTAGE] = str(a.sm_percent)
         if a.memory_mib:
             # Keyed by the device index *the client sees*: CUDA_VISIBLE_DEVICES leaves it one device, 0.
-            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={a.memory_mib}M"
-        env["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_directory(mps_pipe_root, a.gpu_indices[0])
+            env[E.MPS_PINNED_DEVICE_MEM_LIMIT] = f"0={a.memory_mib}M"
+        env[E.MPS_PIPE_DIRECTORY] = mps_pipe_directory(mps_pipe_root, a.gpu_indices[0])
         if a.client_priority is not None:
-            env["CUDA_MPS_CLIENT_PRIORITY"] = str(a.client_priority)
+            env[E.MPS_CLIENT_PRIORITY] = str(a.client_priority)
     elif a.kind is ShareKind.TIMESLICE:
-        env["ORCHESTRATOR_TIMESLICE_MILLI"] = str(a.milli)
+        env[E.TIMESLICE_MILLI] = str(a.milli)
     return env
 
 

@@ -8,7 +8,7 @@ cycle. Contract, as the controller's:
 
 * **Hard state first**: a job's record is written to the store before the
   Ray job is submitted or stopped, so a restarted head knows every submission
-  id it may have made (a submission id is ``<job>-<attempt>``, so a retried
+  id it may have made (a submission id is the attempt id ``<job>.a<n>``, so a retried
   submit after a crash is refused by Ray as a duplicate rather than run twice).
 * **Idempotent**: ``submit`` with a known job id and the same spec returns the
   job; ``cancel`` of a finished job returns it.
@@ -36,17 +36,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Protocol
 
-from orchestrator.scheduling.admission import check_submission
+from orchestrator.control.controller import HeadController
+from orchestrator.control.ledger import LedgerEntry
+from orchestrator.control.store import StateStore
+from orchestrator.core import env as envvars
+from orchestrator.core.config import NODE_RESOURCE_PREFIX
 from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
 from orchestrator.core.ids import attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
-from orchestrator.core.lease import LeaseState
-from orchestrator.core.config import NODE_RESOURCE_PREFIX
-from orchestrator.control.controller import HeadController
-from orchestrator.control.store import StateStore
+from orchestrator.core.lease import LeaseRequest, LeaseState
 from orchestrator.core.statemachine import Transition
+from orchestrator.scheduling.admission import check_submission
 
 #: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -101,8 +103,8 @@ class JobManager:
         return job
 
     # ---- public API ----------------------------------------------------------------------------
-    def submit(self, spec: JobSpec | Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
-        spec = spec if isinstance(spec, JobSpec) else JobSpec(**dict(spec))
+    def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
+        """Queue a validated spec (the head's edge validated it) or refuse it at once, naming the field."""
         if job_id is not None and job_id in self._jobs:
             known = self._jobs[job_id]
             if known.spec != spec:
@@ -125,9 +127,11 @@ class JobManager:
         return self.get(job_id)
 
     def get(self, job_id: str) -> dict[str, Any]:
+        """The job's public view, with its current lease's."""
         job = self._job(job_id)
         d = job.to_dict()
-        d["lease"] = self._lease(job)
+        e = self._lease(job)
+        d["lease"] = e.to_dict() if e else None
         return d
 
     def list(self) -> list[dict[str, Any]]:
@@ -177,9 +181,9 @@ class JobManager:
 
     def preemption_requested(self, job_id: str) -> dict[str, Any]:
         job = self._job(job_id)
-        lease = self._lease(job)
+        e = self._lease(job)
         return {"requested": job.state is JobState.PREEMPTING, "lease_id": job.lease_id,
-                "deadline": (lease or {}).get("preempt_deadline"), "reason": (lease or {}).get("preempt_reason")}
+                "deadline": e.preempt_deadline if e else None, "reason": (e.preempt_reason or None) if e else None}
 
     def ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> dict[str, Any]:
         """The job checkpointed because it was asked to; its lease ends as PREEMPTED now."""
@@ -209,12 +213,12 @@ class JobManager:
 
     def _step(self, job: Job) -> str | None:
         lease = self._lease(job)
-        state = LeaseState(lease["state"]) if lease else None
+        state = lease.state if lease else None
         now = self.clock()
         if job.state is JobState.QUEUED:
-            if state is LeaseState.GRANTED and lease and lease.get("handout"):
-                admitted = self._commit(job.transition(JobState.ADMITTED, now=now, reason=lease["history"][-1]["reason"],
-                                                       placement_reason=_grant_reason(lease)))
+            if state is LeaseState.GRANTED and lease and lease.handout is not None:
+                admitted = self._commit(job.transition(JobState.ADMITTED, now=now, reason=lease.reason(),
+                                                       placement_reason=lease.grant_reason()))
                 return self._start(admitted, lease)
             if state in (LeaseState.LOST, LeaseState.EXPIRED, LeaseState.PREEMPTED, LeaseState.RELEASED):
                 self._requeue(job, f"lease {job.lease_id} ended ({state.value}) before it was admitted")
@@ -238,12 +242,11 @@ class JobManager:
         ray_status = self._status(job.ray_submission_id)
         if job.state is JobState.RUNNING:
             if state is LeaseState.CHECKPOINTING and lease:
-                self._commit(job.transition(JobState.PREEMPTING, now=now, reason=lease.get("preempt_reason") or "preempted"))
-                return f"{job.job_id}: asked to checkpoint ({lease.get('preempt_reason')})"
-            if state in (LeaseState.PREEMPTED, LeaseState.LOST):
+                self._commit(job.transition(JobState.PREEMPTING, now=now, reason=lease.preempt_reason or "preempted"))
+                return f"{job.job_id}: asked to checkpoint ({lease.preempt_reason})"
+            if state in (LeaseState.PREEMPTED, LeaseState.LOST) and lease:
                 self._stop(job.ray_submission_id)
-                why = (lease or {}).get("preempt_reason") or lease["history"][-1]["reason"] if lease else "lease ended"
-                self._finish_preemption(job, why, lost=state is LeaseState.LOST)
+                self._finish_preemption(job, lease.preempt_reason or lease.reason(), lost=state is LeaseState.LOST)
                 return f"{job.job_id}: {state.value}; requeued to resume"
             if ray_status in _RAY_TERMINAL:
                 return self._finish(job, ray_status)
@@ -251,40 +254,41 @@ class JobManager:
         # PREEMPTING
         if state in (LeaseState.PREEMPTED, LeaseState.LOST, LeaseState.RELEASED) or state is None:
             self._stop(job.ray_submission_id)
-            self._finish_preemption(job, (lease or {}).get("preempt_reason") or "preempted")
+            self._finish_preemption(job, (lease.preempt_reason if lease else "") or "preempted")
             return f"{job.job_id}: checkpointed and stopped; requeued to resume"
         if ray_status in _RAY_TERMINAL and job.job_id not in self._acks:
             return self._finish(job, ray_status)
         return None
 
     # ---- steps ---------------------------------------------------------------------------------
-    def _start(self, job: Job, lease: dict[str, Any]) -> str:
-        h = lease["handout"]
-        node = lease["allocation"]["node"]
+    def _start(self, job: Job, lease: LedgerEntry) -> str:
+        h, a = lease.handout, lease.lease.allocation
+        assert h is not None and a is not None, "only a handed-out lease starts a job"
+        node = a.node_name
         sub_id = attempt_id(job.job_id, job.attempt)  # the lease attempt's id: one id from our jobs to Ray's
         env = dict(job.spec.runtime_env.get("env_vars", {}))
-        env.update(h["env_vars"])
-        env.update({"ORCHESTRATOR_JOB_ID": job.job_id, "ORCHESTRATOR_NAMESPACE": self.namespace,
-                    "ORCHESTRATOR_HEAD_NAME": self.head_name, "ORCHESTRATOR_LEASE_ID": job.lease_id or "",
-                    "ORCHESTRATOR_ATTEMPT": str(job.attempt)})
+        env.update(h.env_vars)
+        env.update({envvars.JOB_ID: job.job_id, envvars.NAMESPACE: self.namespace,
+                    envvars.HEAD_NAME: self.head_name, envvars.LEASE_ID: job.lease_id or "",
+                    envvars.ATTEMPT: str(job.attempt)})
         if job.spec.checkpoint_dir:
-            env["ORCHESTRATOR_CHECKPOINT_DIR"] = job.spec.checkpoint_dir
+            env[envvars.CHECKPOINT_DIR] = job.spec.checkpoint_dir
         if job.resume_from:
-            env["ORCHESTRATOR_RESUME_FROM"] = job.resume_from
+            env[envvars.RESUME_FROM] = job.resume_from
         runtime_env = {**job.spec.runtime_env, "env_vars": env}
         job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
         try:
             self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {f"{NODE_RESOURCE_PREFIX}{node}": 0.001},
-                               float(h.get("num_gpus", 0.0)), {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
+                               h.num_gpus, {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
         except Exception as e:
             if "already exists" not in str(e):  # a retry after a crash between commit and submit
                 self._release_lease(job, f"Ray refused the job: {e}")
                 self._commit(job.transition(JobState.FAILED, now=self.clock(), reason=f"Ray refused the submission: {e}",
                                             message=str(e)))
                 return f"{job.job_id}: Ray refused the submission: {e}"
-        self.ctl.activate(job.lease_id, lease["fencing_token"], None)
+        self.ctl.activate(lease.lease_id, lease.lease.fencing_token, None)
         self._commit(job.transition(JobState.RUNNING, now=self.clock(),
-                                    reason=f"submitted to Ray as {sub_id} on {node} ({lease['allocation']['kind']})"))
+                                    reason=f"submitted to Ray as {sub_id} on {node} ({a.kind.value})"))
         return f"{job.job_id}: running as {sub_id} on {node}"
 
     def _finish(self, job: Job, ray_status: str) -> str:
@@ -297,11 +301,12 @@ class JobManager:
 
     def _finish_preemption(self, job: Job, reason: str, lost: bool = False) -> None:
         ack = self._acks.pop(job.job_id, None)
-        lease = self._lease(job) or {}
-        path = (ack[0] if ack else None) or lease.get("checkpoint_path") or self._checkpoint_on_disk(job)
-        by = lease.get("preempt_for") or ("node lost" if lost else "")
-        by_job = self._owner_job(self.ctl.get_lease(by)["owner"]) if by and by != "node lost" and self._has_lease(by) else by
-        asked_at = next((t["at"] for t in reversed(lease.get("history") or []) if t["state"] == "checkpointing"), None)
+        lease = self._lease(job)
+        path = (ack[0] if ack else None) or (lease.lease.checkpoint_path if lease else None) or self._checkpoint_on_disk(job)
+        by = (lease.preempt_for if lease else None) or ("node lost" if lost else "")
+        by_entry = self.ctl.ledger.find(by) if by else None
+        by_job = self._owner_job(by_entry.spec.owner) if by_entry else by
+        asked_at = lease.lease.entered(LeaseState.CHECKPOINTING) if lease else None
         record = Preempted(by=by_job or "unknown", reason=reason, at=self.clock(), checkpoint_path=path,
                            checkpoint_s=(ack[2] - asked_at) if ack and asked_at is not None else None)
         to_queue = job.transition(JobState.QUEUED, now=self.clock(),
@@ -318,14 +323,18 @@ class JobManager:
         self._request_lease(job)
 
     def _request_lease(self, job: Job) -> None:
-        self.ctl.request_lease({"lease_id": job.lease_id, "request": job.spec.gpu, "owner": f"job:{job.job_id}",
-                                "priority_class": job.priority_class, "queue": job.spec.queue,
-                                "requeue_on_loss": False, "enqueued_at": job.submitted_at})
+        """Queue the job's current attempt; its class and queue were resolved at admission, not again here."""
+        assert job.lease_id
+        spec = LeaseRequest(lease_id=job.lease_id, request=job.spec.gpu, owner=f"job:{job.job_id}",
+                            priority_class=job.priority_class, queue=job.spec.queue, requeue_on_loss=False,
+                            enqueued_at=job.submitted_at)
+        self.ctl.enqueue(spec, job.priority_class, job.priority)
 
     def _release_lease(self, job: Job, reason: str) -> None:
         lease = self._lease(job)
-        if lease and lease["state"] in ("pending", "granted", "active", "checkpointing"):
-            self.ctl.release(job.lease_id, lease["fencing_token"] if lease["state"] != "pending" else None, reason)
+        if lease and not lease.lease.terminal:
+            self.ctl.release(lease.lease_id, lease.lease.fencing_token if lease.state is not LeaseState.PENDING else None,
+                             reason)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _job(self, job_id: str) -> Job:
@@ -334,17 +343,9 @@ class JobManager:
         except KeyError:
             raise UnknownObjectError("job", job_id) from None
 
-    def _lease(self, job: Job) -> dict[str, Any] | None:
-        if not job.lease_id or not self._has_lease(job.lease_id):
-            return None
-        return self.ctl.get_lease(job.lease_id)
-
-    def _has_lease(self, lease_id: str) -> bool:
-        try:
-            self.ctl.get_lease(lease_id)
-            return True
-        except UnknownObjectError:
-            return False
+    def _lease(self, job: Job) -> LedgerEntry | None:
+        """The ledger entry of the job's current attempt (typed, read in-process; None once pruned)."""
+        return self.ctl.ledger.find(job.lease_id) if job.lease_id else None
 
     def _status(self, sub_id: str | None) -> str | None:
         if not sub_id:
@@ -405,13 +406,6 @@ class JobManager:
             return (f"{job.state.value}; preempted {len(job.preemptions)}x, last by {last.by}: {last.reason}; "
                     + (f"checkpoint {last.checkpoint_path}" if last.checkpoint_path else "no checkpoint was written"))
         return f"{job.state.value}: {job.history[-1].reason}"
-
-
-def _grant_reason(lease: dict[str, Any]) -> str:
-    for t in reversed(lease["history"]):
-        if t["state"] == "granted":
-            return t["reason"]
-    return ""
 
 
 def _job_json(job: Job) -> dict[str, Any]:

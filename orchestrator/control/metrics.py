@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
+from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.core.lease import LeaseState
 
 
@@ -39,7 +40,7 @@ class HeadMetrics:
         self._observed: set[str] = set()
         self._server: Any = None
 
-    def update(self, ctl: Any, report: Any = None) -> None:
+    def update(self, ctl: HeadController, report: ReconcileReport | None = None) -> None:
         """Refresh from the controller (and count one cycle's preemptions from its report)."""
         snap = ctl.snapshot()
         self.gpus_total.set(snap.capacity_milli() / 1000)
@@ -47,7 +48,7 @@ class HeadMetrics:
         queued: dict[str, int] = {}
         active: dict[str, int] = {}
         holding: set[str] = set()
-        for e in ctl.ledger():
+        for e in ctl.ledger:
             lease = e.lease
             if lease.state is LeaseState.PENDING:
                 queued[lease.priority_class or "none"] = queued.get(lease.priority_class or "none", 0) + 1

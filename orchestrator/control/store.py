@@ -12,8 +12,8 @@ implementations:
 
 * :class:`MemoryStore` -- a dict, for unit tests (and for a head that runs
   without Ray, which nothing here does);
-* :class:`GcsKvStore` -- Ray's GCS key-value store through
-  :mod:`orchestrator.rayport.ray_api`. It survives a head-actor restart; it
+* :class:`orchestrator.rayport.store.GcsKvStore` -- Ray's GCS key-value
+  store (in the Ray port, the one layer that imports Ray). It survives a head-actor restart; it
   survives a GCS restart only where GCS fault tolerance (external Redis, as
   KubeRay configures it) is on.
 
@@ -61,25 +61,3 @@ class MemoryStore:
 
     def keys(self, prefix: str) -> list[str]:
         return sorted(k for k in self._data if k.startswith(prefix))
-
-
-class GcsKvStore:
-    """Ray's GCS internal KV, in its own KV namespace (``rgo.<namespace>``; no colon: Ray splits listed keys at the first one)."""
-
-    def __init__(self, namespace: str) -> None:
-        from orchestrator.rayport import ray_api
-
-        self._kv = ray_api.GcsKv(f"rgo.{namespace}")
-
-    def get(self, key: str) -> Any | None:
-        raw = self._kv.get(key)
-        return None if raw is None else json.loads(raw)
-
-    def put(self, key: str, value: Any) -> None:
-        self._kv.put(key, json.dumps(value, sort_keys=True).encode())
-
-    def delete(self, key: str) -> None:
-        self._kv.delete(key)
-
-    def keys(self, prefix: str) -> list[str]:
-        return sorted(self._kv.keys(prefix))

@@ -20,7 +20,6 @@ trace needs (it counts GPUs in milli-units, not bytes).
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping

@@ -26,11 +26,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.catalogue import gpu_model
+from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
-from orchestrator.core.request import parse_memory_mib
 from orchestrator.core.priorities import SchedulerConfig
+from orchestrator.core.request import parse_memory_mib
 from orchestrator.core.yamlfile import read_yaml
 
 #: Ray node label that names the simulated (or configured) node a raylet stands for.

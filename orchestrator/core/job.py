@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -46,6 +46,11 @@ class JobSpec(BaseModel):
             super().__init__(**data)
         except ValidationError as e:
             raise typed_error(e, "job") from None
+
+    @classmethod
+    def parse(cls, data: "JobSpec | Mapping[str, Any]") -> "JobSpec":
+        """The spec itself, or one validated from its JSON form (the head's edge: validated once, here)."""
+        return data if isinstance(data, JobSpec) else cls(**dict(data))
 
     @field_validator("name")
     @classmethod

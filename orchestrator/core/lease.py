@@ -33,10 +33,10 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import ID_PATTERN
 from orchestrator.core.request import GpuRequest, typed_error
-from orchestrator.core.allocation import Allocation
 from orchestrator.core.statemachine import Transition, TransitionTable
 
 

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.yamlfile import read_yaml
 
 
 class _Frozen(BaseModel):
@@ -120,8 +121,6 @@ class SchedulerConfig(_Frozen):
 
     @classmethod
     def load(cls, path: str | Path) -> "SchedulerConfig":
-        from orchestrator.core.yamlfile import read_yaml
-
         return cls.parse(read_yaml(path) or {}, source=str(path))
 
     @classmethod

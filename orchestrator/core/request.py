@@ -32,7 +32,6 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.catalogue import (
     CATALOGUE,
     MIG_COMPUTE_SLICES,
@@ -42,6 +41,7 @@ from orchestrator.core.catalogue import (
     gpu_model,
     mig_compute_slices,
 )
+from orchestrator.core.errors import InvalidRequestError
 
 
 def typed_error(e: ValidationError, prefix: str) -> InvalidRequestError:

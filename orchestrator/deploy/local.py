@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
 from orchestrator.core.config import ClusterConfig
+from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
 from orchestrator.core.statefile import Proc, State
 from orchestrator.rayport.loopback import LOOPBACK_SITE
 
@@ -271,7 +271,9 @@ def _wait_started(proc: Proc, node: NodeLaunch, deadline: float) -> None:
 def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress, timeout_s: float,
                         expect_nodes: int | None) -> bool:
     """Start the head (unless one runs) and wait for every agent. True if this call started the head."""
-    from orchestrator.rayport import ray_api
+    from orchestrator.rayport import ray_api  # Ray loads only when a cluster is started (`--help` stays quick)
+    from orchestrator.rayport.actors import start_head
+    from orchestrator.rayport.client import HeadClient
 
     s = config.settings
     deadline = time.monotonic() + max(timeout_s, 1.0)
@@ -294,8 +296,8 @@ def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress,
             progress(f"head {s.head_name!r} already runs in namespace {s.namespace!r}; using it")
         except NotConnectedError:
             started = True
-        head = ray_api.start_head(s, config, node_id=ray_api.head_node_id())
-        client = ray_api.HeadClient(handle=head)
+        head = start_head(s, config, node_id=ray_api.head_node_id())
+        client = HeadClient(handle=head)
         want = {n.name for n in ray_api.alive_nodes()}
         progress(f"head actor {s.head_name!r} in namespace {s.namespace!r}; waiting for {len(want)} agents")
         registered: set[str] = set()

@@ -1,17 +1,18 @@
-"""Every Ray call of the runtime, in one thin layer.
+"""Ray's primitives as the orchestrator uses them, in one thin module.
 
-Nothing else under :mod:`orchestrator.runtime` imports ``ray``: the
-controller, the agent core, discovery, handout and the launcher's command
-building are plain code, unit-tested without Ray. What lives here:
+Nothing outside :mod:`orchestrator.rayport` (bar the SDK's ``connect`` and
+the Serve app) imports ``ray``: the controller, the agent core, discovery,
+handout and the launcher's command building are plain code, unit-tested
+without Ray. What lives here:
 
 * connecting a driver (:func:`connect`), keeping loopback addresses loopback
   (:func:`keep_loopback`, see below);
 * the GCS key-value store (:class:`GcsKv`);
-* creating, finding and killing the head and agent actors
-  (:func:`start_head`, :func:`get_head`, :func:`start_agent`, :func:`kill_named`);
+* finding and killing named actors (:func:`get_head`, :func:`kill_named`;
+  creating them is :mod:`.actors`);
 * reading the GCS node and actor tables (:func:`alive_nodes`, :func:`actors_alive`);
 * turning a lease's handout into actor options (:func:`actor_options`);
-* :class:`HeadClient`, which calls the head and raises its typed errors again.
+* Ray's job API (:class:`RayJobRunner`, :func:`job_submission_client`).
 
 **Loopback.** Ray 2.60 rewrites ``127.0.0.1`` given as a node or bootstrap
 address to the host's outward IP (``services.resolve_ip_for_localhost``;
@@ -24,19 +25,18 @@ it before Ray does anything.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Iterable, Mapping
 
 import ray
 
+from orchestrator.control.nodes import RayNodeInfo
+from orchestrator.core.config import NODE_LABEL
 from orchestrator.core.errors import NotConnectedError
-from orchestrator.core.config import NODE_LABEL, ClusterConfig, RuntimeSettings
-from orchestrator.control.controller import RayNodeInfo
 from orchestrator.rayport.wire import unwrap
 
 __all__ = [
-    "keep_loopback", "connect", "disconnect", "GcsKv", "start_head", "get_head", "start_agent", "kill_named",
-    "alive_nodes", "actors_alive", "actor_options", "HeadClient", "unwrap", "agent_name",
+    "keep_loopback", "connect", "disconnect", "GcsKv", "get_head", "kill_named", "pin",
+    "alive_nodes", "actors_alive", "actor_options", "unwrap", "agent_name", "RayJobRunner", "job_submission_client",
 ]
 
 
@@ -116,27 +116,10 @@ def agent_name(node_name: str) -> str:
     return f"rgo-agent-{node_name}"
 
 
-def _pin(node_id: str, soft: bool = False) -> Any:
+def pin(node_id: str, soft: bool = False) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=soft)
-
-
-def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: str | None = None) -> Any:
-    """Create the detached head actor (or return the running one: ``get_if_exists``).
-
-    ``max_restarts=-1``: Ray restarts a head that dies, and it resumes from the GCS
-    store; ``max_task_retries=-1``: calls in flight across a restart are retried,
-    which is safe because every state-changing method is idempotent.
-    """
-    from orchestrator.rayport.head import HeadActor
-
-    opts: dict[str, Any] = dict(name=settings.head_name, namespace=settings.namespace, lifetime="detached",
-                                get_if_exists=True, max_restarts=-1, max_task_retries=-1, num_cpus=0,
-                                max_concurrency=1000)
-    if node_id:
-        opts["scheduling_strategy"] = _pin(node_id, soft=True)  # the Ray head node, while it stands
-    return ray.remote(HeadActor).options(**opts).remote(settings.model_dump(mode="json"), cluster.model_dump(mode="json"))
 
 
 def get_head(namespace: str, name: str = "rgo-head") -> Any:
@@ -154,29 +137,6 @@ def kill_named(name: str, namespace: str) -> bool:
         return False
     ray.kill(handle, no_restart=True)
     return True
-
-
-def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim_node: Mapping[str, Any] | None) -> Any:
-    """Create the detached agent of one node, pinned there (``soft=False``).
-
-    An older agent of the node that is still alive but silent is killed first;
-    Ray frees the name once the old actor is dead, so creation is retried briefly.
-    """
-    from orchestrator.control.agent import AgentActor
-
-    name = agent_name(node_name)
-    kill_named(name, settings.namespace)
-    opts = dict(name=name, namespace=settings.namespace, lifetime="detached", max_restarts=0, num_cpus=0,
-                scheduling_strategy=_pin(ray_node_id, soft=False))
-    cls = ray.remote(AgentActor).options(**opts)
-    deadline = time.monotonic() + 5.0
-    while True:
-        try:
-            return cls.remote(node_name, ray_node_id, settings.model_dump(mode="json"), dict(sim_node) if sim_node else None)
-        except ValueError:  # the name is still held by the actor just killed
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 # ---- the GCS tables -----------------------------------------------------------------------------
@@ -240,7 +200,7 @@ def actor_options(handout: Mapping[str, Any], *, extra_env: Mapping[str, str] | 
     """Ray actor options that run a holder on exactly its lease's devices (see :mod:`.handout`)."""
     env = dict(handout["env_vars"])
     env.update(extra_env or {})
-    return {"scheduling_strategy": _pin(handout["node_id"], soft=False), "num_gpus": handout["num_gpus"],
+    return {"scheduling_strategy": pin(handout["node_id"], soft=False), "num_gpus": handout["num_gpus"],
             "num_cpus": handout.get("num_cpus", 0.0), "runtime_env": {"env_vars": env}}
 
 
@@ -256,6 +216,13 @@ def api_server_url() -> str:
     return "http://" + (raw.decode() if isinstance(raw, bytes) else str(raw))
 
 
+def job_submission_client(address: str) -> Any:
+    """Ray's ``JobSubmissionClient`` for the job API at ``address`` (``http://host:port``)."""
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(address)
+
+
 class RayJobRunner:
     """:class:`orchestrator.control.jobs.JobRunner` over Ray's ``JobSubmissionClient``."""
 
@@ -266,9 +233,7 @@ class RayJobRunner:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from ray.job_submission import JobSubmissionClient
-
-            self._client = JobSubmissionClient(self._address or api_server_url())
+            self._client = job_submission_client(self._address or api_server_url())
         return self._client
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
@@ -293,65 +258,6 @@ class RayJobRunner:
 def checkpoint_actor(name: str, namespace: str, directory: str) -> Any:
     """Ask a named holder actor implementing ``checkpoint(dir) -> path`` to checkpoint; returns the ref."""
     return ray.get_actor(name, namespace=namespace).checkpoint.remote(directory)
-
-
-# ---- the head, as a client sees it --------------------------------------------------------------
-class HeadClient:
-    """Calls the head actor and raises its typed errors (never ``RayTaskError``) again."""
-
-    def __init__(self, namespace: str = "rgo", name: str = "rgo-head", handle: Any = None) -> None:
-        self.handle = handle if handle is not None else get_head(namespace, name)
-
-    def call(self, method: str, *args: Any, timeout: float | None = 60.0, **kwargs: Any) -> Any:
-        ref = getattr(self.handle, method).remote(*args, **kwargs)
-        try:
-            reply = ray.get(ref, timeout=timeout)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            raise NotConnectedError(f"orchestrator head did not answer {method}: {type(e).__name__}") from None
-        return unwrap(reply)
-
-    def request_lease(self, lease_request: Mapping[str, Any]) -> str:
-        return self.call("request_lease", dict(lease_request))
-
-    def get_lease(self, lease_id: str) -> dict[str, Any]:
-        return self.call("get_lease", lease_id)
-
-    def wait_lease(self, lease_id: str, timeout: float) -> dict[str, Any]:
-        return self.call("wait_lease", lease_id, timeout, timeout=timeout + 30)
-
-    def activate(self, lease_id: str, token: int, holder: str | None = None) -> dict[str, Any]:
-        return self.call("activate", lease_id, token, holder)
-
-    def release(self, lease_id: str, token: int | None, reason: str = "released by its holder") -> dict[str, Any]:
-        return self.call("release", lease_id, token, reason)
-
-    def status(self) -> dict[str, Any]:
-        return self.call("status")
-
-    # jobs
-    def submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
-        return self.call("submit_job", dict(spec), job_id)
-
-    def get_job(self, job_id: str) -> dict[str, Any]:
-        return self.call("get_job", job_id)
-
-    def list_jobs(self) -> list[dict[str, Any]]:
-        return self.call("list_jobs")
-
-    def cancel_job(self, job_id: str) -> dict[str, Any]:
-        return self.call("cancel_job", job_id)
-
-    def job_logs(self, job_id: str) -> str:
-        return self.call("job_logs", job_id)
-
-    def explain_job(self, job_id: str) -> dict[str, Any]:
-        return self.call("explain_job", job_id)
-
-    def job_preemption_requested(self, job_id: str) -> dict[str, Any]:
-        return self.call("job_preemption_requested", job_id)
-
-    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> dict[str, Any]:
-        return self.call("job_ack_checkpoint", job_id, path, step)
 
 
 def ray_cli(argv: list[str]) -> None:

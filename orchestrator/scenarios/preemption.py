@@ -21,7 +21,7 @@ Figures (all from the head's own records and the jobs' logs):
   (last step logged by attempt k minus the step attempt k+1 resumed at).
 
 This module is the client side: it talks to the head through
-:class:`~orchestrator.rayport.ray_api.HeadClient` and reads per-attempt logs
+:class:`~orchestrator.rayport.client.HeadClient` and reads per-attempt logs
 from Ray's job API; the cluster itself is started and stopped by the caller.
 """
 
@@ -36,8 +36,11 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
+from orchestrator.core import env
+from orchestrator.core.api import HeadApi
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
+from orchestrator.rayport.ray_api import job_submission_client
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "jobs" / "train.py"
@@ -101,12 +104,10 @@ class ScenarioResult:
 class Scenario:
     """Runs one scenario against a running head; ``say`` receives one line per decision or event."""
 
-    def __init__(self, head: Any, job_api_url: str, workdir: Path, cfg: ScenarioConfig,
+    def __init__(self, head: HeadApi, job_api_url: str, workdir: Path, cfg: ScenarioConfig,
                  say: Callable[[str], None] = print) -> None:
         self.head, self.cfg, self.workdir, self.say = head, cfg, Path(workdir), say
-        from ray.job_submission import JobSubmissionClient
-
-        self.ray_jobs = JobSubmissionClient(job_api_url)
+        self.ray_jobs = job_submission_client(job_api_url)
         self._seen: dict[str, int] = {}
         self.t0 = time.monotonic()
 
@@ -122,7 +123,7 @@ class Scenario:
             spec = JobSpec(name=f"train-{seed}", gpu=GpuRequest.whole(cards), priority=cls, checkpoint_dir=str(ck),
                            entrypoint=(f"{sys.executable} {TRAIN} --steps {cfg.steps} --seed {seed} "
                                        f"--step-delay {cfg.step_delay_s} --log-every 1{every}"),
-                           runtime_env={"env_vars": {"ORCHESTRATOR_POLL_S": str(cfg.poll_s)}})
+                           runtime_env={"env_vars": {env.POLL_S: str(cfg.poll_s)}})
             job = self.head.submit_job(spec.model_dump(mode="json"))
             trainings[job["job_id"]] = (seed, ck)
             self.say(f"submitted {job['job_id']}: {cards} card(s), class {cls}")

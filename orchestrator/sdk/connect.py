@@ -82,6 +82,7 @@ class Connection:
         import ray
 
         from orchestrator.rayport import ray_api
+        from orchestrator.rayport.client import HeadClient
 
         self.target = target
         self._ray_api = ray_api
@@ -90,7 +91,7 @@ class Connection:
             os.environ.update(target.env)
             ray_api.connect(target.address, target.namespace)
         try:
-            self.head: HeadApi = ray_api.HeadClient(target.namespace, target.head_name)
+            self.head: HeadApi = HeadClient(target.namespace, target.head_name)
         except OrchestratorError as e:
             self.close()
             raise type(e)(f"{e} (found through {target.source})") from None

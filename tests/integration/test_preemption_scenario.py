@@ -38,14 +38,16 @@ def head(ray_cluster: Any) -> Iterator[Any]:
     import ray
 
     from orchestrator.rayport import ray_api
+    from orchestrator.rayport.actors import start_head
+    from orchestrator.rayport.client import HeadClient
 
     cfg = ray_cluster.config
     sched = cfg.scheduler.model_copy(update={"policy": "bestfit", "classes": {
         **cfg.scheduler.classes,
         "training": cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 1.0, "grace_period_s": 60.0}),
     }})
-    handle = ray_api.start_head(SETTINGS, cfg.model_copy(update={"scheduler": sched}), node_id=ray_api.head_node_id())
-    client = ray_api.HeadClient(handle=handle)
+    handle = start_head(SETTINGS, cfg.model_copy(update={"scheduler": sched}), node_id=ray_api.head_node_id())
+    client = HeadClient(handle=handle)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if len(ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"]) == 3:

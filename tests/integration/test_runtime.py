@@ -78,9 +78,11 @@ def test_up_status_down_leaves_nothing_behind() -> None:
 @pytest.fixture(scope="module")
 def head(ray_cluster: Any) -> Iterator[Any]:
     from orchestrator.rayport import ray_api
+    from orchestrator.rayport.actors import start_head
+    from orchestrator.rayport.client import HeadClient
 
-    handle = ray_api.start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
-    client = ray_api.HeadClient(handle=handle)
+    handle = start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
+    client = HeadClient(handle=handle)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if ray_api.unwrap(__import__("ray").get(handle.ping.remote()))["registered_nodes"] == ["a100-0", "a100-1", "h100-0"]:
@@ -116,7 +118,7 @@ def _probe() -> type:
 
             import ray
 
-            env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "RGO_", "RAY_EXPERIMENTAL_NOSET"))}
+            env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "ORCHESTRATOR_", "RAY_EXPERIMENTAL_NOSET"))}
             return {"env": env, "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids(),
                     "actor_id": ray.get_runtime_context().get_actor_id(), "pid": os.getpid()}
 

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from orchestrator.core.ids import attempt_id
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.config import RuntimeSettings
@@ -53,13 +54,15 @@ def head(job_env: None, ray_cluster: Any) -> Iterator[Any]:
     import ray
 
     from orchestrator.rayport import ray_api
+    from orchestrator.rayport.actors import start_head
+    from orchestrator.rayport.client import HeadClient
 
-    handle = ray_api.start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
+    handle = start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
     deadline = time.monotonic() + 120
     while ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"] != ["a100-0", "a100-1", "h100-0"]:
         assert time.monotonic() < deadline, "agents did not register"
         time.sleep(0.25)
-    yield ray_api.HeadClient(handle=handle)
+    yield HeadClient(handle=handle)
     for node in ray_cluster.config.nodes:
         ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
     ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
@@ -86,7 +89,7 @@ def test_a_job_of_each_gpu_kind_runs_on_its_lease(client: Any, head: Any) -> Non
     print(f"\n{len(kinds)} jobs submitted -> all ended in {time.monotonic() - t0:.1f}s")
     for k, d in final.items():
         assert d["state"] == "succeeded", (k, d["message"], handles[k].logs())
-        assert d["ray_submission_id"] == f"{d['job_id']}-1" and d["attempt"] == 1
+        assert d["ray_submission_id"] == attempt_id(d["job_id"], 1) == f"{d['job_id']}.a1" and d["attempt"] == 1
         states = [t["state"] for t in d["history"]]
         assert states == ["queued", "admitted", "running", "succeeded"], (k, states)
         lease = head.get_lease(d["lease_id"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.control.agent import AgentCore
 from orchestrator.core.config import ClusterConfig, RuntimeSettings
@@ -45,7 +46,7 @@ def test_allocate_refuses_devices_of_another_node(demo: ClusterConfig) -> None:
     foreign = {"node": "a100-0", "kind": "whole", "gpu_indices": [0], "gpu_uuids": [demo.node("a100-0").gpu_uuid(0)],  # type: ignore[union-attr]
                "milli": 1000, "memory_mib": 81920}
     with pytest.raises(InvalidRequestError):
-        core.allocate("x", foreign)
+        core.allocate("x", Allocation.from_json(foreign))
     core.apply_assignments({"x": {"allocation": foreign, "fencing_token": 3}})
     assert "x" in core.rejected and core.heartbeat_payload()["rejected"]["x"]
     core.apply_assignments({})
@@ -61,9 +62,11 @@ def test_mig_on_demand_is_created_by_the_backend_and_reported() -> None:
     # an instance of the fixed layout keeps its UUID; one the layout lacks is made on demand
     alloc = {"node": "d", "kind": "mig", "gpu_indices": [0], "gpu_uuids": [node.gpu_uuid(0)], "milli": 0,
              "memory_mib": 10240, "mig_profile": "1g.10gb", "mig_start": 3, "mig_uuid": None}
-    env = core.allocate("m", alloc)
-    assert env["CUDA_VISIBLE_DEVICES"].startswith("MIG-") and core.heartbeat_payload()["mig_uuids"]["m"] == env["CUDA_VISIBLE_DEVICES"]
-    assert core.allocate("m2", alloc)["CUDA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"]  # idempotent per placement
+    made = core.allocate("m", Allocation.from_json(alloc))
+    assert made is not None and made.startswith("MIG-") and core.heartbeat_payload()["mig_uuids"]["m"] == made
+    assert core.allocate("m2", Allocation.from_json(alloc)) == made  # idempotent per placement
+    fixed = dict(alloc, mig_start=0, mig_uuid=node.inventory().gpus[0].mig_devices[0].uuid)
+    assert core.allocate("f", Allocation.from_json(fixed)) is None  # an existing instance is not made again
 
 
 def test_health_events_make_a_new_inventory_once(demo: ClusterConfig) -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from orchestrator.core.errors import IllegalTransitionError, InvalidRequestError, StaleFencingTokenError, UnknownObjectError
 from orchestrator.core.config import RuntimeSettings
-from orchestrator.control.controller import HeadController, RayNodeInfo
+from orchestrator.control.controller import HeadController
+from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES
 from orchestrator.control.store import MemoryStore
 

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
+from orchestrator.core.job import JobSpec
+from orchestrator.core.request import GpuRequest
 from orchestrator.control.controller import HeadController
 from orchestrator.control.jobs import JobManager
 from orchestrator.control.store import MemoryStore
@@ -65,11 +67,9 @@ def cycle(ctl: HeadController, jm: JobManager, agents: dict[str, FakeAgent], n: 
         jm.reconcile()
 
 
-def spec(name: str, gpu: str = "1", priority: str = "training", ckpt: str | None = None) -> dict[str, Any]:
-    from orchestrator.core.request import GpuRequest
-
-    return {"name": name, "entrypoint": f"python jobs/train.py --name {name}", "gpu": GpuRequest.parse(gpu),
-            "priority": priority, "checkpoint_dir": ckpt}
+def spec(name: str, gpu: str = "1", priority: str = "training", ckpt: str | None = None) -> JobSpec:
+    return JobSpec(name=name, entrypoint=f"python jobs/train.py --name {name}", gpu=GpuRequest.parse(gpu),
+                   priority=priority, checkpoint_dir=ckpt)
 
 
 def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
@@ -169,7 +169,7 @@ def test_refusals_and_idempotent_submit(jm) -> None:
         jm.submit(spec("x", gpu="mig:1g.5gb"))
     assert e.value.field == "gpu.profile"
     with pytest.raises(InvalidRequestError) as e:
-        jm.submit({"name": "x", "entrypoint": " "})
+        JobSpec.parse({"name": "x", "entrypoint": " "})  # the head's edge (HeadService.submit_job) parses once
     assert e.value.field == "entrypoint"
     one = jm.submit(spec("same"), job_id="fixed")
     assert jm.submit(spec("same"), job_id="fixed")["job_id"] == one["job_id"] == "fixed"
@@ -190,8 +190,8 @@ def test_a_queued_job_whose_lease_is_missing_asks_for_it_again(ctl, jm, agents, 
     big = jm.submit(spec("big"))["job_id"]
     assert jm.get(big)["state"] == "queued" and jm.get(big)["lease"]["state"] == "pending"
     lease_id = jm.get(big)["lease_id"]
-    ctl._leases.pop(lease_id)  # noqa: SLF001 - the ledger without it, as restored from a store without it
-    store.delete(f"rgo/lease/{lease_id}")
+    ctl.ledger.drop(lease_id)  # the ledger without it, as restored from a store without it
+    assert store.get(f"rgo/lease/{lease_id}") is None
     assert jm.get(big)["lease"] is None
     cycle(ctl, jm, agents)
     got = jm.get(big)

@@ -1,6 +1,6 @@
 """Fakes for the SDK and CLI unit tests. No Ray.
 
-:class:`FakeHead` stands in for :class:`orchestrator.rayport.ray_api.HeadClient`
+:class:`FakeHead` stands in for :class:`orchestrator.rayport.client.HeadClient`
 with the head-side contract the SDK relies on: job dicts are real
 ``Job.to_dict()`` values plus ``lease``; unknown ids raise
 ``UnknownObjectError``; cluster-dependent refusals (unknown priority class,

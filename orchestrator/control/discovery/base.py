@@ -9,7 +9,7 @@ that takes them on demand. Backends:
 * ``nvml`` (:mod:`.nvml`) -- the real GPUs through pynvml;
 * ``simulated`` (:mod:`.simulated`) -- the node's entry of a cluster file.
 
-:func:`select_backend` picks one: ``auto`` is ``nvml`` where the NVML library
+:func:`orchestrator.control.discovery.select_backend` picks one: ``auto`` is ``nvml`` where the NVML library
 loads and reports at least one GPU, ``simulated`` otherwise (the default on
 machines without GPUs).
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from orchestrator.core.errors import ConfigError
 from orchestrator.core.inventory import NodeInventory
 
 
@@ -65,15 +64,3 @@ def apply_events(inv: NodeInventory, events: list[HealthEvent]) -> NodeInventory
     if not changed:
         return inv
     return inv.model_copy(update={"gpus": tuple(gpus), "generation": inv.generation + 1})
-
-
-def select_backend(kind: str, node_name: str, simulated_node: object | None = None) -> DiscoveryBackend:
-    """The backend for ``kind`` (auto | nvml | simulated); see the module docstring."""
-    from orchestrator.control.discovery.nvml import NvmlBackend, nvml_available
-    from orchestrator.control.discovery.simulated import SimulatedBackend
-
-    if kind == "nvml" or (kind == "auto" and nvml_available()):
-        return NvmlBackend(node_name)
-    if kind in ("auto", "simulated"):
-        return SimulatedBackend(simulated_node, node_name=node_name)  # type: ignore[arg-type]
-    raise ConfigError("settings.discovery", kind, ["auto", "nvml", "simulated"])

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.core.errors import InvalidRequestError
-from orchestrator.core.catalogue import gpu_model
-from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
 from orchestrator.control.discovery.base import HealthEvent
+from orchestrator.core.catalogue import gpu_model
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
 
 #: XIDs caused by applications, not by the GPU (k8s-device-plugin's default skip list).
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})

@@ -10,10 +10,10 @@ from __future__ import annotations
 import threading
 import uuid
 
+from orchestrator.control.discovery.base import HealthEvent
+from orchestrator.core.config import SimNode
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.inventory import NodeInventory
-from orchestrator.core.config import SimNode
-from orchestrator.control.discovery.base import HealthEvent
 
 _MIG_NS = uuid.UUID("0b8a4a4e-52f0-4f55-8f4e-3c1b5d7a9e21")
 

@@ -1,0 +1,144 @@
+"""The head's node registry: which GPU nodes exist, which agent speaks for each, and when it was last heard.
+
+Names: a *node* is one GPU node (one raylet); its *agent* is our device plugin
+on it; an *incarnation* is one life of an agent (a fresh id each start), so
+heartbeats of an agent the head has replaced are refused.
+
+Invariants:
+
+* a node is REGISTERED while its current incarnation heartbeats within the
+  agent TTL and its Ray node is alive; then it becomes LOST (and the leases on
+  it are lost by the controller);
+* only :class:`NodeRegistry` changes records, and it writes a record to the
+  store before it makes it current (hard state first); ``last_seen`` is soft
+  state (a restored node counts as just seen).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from orchestrator.control.store import StateStore
+from orchestrator.core.inventory import NodeInventory
+
+
+class NodeState(str, enum.Enum):
+    REGISTERED = "registered"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """What the head knows of one node and its agent."""
+
+    name: str
+    ray_node_id: str
+    incarnation: str
+    inventory: NodeInventory
+    state: NodeState
+    last_seen: float
+    registered_at: float
+    reason: str = ""
+    allocated: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ray_node_id": self.ray_node_id, "incarnation": self.incarnation,
+                "inventory": self.inventory.model_dump(mode="json"), "state": self.state.value,
+                "registered_at": self.registered_at, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], *, seen_at: float) -> "NodeRecord":
+        return cls(name=d["name"], ray_node_id=d["ray_node_id"], incarnation=d["incarnation"],
+                   inventory=NodeInventory.model_validate(d["inventory"]), state=NodeState(d["state"]),
+                   last_seen=seen_at, registered_at=d["registered_at"], reason=d.get("reason", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class RayNodeInfo:
+    """A live Ray node as the head's wrapper sees it (from the GCS node table)."""
+
+    ray_node_id: str
+    name: str
+    is_head: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStart:
+    """A node that needs an agent started on it, and why."""
+
+    node_name: str
+    ray_node_id: str
+    reason: str
+
+
+class NodeRegistry:
+    """The registered nodes, the live Ray nodes, and the agent starts in flight; see the module docstring."""
+
+    def __init__(self, store: StateStore, namespace: str) -> None:
+        self.store = store
+        self.prefix = f"{namespace}/node/"
+        self.records: dict[str, NodeRecord] = {}
+        self.ray_nodes: dict[str, RayNodeInfo] = {}
+        self.starts: dict[str, float] = {}
+
+    def restore(self, now: float) -> None:
+        for key in self.store.keys(self.prefix):
+            d = self.store.get(key)
+            if d is not None:
+                rec = NodeRecord.from_json(d, seen_at=now)
+                self.records[rec.name] = rec
+
+    def commit(self, rec: NodeRecord) -> None:
+        """Write ``rec`` to the store, then make it current."""
+        self.store.put(self.prefix + rec.name, rec.to_json())
+        self.records[rec.name] = rec
+
+    def touch(self, rec: NodeRecord, now: float, allocated: tuple[str, ...] | None = None) -> None:
+        """Soft state only: the node was heard from (not written to the store)."""
+        self.records[rec.name] = replace(rec, last_seen=now, allocated=rec.allocated if allocated is None else allocated)
+
+    def get(self, name: str) -> NodeRecord | None:
+        return self.records.get(name)
+
+    def current(self, name: str, incarnation: str) -> NodeRecord | None:
+        """The record if ``incarnation`` is the node's registered agent, else None (it must re-register)."""
+        rec = self.records.get(name)
+        if rec is None or rec.incarnation != incarnation or rec.state is not NodeState.REGISTERED:
+            return None
+        return rec
+
+    def registered(self) -> list[NodeRecord]:
+        return [r for _, r in sorted(self.records.items()) if r.state is NodeState.REGISTERED]
+
+    def observe(self, nodes: Iterable[RayNodeInfo]) -> None:
+        self.ray_nodes = {n.name: n for n in nodes}
+
+    def silent(self, now: float, ttl: float) -> list[tuple[NodeRecord, str]]:
+        """Registered nodes to declare lost, each with the reason: silent past ``ttl`` or its Ray node gone."""
+        out = []
+        for rec in list(self.records.values()):
+            if rec.state is not NodeState.REGISTERED:
+                continue
+            silent = now - rec.last_seen
+            ray_node = self.ray_nodes.get(rec.name)
+            gone = bool(self.ray_nodes) and (ray_node is None or ray_node.ray_node_id != rec.ray_node_id)
+            if silent > ttl:
+                out.append((rec, f"agent silent for {silent:.1f}s > ttl {ttl:g}s"))
+            elif gone:
+                out.append((rec, "its Ray node left the cluster"))
+        return out
+
+    def agents_to_start(self, now: float, ttl: float) -> list[AgentStart]:
+        """Every live Ray node without a registered agent, unless a start is in flight (one TTL to register)."""
+        out = []
+        for name, rn in sorted(self.ray_nodes.items()):
+            rec = self.records.get(name)
+            if rec is not None and rec.state is NodeState.REGISTERED:
+                continue
+            asked = self.starts.get(name)
+            if asked is not None and now - asked < ttl:
+                continue
+            out.append(AgentStart(name, rn.ray_node_id, "new node" if rec is None else f"agent lost ({rec.reason})"))
+        return out

@@ -1,0 +1,189 @@
+"""The head, whole and in-process: the controller, the job layer and the metrics behind :class:`HeadApi`.
+
+:class:`HeadService` is what the head actor (:mod:`orchestrator.rayport.head`)
+runs and what tests run in-process: every method of
+:class:`~orchestrator.core.api.HeadApi` is implemented here once, over the
+:class:`~orchestrator.control.controller.HeadController` and the
+:class:`~orchestrator.control.jobs.JobManager`. What needs Ray is behind two
+narrow ports: :class:`ClusterPort` (the GCS node and actor tables, starting an
+agent) and :class:`~orchestrator.control.jobs.JobRunner` (Ray's job API).
+
+Invariants:
+
+* arguments arrive JSON-safe and are validated here, once, into the typed
+  models (``LeaseRequest``, ``JobSpec``, ``NodeInventory``); nothing inward
+  validates them again;
+* :meth:`HeadService.cycle` is the only place time moves the state on (one
+  controller cycle, agents started, one job-layer step, metrics refreshed);
+  an exception in it is logged and the next cycle retries;
+* :meth:`HeadService.wait_lease` in-process drives :meth:`cycle` itself; the
+  actor answers it from :meth:`lease_settled` on its event loop instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from orchestrator.control.controller import HeadController, ReconcileReport
+from orchestrator.control.jobs import JobManager, JobRunner
+from orchestrator.control.metrics import HeadMetrics
+from orchestrator.control.nodes import RayNodeInfo
+from orchestrator.control.store import StateStore
+from orchestrator.core.api import Json
+from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
+from orchestrator.core.errors import LeaseTimeoutError
+from orchestrator.core.job import JobSpec
+from orchestrator.core.lease import LeaseState
+
+log = logging.getLogger(__name__)
+
+#: How often the service re-reads the cluster's node and actor tables (a cycle may run faster).
+TABLES_EVERY_S = 1.0
+
+
+class ClusterPort(Protocol):
+    """What the head asks of the cluster it runs in (``rayport.head.RayClusterPort`` is the real one)."""
+
+    def alive_nodes(self) -> list[RayNodeInfo]: ...
+
+    def holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]: ...
+
+    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None) -> None: ...
+
+
+class HeadService:
+    """The head's API over its parts; see the module docstring. Implements :class:`~orchestrator.core.api.HeadApi`."""
+
+    def __init__(self, settings: RuntimeSettings, cluster: ClusterConfig, store: StateStore, runner: JobRunner,
+                 port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = 0.5,
+                 metrics: HeadMetrics | None = None) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.port = port
+        self.clock = clock
+        self._alive: tuple[float, dict[str, bool]] = (float("-inf"), {})
+        self._nodes_read_at = float("-inf")
+        self.ctl = HeadController(settings, store, clock=clock, holder_probe=self._holders_alive,
+                                  sched_config=cluster.scheduler)
+        self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
+                               head_name=settings.head_name, status_poll_s=status_poll_s)
+        self.metrics = metrics or HeadMetrics()
+        self.metrics_port: int | None = None
+        self.restored = self.ctl.restore()
+        self.jobs.restore()
+        self.started_at = clock()
+
+    # ---- time ----------------------------------------------------------------------------------
+    def cycle(self) -> ReconcileReport:
+        """One step of everything time drives; see the module docstring."""
+        now = time.monotonic()
+        if now - self._nodes_read_at > TABLES_EVERY_S:
+            self.ctl.observe_ray_nodes(self.port.alive_nodes())
+            self._nodes_read_at = now
+        report = self.ctl.reconcile()
+        for start in report.start_agents:
+            try:
+                self.port.start_agent(start.node_name, start.ray_node_id, self.cluster.node(start.node_name))
+                log.info("started agent on %s (%s)", start.node_name, start.reason)
+            except Exception:
+                log.exception("could not start the agent of %s", start.node_name)
+            self.ctl.agent_start_requested(start.node_name)
+        for event in self.jobs.reconcile():
+            log.info("%s", event)
+        self.metrics.update(self.ctl, report)
+        if report.lost_nodes or report.lost_leases:
+            log.warning("lost nodes %s, lost leases %s, requeued %s", report.lost_nodes, report.lost_leases,
+                        report.requeued)
+        return report
+
+    def _holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
+        at, cached = self._alive
+        if time.monotonic() - at > TABLES_EVERY_S or any(h not in cached for h in holders):
+            cached = dict(self.port.holders_alive(holders))
+            self._alive = (time.monotonic(), cached)
+        return cached
+
+    # ---- leases --------------------------------------------------------------------------------
+    def request_lease(self, lease_request: Mapping[str, Any]) -> str:
+        return self.ctl.request_lease(lease_request)
+
+    def get_lease(self, lease_id: str) -> Json:
+        return self.ctl.get_lease(lease_id)
+
+    def lease_settled(self, lease_id: str) -> Json | None:
+        """The lease's latest attempt once handed out or ended for good; None while it is on its way."""
+        e = self.ctl.ledger.latest(lease_id)
+        state = e.lease.state
+        if (state is not LeaseState.PENDING and e.handout is not None) or state in (
+                LeaseState.RELEASED, LeaseState.PREEMPTED, LeaseState.EXPIRED) or (
+                state is LeaseState.LOST and not e.requeued_as):
+            return e.to_dict()
+        return None
+
+    def lease_timeout(self, lease_id: str, timeout: float) -> LeaseTimeoutError:
+        e = self.ctl.ledger.latest(lease_id)
+        return LeaseTimeoutError(e.spec.request.describe(), timeout, e.why_pending or f"lease is {e.lease.state.value}")
+
+    def wait_lease(self, lease_id: str, timeout: float) -> Json:
+        deadline = time.monotonic() + timeout
+        while (d := self.lease_settled(lease_id)) is None:
+            if time.monotonic() >= deadline:
+                raise self.lease_timeout(lease_id, timeout)
+            self.cycle()
+            time.sleep(min(0.05, self.settings.reconcile_interval_s))
+        return d
+
+    def activate(self, lease_id: str, token: int, holder: str | None = None) -> Json:
+        return self.ctl.activate(lease_id, token, holder)
+
+    def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
+        return self.ctl.release(lease_id, token, reason)
+
+    def explain_lease(self, lease_id: str) -> Json:
+        return self.ctl.explain_lease(lease_id)
+
+    # ---- jobs ----------------------------------------------------------------------------------
+    def submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Json:
+        return self.jobs.submit(JobSpec.parse(spec), job_id)
+
+    def get_job(self, job_id: str) -> Json:
+        return self.jobs.get(job_id)
+
+    def list_jobs(self) -> list[Json]:
+        return self.jobs.list()
+
+    def cancel_job(self, job_id: str) -> Json:
+        return self.jobs.cancel(job_id)
+
+    def job_logs(self, job_id: str) -> str:
+        return self.jobs.logs(job_id)
+
+    def explain_job(self, job_id: str) -> Json:
+        return self.jobs.explain(job_id)
+
+    def job_preemption_requested(self, job_id: str) -> Json:
+        return self.jobs.preemption_requested(job_id)
+
+    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> Json:
+        return self.jobs.ack_checkpoint(job_id, path, step)
+
+    # ---- the cluster ---------------------------------------------------------------------------
+    def status(self) -> Json:
+        return self.ctl.status()
+
+    def ping(self) -> Json:
+        return {"restored_leases": self.restored, "started_at": self.started_at,
+                "registered_nodes": self.ctl.registered_nodes(), "metrics_port": self.metrics_port}
+
+    # ---- agents --------------------------------------------------------------------------------
+    def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
+        return self.ctl.register_agent(node_name, ray_node_id, incarnation, inventory)
+
+    def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
+                  rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None) -> Json:
+        return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids)
+
+    def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
+        return self.ctl.update_inventory(node_name, incarnation, inventory)

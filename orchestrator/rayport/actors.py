@@ -1,0 +1,54 @@
+"""Creating the orchestrator's actors: the head and one agent per GPU node.
+
+The head is given :func:`start_agent` as an argument (dependency injection,
+so :mod:`.head` does not import this module that imports it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import ray
+
+from orchestrator.core.config import ClusterConfig, RuntimeSettings
+from orchestrator.rayport.agent import AgentActor
+from orchestrator.rayport.head import HeadActor
+from orchestrator.rayport.ray_api import agent_name, kill_named, pin
+
+
+def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: str | None = None) -> Any:
+    """Create the detached head actor (or return the running one: ``get_if_exists``).
+
+    ``max_restarts=-1``: Ray restarts a head that dies, and it resumes from the GCS
+    store; ``max_task_retries=-1``: calls in flight across a restart are retried,
+    which is safe because every state-changing method is idempotent.
+    """
+    opts: dict[str, Any] = dict(name=settings.head_name, namespace=settings.namespace, lifetime="detached",
+                                get_if_exists=True, max_restarts=-1, max_task_retries=-1, num_cpus=0,
+                                max_concurrency=1000)
+    if node_id:
+        opts["scheduling_strategy"] = pin(node_id, soft=True)  # the Ray head node, while it stands
+    return ray.remote(HeadActor).options(**opts).remote(settings.model_dump(mode="json"),
+                                                         cluster.model_dump(mode="json"), start_agent)
+
+
+def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim_node: Mapping[str, Any] | None) -> Any:
+    """Create the detached agent of one node, pinned there (``soft=False``).
+
+    An older agent of the node that is still alive but silent is killed first;
+    Ray frees the name once the old actor is dead, so creation is retried briefly.
+    """
+    name = agent_name(node_name)
+    kill_named(name, settings.namespace)
+    opts = dict(name=name, namespace=settings.namespace, lifetime="detached", max_restarts=0, num_cpus=0,
+                scheduling_strategy=pin(ray_node_id, soft=False))
+    cls = ray.remote(AgentActor).options(**opts)
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            return cls.remote(node_name, ray_node_id, settings.model_dump(mode="json"), dict(sim_node) if sim_node else None)
+        except ValueError:  # the name is still held by the actor just killed
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

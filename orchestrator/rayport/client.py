@@ -1,0 +1,70 @@
+"""The head, as a client sees it: :class:`HeadClient` calls the head actor and raises its typed errors again.
+
+Its methods are made from :data:`orchestrator.core.api.HEAD_METHODS` (one per
+method of :class:`~orchestrator.core.api.HeadApi`, with the declared
+signature), so the client cannot drift from the actor or the service.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Mapping
+
+import ray
+from pydantic import BaseModel
+
+from orchestrator.core.api import HEAD_METHODS, HeadApi
+from orchestrator.core.errors import NotConnectedError
+from orchestrator.rayport.ray_api import get_head
+from orchestrator.rayport.wire import unwrap
+
+#: Seconds a call waits for the head's answer (``wait_lease`` waits its own timeout plus this).
+CALL_TIMEOUT_S = 60.0
+
+
+class HeadClient(HeadApi):
+    """Calls the head actor and raises its typed errors (never ``RayTaskError``) again.
+
+    It subclasses the protocol so type checkers see every method; each is replaced below by a real call."""
+
+    def __init__(self, namespace: str = "rgo", name: str = "rgo-head", handle: Any = None) -> None:
+        self.handle = handle if handle is not None else get_head(namespace, name)
+
+    def call(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+        ref = getattr(self.handle, method).remote(*args, **kwargs)
+        try:
+            reply = ray.get(ref, timeout=timeout)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            raise NotConnectedError(f"orchestrator head did not answer {method}: {type(e).__name__}") from None
+        return unwrap(reply)
+
+
+def _plain(v: Any) -> Any:
+    """What goes over the wire: a model as its JSON form, a mapping as a dict, a sequence as a list."""
+    if isinstance(v, BaseModel):
+        return v.model_dump(mode="json")
+    if isinstance(v, Mapping):
+        return dict(v)
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    return v
+
+
+def _call(name: str) -> Callable[..., Any]:
+    declared = getattr(HeadApi, name)
+    sig = inspect.signature(declared)
+
+    @functools.wraps(declared)
+    def method(self: HeadClient, *args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        values = [_plain(v) for k, v in bound.arguments.items() if k != "self"]
+        timeout = CALL_TIMEOUT_S + float(bound.arguments["timeout"]) if name == "wait_lease" else CALL_TIMEOUT_S
+        return self.call(name, *values, timeout=timeout)
+
+    return method
+
+
+for _name in HEAD_METHODS:
+    setattr(HeadClient, _name, _call(_name))

@@ -1,0 +1,46 @@
+"""The head's API is declared once (core.api.HeadApi); the service, the actor and the client all follow it."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from orchestrator.control.service import HeadService
+from orchestrator.core.api import HEAD_METHODS, HeadApi
+from orchestrator.rayport.client import HeadClient
+from orchestrator.rayport.head import HeadActor
+
+
+def _params(fn: object) -> list[tuple[str, object]]:
+    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]  # type: ignore[arg-type]
+
+
+def test_the_declaration_lists_every_method() -> None:
+    assert {"request_lease", "wait_lease", "submit_job", "explain_lease", "heartbeat", "status"} <= set(HEAD_METHODS)
+    assert len(HEAD_METHODS) == len(set(HEAD_METHODS))
+
+
+@pytest.mark.parametrize("name", HEAD_METHODS)
+def test_the_service_implements_each_method_with_the_declared_parameters(name: str) -> None:
+    assert name in HeadService.__dict__, f"HeadService lacks {name}"
+    assert _params(HeadService.__dict__[name]) == _params(getattr(HeadApi, name))
+
+
+@pytest.mark.parametrize("name", HEAD_METHODS)
+def test_the_actor_answers_each_method_asynchronously(name: str) -> None:
+    method = getattr(HeadActor, name, None)
+    assert method is not None and inspect.iscoroutinefunction(method), f"HeadActor.{name} is not an async method"
+
+
+@pytest.mark.parametrize("name", HEAD_METHODS)
+def test_the_client_calls_each_method_with_the_declared_signature(name: str) -> None:
+    method = HeadClient.__dict__[name]
+    assert method is not HeadApi.__dict__[name]
+    assert _params(method) == _params(getattr(HeadApi, name))
+
+
+def test_nothing_answers_a_method_the_declaration_lacks() -> None:
+    public = {n for n, v in HeadService.__dict__.items() if callable(v) and not n.startswith("_")}
+    helpers = {"cycle", "lease_settled", "lease_timeout"}  # the service's own, used by the actor and in-process
+    assert public - helpers == set(HEAD_METHODS)
