@@ -9,7 +9,11 @@ import pytest
 
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.deploy.k8s.inventory import (
+    METRIC,
+    METRIC_LABELS,
     NODE_NAME_LABEL,
+    InventoryReport,
+    compare_nodes,
     cross_check,
     node_inventory,
     resolve_product,
@@ -171,3 +175,46 @@ def test_memory_differences_beyond_tolerance_warn() -> None:
     d = cross_check([node_inventory(H100)], [agent("h100-1", "H100-80GB", 8, memory=40960)])
     assert [(x.field, x.severity) for x in d] == [("gpu.memory", "warning")]
     assert d[0].to_dict()["kubernetes"] == "81559 MiB"
+
+
+# ---------------------------------------------------------------- the report the head exports
+
+def test_compare_nodes_reports_unreadable_labels_instead_of_raising() -> None:
+    odd = node("odd-1", {"nvidia.com/gpu.product": "NVIDIA-B999", "nvidia.com/gpu.count": "8"}, {"nvidia.com/gpu": "8"})
+    report = compare_nodes([H100, odd, CPU], [agent("h100-1", "H100-80GB", 8, memory=81559),
+                                              agent("odd-pod", "H100-80GB", 8, k8s_node="odd-1")])
+    assert report.nodes == ("cpu-1", "h100-1", "odd-1")
+    assert [(d.node, d.field, d.severity, d.kubernetes) for d in report.disagreements] == [
+        ("odd-1", "labels", "error", "NVIDIA-B999")]  # and its agent is not "on a node Kubernetes does not list"
+    assert report.errors == 1
+
+
+def test_report_samples_drop_resolved_keys_to_zero_and_count_repeats() -> None:
+    k8s = [H100, A100_MIXED]
+    bad = compare_nodes(k8s, [agent("h100-1", "H100-80GB", 9, memory=81559)])
+    first = bad.samples()
+    assert first == {("a100-1", "agents", "warning"): 1, ("h100-1", "gpu.count", "error"): 1}
+    assert METRIC_LABELS == ("node", "field", "severity") and METRIC == "orchestrator_inventory_disagreements"
+    good = compare_nodes(k8s, [agent("h100-1", "H100-80GB", 8, memory=81559),
+                               agent("a100-1", "A100-80GB", 8, mig=BALANCED)])
+    assert good.disagreements == ()
+    assert good.samples(previous=first) == {k: 0 for k in first}
+    twice = InventoryReport((*bad.disagreements, bad.disagreements[0]), bad.nodes)
+    assert twice.samples()[("a100-1", "agents", "warning")] == 2
+
+
+def test_report_lines_for_orchestrator_nodes_and_its_wire_form() -> None:
+    report = compare_nodes([H100, T4_MPS], [agent("h100-1", "H100-80GB", 6, memory=40960), agent("t4-1", "A10", 1)])
+    assert report.node_line("h100-1") == ("warning: gpu.count: labels 8, agents 6; "
+                                          "warning: gpu.memory: labels 81559 MiB, agents 40960 MiB")
+    assert report.node_line("t4-1") == "error: gpu.model: labels T4, agents A10"
+    assert report.node_line("nowhere") == ""
+    assert InventoryReport.from_dict(report.to_dict()) == report
+
+
+def test_the_dashboard_panel_reads_the_metric_by_its_severity_label() -> None:
+    from orchestrator.deploy.k8s.dashboard import METRICS, dashboard
+
+    assert METRIC in METRICS
+    exprs = [t["expr"] for p in dashboard("t")["panels"] for t in p["targets"] if METRIC in t["expr"]]
+    assert exprs and all("by (severity)" in e for e in exprs) and "severity" in METRIC_LABELS

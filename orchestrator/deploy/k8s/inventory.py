@@ -28,6 +28,16 @@ named by its ``orchestrator.io/k8s-node`` label, else by its ``name``. The
 rendered pods pass the node name to the agents as ``ORCHESTRATOR_NODE_NAME``.
 Several Ray pods can share one node (MPS, time-slicing, partial requests);
 their GPUs are pooled by UUID, so a GPU two pods see counts once.
+
+What the head does with it (:func:`compare_nodes` -> :class:`InventoryReport`):
+one call per check, from the Node objects as the API returns them and the
+agents' inventories; a node whose labels cannot be read becomes a
+disagreement (field ``labels``), never an exception, so one odd node cannot
+stop the check. The report gives the samples of the gauge
+``orchestrator_inventory_disagreements{node, field, severity}`` (with a 0 for
+every label set an earlier report had and this one lacks, so a resolved
+disagreement drops to 0 instead of staying at its last value) and one line
+per node for ``orchestrator nodes``.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.deploy.k8s.config import fit_mig_layout, parse_quantity
@@ -283,3 +293,73 @@ def cross_check(k8s: Iterable[NodeInventory], agents: Iterable[NodeInventory]) -
             add(node, "mig", _fmt_mig(k.mig), _fmt_mig(a.mig), "error",
                 f"agents cover every GPU but see another MIG layout than {kinv.labels.get(MIG_CONFIG, 'the labels')}")
     return sorted(out, key=lambda d: (d.node, d.field))
+
+
+#: The head's gauge of disagreements, and its labels in the order :meth:`InventoryReport.samples` keys them.
+METRIC = "orchestrator_inventory_disagreements"
+METRIC_LABELS: tuple[str, str, str] = ("node", "field", "severity")
+MetricKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class InventoryReport:
+    """One cross-check: the disagreements (sorted by node, field) and the Kubernetes nodes it read."""
+
+    disagreements: tuple[Disagreement, ...]
+    nodes: tuple[str, ...]
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for d in self.disagreements if d.severity == "error")
+
+    def samples(self, previous: Iterable[MetricKey] = ()) -> dict[MetricKey, int]:
+        """Gauge values by (node, field, severity): how many disagreements of each; 0 for a key only
+        ``previous`` (the last report's keys) has, so the head can set every key it ever set."""
+        out: dict[MetricKey, int] = {tuple(k): 0 for k in previous}  # type: ignore[misc]
+        for d in self.disagreements:
+            key = (d.node, d.field, d.severity)
+            out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items()))
+
+    def by_node(self) -> dict[str, list[Disagreement]]:
+        out: dict[str, list[Disagreement]] = {}
+        for d in self.disagreements:
+            out.setdefault(d.node, []).append(d)
+        return out
+
+    def node_line(self, node: str) -> str:
+        """What ``orchestrator nodes`` shows for ``node``: its disagreements, errors first; '' when it agrees."""
+        found = sorted(self.by_node().get(node, []), key=lambda d: (d.severity != "error", d.field))
+        return "; ".join(f"{d.severity}: {d.field}: labels {d.kubernetes}, agents {d.agents}" for d in found)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON for the wire (the head keeps the last one; ``orchestrator nodes --json`` shows it)."""
+        return {"nodes": list(self.nodes), "disagreements": [d.to_dict() for d in self.disagreements]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "InventoryReport":
+        return cls(tuple(Disagreement(**x) for x in d.get("disagreements", [])), tuple(d.get("nodes", [])))
+
+
+def compare_nodes(node_objs: Sequence[Mapping[str, Any]], agents: Iterable[NodeInventory]) -> InventoryReport:
+    """Cross-check Node objects (as the API lists them) against the agents' inventories.
+
+    Pure and total: a node whose labels contradict the catalogue is reported as an ``error`` on field
+    ``labels`` (with what :func:`node_inventory` said) and left out of the comparison, instead of raising.
+    """
+    k8s: list[NodeInventory] = []
+    unreadable: list[Disagreement] = []
+    for obj in node_objs:
+        name = (obj.get("metadata") or {}).get("name", "?")
+        try:
+            k8s.append(node_inventory(obj))
+        except InvalidRequestError as e:
+            unreadable.append(Disagreement(name, "labels", str(e.value), "-", "error",
+                                           f"labels the catalogue cannot read ({e.field}): fix the node's labels "
+                                           "or add the model to the catalogue"))
+    agents = list(agents)
+    bad = {d.node for d in unreadable}
+    # Agents of an unreadable node are not "on a node Kubernetes does not list": drop them from the check.
+    checked = cross_check(k8s, [a for a in agents if agent_node_name(a) not in bad])
+    names = tuple(sorted((obj.get("metadata") or {}).get("name", "?") for obj in node_objs))
+    return InventoryReport(tuple(sorted([*checked, *unreadable], key=lambda d: (d.node, d.field))), names)
