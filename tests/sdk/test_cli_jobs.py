@@ -1,30 +1,44 @@
-"""The job commands' contract against a fake head: refusals (exit 2) before connecting, one JSON value with
---json, exit codes, progress on stderr, and the rendering of tables and explanations. No Ray."""
+"""The job commands' contract against the real head in-process (tests/headless.py): refusals (exit 2) before
+connecting, one JSON value with --json, exit codes, progress on stderr, and the rendering of tables and
+explanations. No Ray."""
 
 from __future__ import annotations
 
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
+from headless import InProcessHead
 from typer.testing import CliRunner
 
 from orchestrator.cli import jobs as cli
-from orchestrator.core.job import JobState
 from orchestrator.sdk.jobs import Client
 
-from .fakes import FakeHead
-
 runner = CliRunner()
+FOUR = {"kind": "whole", "count": 4}  # the head's API takes a request's JSON form, not the --gpu string
 
 
 @pytest.fixture
-def head(monkeypatch: pytest.MonkeyPatch) -> FakeHead:
-    fake = FakeHead()
-    monkeypatch.setattr(cli, "make_client", lambda *a: Client(head=fake))
-    return fake
+def head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[InProcessHead]:
+    h = InProcessHead(workdir=tmp_path / "head")
+    monkeypatch.setattr(cli, "make_client", lambda *a: Client(head=h))
+    yield h
+    h.close()
+
+
+def _running(head: InProcessHead, job_id: str) -> None:
+    head.wait_for(lambda: head.service.get_job(job_id)["state"] == "running", 10, f"{job_id} running")
+
+
+def _blocked(head: InProcessHead, job_id: str) -> None:
+    """``job_id`` waits behind a 4-card inference job on a100-0 (the only node with 4 free cards)."""
+    head.submit_job({"name": "blocker", "entrypoint": "sleep 600", "gpu": FOUR, "priority": "inference"},
+                    "blocker-1")
+    _running(head, "blocker-1")
+    head.submit_job({"name": job_id.rsplit("-", 1)[0], "entrypoint": "true", "gpu": FOUR, "priority": "batch"}, job_id)
+    head.wait_for(lambda: head.service.explain_job(job_id)["pending"] is not None, 10, f"{job_id} considered")
 
 
 @pytest.fixture
@@ -62,7 +76,7 @@ def test_an_empty_command_exits_2(no_head: None) -> None:
     assert err["error"] == "InvalidRequestError" and err["field"] == "entrypoint" and "empty command" in err["message"]
 
 
-def test_the_heads_refusals_exit_2_listing_what_is_allowed(head: FakeHead) -> None:
+def test_the_heads_refusals_exit_2_listing_what_is_allowed(head: InProcessHead) -> None:
     r = run("submit", "--priority", "urgent", "--", "true")
     assert r.exit_code == 2 and "invalid priority='urgent'" in r.stderr and "batch, inference, training" in r.stderr
     r = run("submit", "--gpu", "mig:7g.80gb", "--json", "--", "true")
@@ -75,56 +89,51 @@ def test_an_unreachable_orchestrator_exits_3_with_one_json_object(tmp_path: Path
     assert json.loads(r.stdout)["error"] == "NotConnectedError"
 
 
-def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: FakeHead, tmp_path: Path) -> None:
+def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: InProcessHead, tmp_path: Path) -> None:
     r = run("submit", "--gpu", "mps:30%,20GiB", "--priority", "training", "--checkpoint-dir", str(tmp_path),
             "--env", "A=1", "--env", "B=x=y", "--working-dir", str(tmp_path), "--",
-            "python", "jobs/train.py", "--steps", "10", "--note", "two words")
+            "sleep", "600", "--note", "two words")
     assert r.exit_code == 0, r.output
     job_id = r.stdout.strip()
     spec = head.calls[0][1][0]
-    assert job_id.startswith("train-") and spec["name"] == "train"
-    assert shlex.split(spec["entrypoint"]) == ["python", "jobs/train.py", "--steps", "10", "--note", "two words"]
+    assert job_id.startswith("sleep-") and spec["name"] == "sleep"
+    assert shlex.split(spec["entrypoint"]) == ["sleep", "600", "--note", "two words"]
     assert spec["runtime_env"] == {"env_vars": {"A": "1", "B": "x=y"}, "working_dir": str(tmp_path)}
     assert spec["checkpoint_dir"] == str(tmp_path) and spec["priority"] == "training"
     assert "submitted " + job_id in r.stderr and "mps:30%,20480MiB" in r.stderr
+    _running(head, job_id)  # what Ray's job API received: the job's env plus the lease's devices
+    sent = head.runner.submitted[f"{job_id}.a1"]
+    assert sent["env"]["A"] == "1" and sent["env"]["B"] == "x=y" and sent["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert sent["env"]["ORCHESTRATOR_JOB_ID"] == job_id and sent["num_gpus"] == 0.3
 
 
-def test_submit_json_prints_exactly_one_object(head: FakeHead) -> None:
+def test_submit_json_prints_exactly_one_object(head: InProcessHead) -> None:
     r = run("submit", "--json", "--gpu", "timeslice:0.25", "--name", "ts", "--", "true")
     assert r.exit_code == 0
     d = json.loads(r.stdout)
     assert d["name"] == "ts" and d["state"] == "queued" and d["gpu"] == "timeslice:0.25"
 
 
-def test_submit_wait_prints_progress_and_exits_by_the_outcome(head: FakeHead, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("orchestrator.sdk.jobs.time.sleep", lambda s: None)
-    orig = head.submit_job
-
-    def submit_then_script(spec: dict[str, Any], job_id: str | None = None) -> dict[str, Any]:
-        d = orig(spec, job_id)
-        outcome = "succeeded" if spec["name"] == "ok" else "failed"
-        head.script(d["job_id"], ("admitted", "granted on a100-0"), ("running", "submitted to Ray"),
-                    (outcome, f"Ray job {outcome.upper()}"))
-        return d
-
-    head.submit_job = submit_then_script  # type: ignore[method-assign]
-    r = run("submit", "--wait", "--name", "ok", "--", "true")
+def test_submit_wait_prints_progress_and_exits_by_the_outcome(head: InProcessHead) -> None:
+    r = run("submit", "--wait", "--name", "ok", "--", "sleep", "0.5")
     assert r.exit_code == 0, r.output
     assert r.stdout.strip().endswith(": succeeded")
-    assert [ln.split()[3] for ln in r.stderr.splitlines()[1:]] == ["admitted", "running", "succeeded"]
+    states = [ln.split()[3] for ln in r.stderr.splitlines()[1:]]
+    assert states[-2:] == ["running", "succeeded"] and set(states) <= {"queued", "admitted", "running", "succeeded"}
     r = run("submit", "--wait", "--name", "bad", "--", "false")
     assert r.exit_code == 1 and "failed" in r.stdout and "orchestrator logs" in r.stderr
 
 
-def test_read_commands_print_one_json_value(head: FakeHead) -> None:
-    head.submit_job({"name": "a", "entrypoint": "true"}, "a-1")
-    head.request_lease({"lease_id": "l-1", "request": "1", "owner": "o"})
-    head.logs["a-1"] = "out\n"
-    for cmd, check in ((["jobs"], lambda v: v[0]["job_id"] == "a-1"),
-                       (["nodes"], lambda v: v[0]["name"] == "a100-0"),
-                       (["leases"], lambda v: v[0]["lease_id"] == "l-1"),
-                       (["queue"], lambda v: v[0]["lease_id"] == "l-1"),
-                       (["logs", "a-1"], lambda v: v["logs"] == "out\n"),
+def test_read_commands_print_one_json_value(head: InProcessHead) -> None:
+    head.submit_job({"name": "e", "entrypoint": "echo out"}, "e-1")
+    head.wait_for(lambda: head.service.get_job("e-1")["state"] == "succeeded", 10, "e-1 done")
+    _blocked(head, "a-1")
+    head.request_lease({"lease_id": "l-1", "request": {"kind": "whole", "count": 8}, "owner": "o"})  # never fits: stays queued
+    for cmd, check in ((["jobs"], lambda v: {j["job_id"] for j in v} == {"e-1", "blocker-1", "a-1"}),
+                       (["nodes"], lambda v: [n["name"] for n in v] == ["a100-0", "a100-1", "h100-0"]),
+                       (["leases"], lambda v: "l-1" in [le["lease_id"] for le in v]),
+                       (["queue"], lambda v: [q["lease_id"] for q in v] == ["a-1.a1", "l-1"]),
+                       (["logs", "e-1"], lambda v: v["logs"] == "out\n"),
                        (["explain", "a-1"], lambda v: v["pending"]["position"] == 0),
                        (["cancel", "a-1"], lambda v: v["state"] == "cancelled")):
         r = run(*cmd, "--json")
@@ -132,32 +141,34 @@ def test_read_commands_print_one_json_value(head: FakeHead) -> None:
         assert check(json.loads(r.stdout)), cmd
 
 
-def test_tables_show_what_matters(head: FakeHead) -> None:
-    head.submit_job({"name": "a", "entrypoint": "true", "gpu": {"kind": "mig", "profile": "1g.10gb"}}, "a-1")
-    head.request_lease({"lease_id": "l-1", "request": "1", "owner": "job:a-1"})
+def test_tables_show_what_matters(head: InProcessHead) -> None:
+    head.submit_job({"name": "m", "entrypoint": "sleep 600", "gpu": {"kind": "mig", "profile": "1g.10gb"}}, "m-1")
+    _running(head, "m-1")
+    _blocked(head, "a-1")
+    head.request_lease({"lease_id": "l-1", "request": {"kind": "whole", "count": 1, "node": "h100-0"}, "owner": "me"})
+    head.wait_for(lambda: head.service.get_lease("l-1")["state"] == "granted", 10, "l-1 granted")
     out = run("jobs").stdout
-    assert "a-1" in out and "queued" in out and "mig:1g.10gb" in out
+    assert "m-1" in out and "running" in out and "mig:1g.10gb" in out and "a-1" in out and "queued" in out
     out = run("nodes").stdout
-    assert "a100-0" in out and "A100-80GB" in out and "80GiB" in out and "l-1" in out
+    assert "h100-0" in out and "A100-80GB" in out and "80GiB" in out and "l-1" in out
     out = run("leases").stdout
-    assert "l-1" in out and "pending" in out and "job:a-1" in out
+    assert "l-1" in out and "granted" in out and "job:m-1" in out
     out = run("queue").stdout
-    assert "no node fits" in out
-    head.leases["l-1"]["state"] = "active"
-    head.submit_job({"name": "b", "entrypoint": "true"}, "b-1")
-    head.jobs["b-1"] = head.jobs["b-1"].transition(JobState.FAILED, now=1.0, reason="no node fits [mig:1g.20gb]")
-    assert "no node fits [mig:1g.20gb]" in run("jobs").stdout  # reasons are text, not rich markup
+    assert "a-1.a1" in out and "job:a-1" in out
+    head.submit_job({"name": "b", "entrypoint": "echo '[red]x[/red]'; exit 1"}, "b-1")
+    head.wait_for(lambda: head.service.get_job("b-1")["state"] == "failed", 10, "b-1 failed")
+    assert "Ray job b-1.a1 FAILED" in run("jobs").stdout  # reasons are text, not rich markup
 
 
-def test_unknown_job_ids_exit_2_listing_known_ones(head: FakeHead) -> None:
+def test_unknown_job_ids_exit_2_listing_known_ones(head: InProcessHead) -> None:
     head.submit_job({"name": "a", "entrypoint": "true"}, "a-1")
     for cmd in ("logs", "cancel", "explain"):
         r = run(cmd, "zzz")
         assert r.exit_code == 2 and "invalid job='zzz': no such job (allowed: a-1)" in r.stderr, cmd
 
 
-def test_cancel_says_what_it_was(head: FakeHead) -> None:
-    head.submit_job({"name": "a", "entrypoint": "true"}, "a-1")
+def test_cancel_says_what_it_was(head: InProcessHead) -> None:
+    _blocked(head, "a-1")
     assert run("cancel", "a-1").stdout.strip() == "a-1: cancelled (was queued)"
     assert run("cancel", "a-1").stdout.strip() == "a-1: cancelled (already ended)"
 

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from pathlib import Path
+from typing import Iterator
+
+from headless import InProcessHead
+
+from orchestrator.core.config import DEMO_CONFIG, load_config
 from orchestrator.sdk.context import job_context
 
-from .fakes import FakeClock, FakeHead
+from .fakes import FakeClock
 
 ENV = {"ORCHESTRATOR_JOB_ID": "train-1", "ORCHESTRATOR_NAMESPACE": "ns", "ORCHESTRATOR_HEAD_NAME": "h",
        "ORCHESTRATOR_CHECKPOINT_DIR": "/ck", "ORCHESTRATOR_RESUME_FROM": "/ck/checkpoint.pt",
@@ -14,11 +20,19 @@ ENV = {"ORCHESTRATOR_JOB_ID": "train-1", "ORCHESTRATOR_NAMESPACE": "ns", "ORCHES
 
 
 @pytest.fixture
-def head() -> FakeHead:
-    h = FakeHead()
-    h.submit_job({"name": "train", "entrypoint": "python jobs/train.py"}, "train-1")
+def head(tmp_path: Path) -> Iterator[InProcessHead]:
+    """The real head in-process, training preemptible at once, with one training job running on h100-0."""
+    cfg = load_config(DEMO_CONFIG)
+    training = cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 0.0})
+    cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(
+        update={"classes": {**cfg.scheduler.classes, "training": training}})})
+    h = InProcessHead(cfg, workdir=tmp_path)
+    h.submit_job({"name": "train", "entrypoint": "sleep 600", "priority": "training", "checkpoint_dir": str(tmp_path),
+                  "gpu": {"kind": "whole", "count": 2, "node": "h100-0"}}, "train-1")
+    h.wait_for(lambda: h.service.get_job("train-1")["state"] == "running", 10, "train-1 running")
     h.calls.clear()
-    return h
+    yield h
+    h.close()
 
 
 def test_the_context_reads_what_the_head_put_in_the_environment() -> None:
@@ -34,19 +48,22 @@ def test_unmanaged_runs_are_never_asked_and_acks_do_nothing() -> None:
     assert ctx.head is None  # never connected
 
 
-def test_preemption_requested_asks_at_most_once_per_interval_and_stays_true(head: FakeHead) -> None:
+def test_preemption_requested_asks_at_most_once_per_interval_and_stays_true(head: InProcessHead) -> None:
     clock = FakeClock(50.0)
     ctx = job_context(ENV, head=head, clock=clock)
-    head.preemption_answers = [False, True]
     assert [ctx.preemption_requested() for _ in range(100)] == [False] * 100
     assert head.calls == [("job_preemption_requested", ("train-1",))]
+    head.submit_job({"name": "serve", "entrypoint": "sleep 600", "priority": "inference",
+                     "gpu": {"kind": "whole", "count": 1, "node": "h100-0"}}, "serve-1")
+    head.wait_for(lambda: head.service.get_job("train-1")["state"] == "preempting", 10, "train-1 asked to checkpoint")
+    assert ctx.preemption_requested() is False  # still within the interval: not asked again
     clock.t += 2.0
     assert ctx.preemption_requested() is True
     clock.t += 100
-    assert ctx.preemption_requested() is True and len(head.calls) == 2
+    assert ctx.preemption_requested() is True and head.methods().count("job_preemption_requested") == 2
 
 
-def test_a_head_that_does_not_answer_is_no_reason_to_stop(head: FakeHead, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_head_that_does_not_answer_is_no_reason_to_stop(head: InProcessHead, capsys: pytest.CaptureFixture[str]) -> None:
     clock = FakeClock()
     ctx = job_context(ENV, head=head, clock=clock)
     head.unreachable = True
@@ -56,7 +73,9 @@ def test_a_head_that_does_not_answer_is_no_reason_to_stop(head: FakeHead, capsys
     assert capsys.readouterr().err.count("head not reachable") == 1
 
 
-def test_acknowledge_checkpoint_tells_the_head_path_and_step(head: FakeHead) -> None:
+def test_acknowledge_checkpoint_tells_the_head_path_and_step(head: InProcessHead) -> None:
     ctx = job_context(ENV, head=head)
     d = ctx.acknowledge_checkpoint("/ck/checkpoint.pt", 120)
     assert head.calls == [("job_ack_checkpoint", ("train-1", "/ck/checkpoint.pt", 120))] and d["job_id"] == "train-1"
+    # while running, an ack is a periodic checkpoint: the lease records it, the job keeps running
+    assert d["state"] == "running" and d["lease"]["checkpoint_path"] == "/ck/checkpoint.pt"

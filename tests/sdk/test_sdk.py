@@ -1,32 +1,54 @@
-"""The SDK against a fake head: discovery, refusals before any call, job handles, the lease block. No Ray."""
+"""The SDK against the real head in-process (tests/headless.py): discovery, refusals before any call,
+job handles, the lease block. No Ray; Ray's job API is stood in for by local processes."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from headless import InProcessHead
 
+from orchestrator.core.config import DEMO_CONFIG, load_config
+from orchestrator.core.env import RAY_JOB_CONFIG as RAY_JOB_ENV
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, UnknownObjectError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.statefile import State
-from orchestrator.core.env import RAY_JOB_CONFIG as RAY_JOB_ENV
 from orchestrator.sdk import Client, JobWaitTimeoutError, as_spec, discover, lease
 
-from .fakes import FakeClock, FakeHead
+from .fakes import FakeClock
 
 
 @pytest.fixture
-def head() -> FakeHead:
-    return FakeHead()
+def head(tmp_path: Path) -> Iterator[InProcessHead]:
+    h = InProcessHead(workdir=tmp_path)
+    yield h
+    h.close()
 
 
 @pytest.fixture
-def client(head: FakeHead) -> Client:
+def client(head: InProcessHead) -> Client:
     return Client(head=head)
+
+
+def _blocker(client: Client, gpus: str = "4", name: str = "blocker") -> str:
+    """A job holding the only node with ``gpus`` free cards (a100-0) until the test ends."""
+    h = client.submit({"name": name, "entrypoint": "sleep 600", "gpu": gpus, "priority": "inference"})
+    _until(client, h.job_id, "running")
+    return h.job_id
+
+
+def _until(client: Client, job_id: str, state: str, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while (d := client.job(job_id).status())["state"] != state:
+        assert time.monotonic() < deadline, f"{job_id} stuck in {d['state']}: {d['message']}"
+        time.sleep(0.02)
+    return d
 
 
 # ---- discovery -----------------------------------------------------------------------------------
@@ -78,7 +100,7 @@ def test_import_orchestrator_stays_light_and_exports_the_sdk_lazily() -> None:
     ("mem=lots,isolation=hard", "gpu.memory"),      # unparsable memory
     ("mem=20GiB,compute=0.3,isolation=firm", "gpu.isolation"),
 ])
-def test_bad_gpu_requests_are_refused_before_any_call(client: Client, head: FakeHead, gpu: str, field: str) -> None:
+def test_bad_gpu_requests_are_refused_before_any_call(client: Client, head: InProcessHead, gpu: str, field: str) -> None:
     with pytest.raises(InvalidRequestError) as e:
         client.submit({"name": "x", "entrypoint": "true", "gpu": gpu})
     assert e.value.field == field and str(e.value.value) in str(e.value)
@@ -88,25 +110,26 @@ def test_bad_gpu_requests_are_refused_before_any_call(client: Client, head: Fake
     assert head.calls == []
 
 
-def test_an_empty_command_is_refused_before_any_call(client: Client, head: FakeHead) -> None:
+def test_an_empty_command_is_refused_before_any_call(client: Client, head: InProcessHead) -> None:
     with pytest.raises(InvalidRequestError) as e:
         client.submit({"name": "x", "entrypoint": "  "})
     assert e.value.field == "entrypoint" and "empty command" in str(e.value)
     assert head.calls == []
 
 
-def test_the_heads_refusals_come_back_typed_naming_the_field(client: Client) -> None:
+def test_the_heads_refusals_come_back_typed_naming_the_field(client: Client, head: InProcessHead) -> None:
     with pytest.raises(InvalidRequestError) as e:
         client.submit(JobSpec(name="x", entrypoint="true", priority="urgent"))
     assert e.value.field == "priority" and "inference" in e.value.allowed and "batch" in e.value.allowed
     with pytest.raises(InvalidRequestError) as e:
-        client.submit({"name": "x", "entrypoint": "true", "gpu": "mig:7g.80gb"})  # real profile, not in this cluster
+        client.submit({"name": "x", "entrypoint": "true", "gpu": "mig:7g.80gb"})  # a real profile, not in this cluster
     assert e.value.field == "gpu.profile" and "1g.10gb" in e.value.allowed
+    assert head.methods() == ["submit_job", "submit_job"] and head.list_jobs() == []  # refused: nothing queued
 
 
 # ---- jobs ----------------------------------------------------------------------------------------
-def test_submit_picks_an_idempotent_job_id_and_sends_the_spec_as_json(client: Client, head: FakeHead) -> None:
-    spec = JobSpec(name="train", entrypoint="python jobs/train.py", gpu=GpuRequest.mps(30, 20480), priority="training",
+def test_submit_picks_an_idempotent_job_id_and_sends_the_spec_as_json(client: Client, head: InProcessHead) -> None:
+    spec = JobSpec(name="train", entrypoint="sleep 600", gpu=GpuRequest.mps(30, 20480), priority="training",
                    checkpoint_dir="/ck", runtime_env={"env_vars": {"A": "1"}})
     h = client.submit(spec)
     assert re.fullmatch(r"train-[0-9a-f]{6}", h.job_id)
@@ -114,7 +137,10 @@ def test_submit_picks_an_idempotent_job_id_and_sends_the_spec_as_json(client: Cl
     assert method == "submit_job" and job_id == h.job_id and JobSpec(**sent) == spec
     assert h.state == "queued" and h.info["priority_class"] == "training" and h.info["gpu"] == "mps:30%,20480MiB"
     again = client.submit(spec, job_id=h.job_id)  # what a retried call does
-    assert again.job_id == h.job_id and len(head.jobs) == 1
+    assert again.job_id == h.job_id and [j["job_id"] for j in head.list_jobs()] == [h.job_id]
+    with pytest.raises(InvalidRequestError) as e:  # the same id for another spec is refused, not returned
+        client.submit(spec.model_copy(update={"priority": "batch"}), job_id=h.job_id)
+    assert e.value.field == "job_id"
 
 
 def test_as_spec_takes_a_dict_with_a_gpu_string() -> None:
@@ -122,96 +148,121 @@ def test_as_spec_takes_a_dict_with_a_gpu_string() -> None:
     assert as_spec({"name": "a", "entrypoint": "x", "gpu": 2}).gpu == GpuRequest.whole(2)
 
 
-def test_wait_follows_the_job_to_its_end_and_reports_each_change(client: Client, head: FakeHead) -> None:
-    h = client.submit({"name": "j", "entrypoint": "true"})
-    head.script(h.job_id, ("admitted", "lease granted"), ("running", "submitted to Ray"),
-                ("succeeded", "Ray job SUCCEEDED"))
-    clock, seen = FakeClock(), []
-    final = h.wait(30, on_change=lambda d: seen.append(d["state"]), clock=clock, sleep=clock.sleep)
-    assert final["state"] == "succeeded" and seen == ["admitted", "running", "succeeded"]
+def test_wait_follows_the_job_to_its_end_and_reports_each_change(client: Client) -> None:
+    h = client.submit({"name": "j", "entrypoint": "sleep 0.3"})
+    seen: list[str] = []
+    final = h.wait(30, poll_s=0.02, max_poll_s=0.05, on_change=lambda d: seen.append(d["state"]))
+    assert final["state"] == "succeeded" and seen[-1] == "succeeded" and "running" in seen
     assert [t["state"] for t in final["history"]] == ["queued", "admitted", "running", "succeeded"]
+    assert final["ray_submission_id"] == f"{h.job_id}.a1" and final["lease"]["state"] == "released"
 
 
-def test_wait_times_out_with_the_explanation(client: Client, head: FakeHead) -> None:
-    h = client.submit({"name": "j", "entrypoint": "true", "gpu": "8"})
+def test_a_failing_entrypoint_ends_the_job_failed_with_its_logs(client: Client) -> None:
+    h = client.submit({"name": "bad", "entrypoint": "echo oops; exit 3"})
+    final = h.wait(30, poll_s=0.02, max_poll_s=0.05)
+    assert final["state"] == "failed" and "FAILED" in final["message"] and h.logs() == "oops\n"
+
+
+def test_wait_times_out_with_the_explanation(client: Client, head: InProcessHead) -> None:
+    _blocker(client)
+    h = client.submit({"name": "j", "entrypoint": "true", "gpu": "4", "priority": "batch"})
+    head.wait_for(lambda: h.explain()["pending"] is not None, 10, "the scheduler has looked at the job")
     clock = FakeClock()
     with pytest.raises(JobWaitTimeoutError) as e:
         h.wait(5, clock=clock, sleep=clock.sleep)
-    assert e.value.retryable and e.value.state == "queued" and "no node fits 8x whole" in str(e.value)
+    assert e.value.retryable and e.value.state == "queued" and "4x whole" in str(e.value)
     assert 5 <= clock.t <= 5.01 and max(clock.slept) <= 2.0  # backs off, never past the deadline
 
 
-def test_logs_cancel_explain_and_unknown_ids(client: Client, head: FakeHead) -> None:
-    h = client.submit({"name": "j", "entrypoint": "true"})
-    head.logs[h.job_id] = "hello\n"
-    assert h.logs() == "hello\n"
-    assert h.explain()["pending"]["position"] == 0
+def test_logs_cancel_explain_and_unknown_ids(client: Client, head: InProcessHead) -> None:
+    done = client.submit({"name": "echo", "entrypoint": "echo hello"})
+    assert done.wait(30, poll_s=0.02)["state"] == "succeeded" and done.logs() == "hello\n"
+    _blocker(client)
+    h = client.submit({"name": "j", "entrypoint": "true", "gpu": "4", "priority": "batch"})
+    head.wait_for(lambda: h.explain()["pending"] is not None, 10, "the scheduler has looked at the job")
+    ex = h.explain()
+    assert ex["pending"]["position"] == 0 and ex["pending"]["reasons"] and "pending" in ex["summary"]
     assert h.cancel()["state"] == "cancelled" and h.state == "cancelled"
-    assert h.cancel()["state"] == "cancelled"  # idempotent
+    assert h.cancel()["state"] == "cancelled" and h.info["lease"]["state"] == "released"  # idempotent; lease freed
     with pytest.raises(UnknownObjectError):
         client.job("nope")
 
 
-def test_jobs_nodes_leases_and_queue(client: Client, head: FakeHead) -> None:
-    client.submit({"name": "a", "entrypoint": "true"})
+def test_jobs_nodes_leases_and_queue(client: Client, head: InProcessHead) -> None:
+    _blocker(client)
+    a = client.submit({"name": "a", "entrypoint": "true", "gpu": "4", "priority": "batch"})
     head.request_lease({"lease_id": "l-1", "request": "1", "owner": "o"})
-    assert [j["name"] for j in client.jobs()] == ["a"]
-    assert client.nodes()[0]["name"] == "a100-0"
-    assert [le["lease_id"] for le in client.leases()] == ["l-1"]
-    assert client.queue()[0]["why_pending"] == "no node fits"
+    assert sorted(j["name"] for j in client.jobs()) == ["a", "blocker"]
+    assert [n["name"] for n in client.nodes()] == ["a100-0", "a100-1", "h100-0"]
+    assert "l-1" in [le["lease_id"] for le in client.leases()]
+    head.wait_for(lambda: any(q["why_pending"] for q in client.queue()), 10, "a reason for the waiting job")
+    assert [q["owner"] for q in client.queue()] == [f"job:{a.job_id}"]  # l-1 fits, so it is not queued
 
 
 # ---- the lease block -----------------------------------------------------------------------------
-def test_lease_grants_activates_yields_and_releases(head: FakeHead) -> None:
+def test_lease_grants_activates_yields_and_releases(head: InProcessHead) -> None:
     with lease(GpuRequest.mig("1g.10gb"), priority="training", owner="me", lease_id="l-a", head=head) as le:
-        assert le.lease_id == "l-a" and le.node == "a100-0" and le.fencing_token == 7
-        assert le.cuda_visible_devices.startswith("GPU-") and le.env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+        assert le.lease_id == "l-a" and le.node == "a100-1" and le.fencing_token >= 1
+        assert le.cuda_visible_devices.startswith("MIG-") and le.env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
         opts = le.actor_options(num_cpus=1, extra_env={"X": "1"})
-        assert opts["num_gpus"] == 1.0 and opts["num_cpus"] == 1
+        assert 0 < opts["num_gpus"] < 1 and opts["num_cpus"] == 1
         assert opts["runtime_env"]["env_vars"]["X"] == "1" and opts["scheduling_strategy"].soft is False
-        assert head.leases["l-a"]["state"] == "active"
+        assert head.get_lease("l-a")["state"] == "active"
     req = head.calls[0][1][0]
     assert req["priority_class"] == "training" and req["owner"] == "me" and GpuRequest(**req["request"]) == GpuRequest.mig("1g.10gb")
-    assert head.methods() == ["request_lease", "wait_lease", "activate", "release"]
-    assert head.leases["l-a"]["state"] == "released" and head.leases["l-a"]["release_reason"] == "holder left the lease block"
+    assert [m for m in head.methods() if m != "get_lease"] == ["request_lease", "wait_lease", "activate", "release"]
+    final = head.get_lease("l-a")
+    assert final["state"] == "released" and final["history"][-1]["reason"] == "holder left the lease block"
 
 
-def test_leaving_the_block_with_an_error_releases_and_says_why(head: FakeHead) -> None:
+def test_leaving_the_block_with_an_error_releases_and_says_why(head: InProcessHead) -> None:
     with pytest.raises(KeyError):
         with lease("1", lease_id="l-b", head=head):
             raise KeyError("boom")
-    assert head.leases["l-b"]["release_reason"] == "holder left the lease block with KeyError"
+    assert head.get_lease("l-b")["history"][-1]["reason"] == "holder left the lease block with KeyError"
 
 
-def test_a_lease_not_granted_in_time_is_withdrawn(head: FakeHead) -> None:
-    head.grant = False
+def test_a_lease_not_granted_in_time_is_withdrawn(head: InProcessHead) -> None:
     with pytest.raises(LeaseTimeoutError) as e:
-        with lease("2", lease_id="l-c", timeout=1.5, head=head):
+        with lease("8", lease_id="l-c", timeout=0.5, head=head):
             pytest.fail("not granted: the block must not run")
-    assert "not enough free GPUs" in str(e.value)
-    assert head.calls[-1] == ("release", ("l-c", None, "not granted within 1.5s; withdrawn by its requester"))
+    assert "8x whole" in str(e.value)
+    assert head.calls[-1] == ("release", ("l-c", None, "not granted within 0.5s; withdrawn by its requester"))
+    assert head.get_lease("l-c")["state"] == "released"
 
 
-def test_an_unknown_priority_class_is_refused_by_the_head(head: FakeHead) -> None:
+def test_an_unknown_priority_class_is_refused_by_the_head(head: InProcessHead) -> None:
     with pytest.raises(InvalidRequestError) as e:
         with lease("1", priority="urgent", head=head):
             pass
     assert e.value.field == "priority"
 
 
-def test_preemption_requested_is_rate_limited_and_sticky(head: FakeHead) -> None:
-    with lease("1", lease_id="l-d", head=head, poll_s=10) as le:
-        clock = FakeClock(100.0)
-        le._poll._clock = clock
-        head.lease_states = ["active"]
-        assert le.preemption_requested() is False
-        clock.t += 5
-        assert le.preemption_requested() is False  # cached: no call within poll_s
-        assert head.methods().count("get_lease") == 1
-        head.lease_states = ["checkpointing"]
-        clock.t += 6
-        assert le.preemption_requested() is True
-        clock.t += 60
-        assert le.preemption_requested() is True and head.methods().count("get_lease") == 2
-        le.release("checkpointed")
-    assert head.methods()[-1] == "release" and head.methods().count("release") == 1  # not released twice
+def test_preemption_requested_is_rate_limited_and_sticky(tmp_path: Path) -> None:
+    cfg = load_config(DEMO_CONFIG)
+    training = cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 0.0})
+    cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(
+        update={"classes": {**cfg.scheduler.classes, "training": training}})})
+    head = InProcessHead(cfg, workdir=tmp_path)
+    try:
+        with lease({"kind": "whole", "count": 2, "node": "h100-0"}, priority="training", lease_id="l-d", head=head,
+                   poll_s=10) as le:
+            clock = FakeClock(100.0)
+            le._poll._clock = clock
+            assert le.preemption_requested() is False
+            clock.t += 5
+            assert le.preemption_requested() is False  # cached: no call within poll_s
+            assert head.methods().count("get_lease") == 1
+            head.request_lease({"lease_id": "urgent", "request": {"kind": "whole", "count": 1, "node": "h100-0"},
+                                "priority_class": "inference"})
+            head.wait_for(lambda: head.service.get_lease("l-d")["state"] == "checkpointing", 10, "l-d asked to yield")
+            assert le.preemption_requested() is False  # still cached
+            clock.t += 6
+            assert le.preemption_requested() is True
+            clock.t += 60
+            assert le.preemption_requested() is True and head.methods().count("get_lease") == 2
+            le.release("checkpointed")
+        assert head.methods()[-1] == "release" and head.methods().count("release") == 1  # not released twice
+        head.wait_for(lambda: head.service.get_lease("urgent")["state"] == "granted", 10, "the preemptor granted")
+    finally:
+        head.close()
