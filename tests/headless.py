@@ -167,7 +167,7 @@ class InProcessHead:
         while not self._stop.is_set():
             with self.lock:
                 self.cluster.beat(self.service)
-                self.service.cycle()
+                self.service.cycle_safely()
             self._stop.wait(self.tick_s)
 
     def wait_for(self, cond: Callable[[], bool], timeout: float, what: str) -> None:

@@ -15,7 +15,8 @@ Invariants:
   validates them again;
 * :meth:`HeadService.cycle` is the only place time moves the state on (one
   controller cycle, agents started, one job-layer step, metrics refreshed);
-  an exception in it is logged and the next cycle retries;
+  the loops call :meth:`cycle_safely`, which logs an exception and lets the
+  next cycle retry;
 * :meth:`HeadService.wait_lease` in-process drives :meth:`cycle` itself; the
   actor answers it from :meth:`lease_settled` on its event loop instead.
 """
@@ -97,6 +98,14 @@ class HeadService:
             log.warning("lost nodes %s, lost leases %s, requeued %s", report.lost_nodes, report.lost_leases,
                         report.requeued)
         return report
+
+    def cycle_safely(self) -> ReconcileReport | None:
+        """:meth:`cycle`, logging instead of raising: one bad cycle never stops the loop (the next one retries)."""
+        try:
+            return self.cycle()
+        except Exception:
+            log.exception("reconcile cycle failed; the next one retries")
+            return None
 
     def _holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         at, cached = self._alive

@@ -82,10 +82,7 @@ class HeadActor:
 
     async def _loop(self) -> None:
         while True:
-            try:
-                self.service.cycle()
-            except Exception:  # never let one bad cycle stop the loop; the next one retries
-                log.exception("reconcile cycle failed")
+            self.service.cycle_safely()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.service.settings.reconcile_interval_s)
             except asyncio.TimeoutError:

@@ -1,4 +1,4 @@
-"""Helpers for the runtime's unit tests: a clock, the demo cluster, fake agents. No Ray."""
+"""Helpers for the runtime's unit tests: a clock, the demo cluster, real agent cores on simulated GPUs. No Ray."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, RuntimeSettings, load_config
+from orchestrator.control.agent import AgentCore
 from orchestrator.control.controller import HeadController
+from orchestrator.control.discovery.simulated import SimulatedBackend
 from orchestrator.control.store import MemoryStore
+from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, RuntimeSettings, load_config
 
 
 class FakeClock:
@@ -22,23 +24,32 @@ class FakeClock:
         self.t += dt
 
 
-class FakeAgent:
-    """Plays one node's agent against a controller: registers, heartbeats, reports what it holds."""
+class SimAgent:
+    """One node's real agent logic (:class:`AgentCore` over the simulated backend) talking to a controller.
+
+    ``beat(**overrides)`` sends the core's heartbeat with fields replaced (a test makes an agent report a
+    refusal with ``rejected=...``) and applies the reply's assignments, as the agent actor's loop does."""
 
     def __init__(self, ctl: HeadController, cluster: ClusterConfig, name: str, incarnation: str = "inc-1") -> None:
-        self.ctl, self.name, self.incarnation = ctl, name, incarnation
+        self.ctl, self.name = ctl, name
         node = cluster.node(name)
         assert node is not None
-        self.inventory = node.inventory()
-        self.ray_node_id = f"ray-{name}"
+        self.core = AgentCore(name, f"ray-{name}", SimulatedBackend(node), RuntimeSettings())
+        self.core.incarnation = incarnation
+        self.incarnation = incarnation
+        self.inventory = self.core.inventory
+        self.ray_node_id = self.core.ray_node_id
         self.last_reply: dict[str, Any] = {}
 
     def register(self) -> dict[str, Any]:
-        return self.ctl.register_agent(self.name, self.ray_node_id, self.incarnation, self.inventory.model_dump(mode="json"))
+        reply = self.ctl.register_agent(**self.core.registration())
+        self.core.apply_assignments(reply["assignments"])
+        return reply
 
-    def beat(self, **kw: Any) -> dict[str, Any]:
-        allocated = sorted(self.last_reply.get("assignments", {}))
-        self.last_reply = self.ctl.heartbeat(self.name, self.incarnation, allocated, **kw)
+    def beat(self, **overrides: Any) -> dict[str, Any]:
+        self.last_reply = self.ctl.heartbeat(**{**self.core.heartbeat_payload(), **overrides})
+        if self.last_reply.get("ok"):
+            self.core.apply_assignments(self.last_reply.get("assignments", {}))
         return self.last_reply
 
 
@@ -68,8 +79,8 @@ def ctl(settings: RuntimeSettings, store: MemoryStore, clock: FakeClock) -> Head
 
 
 @pytest.fixture
-def agents(ctl: HeadController, demo: ClusterConfig) -> dict[str, FakeAgent]:
-    out = {n.name: FakeAgent(ctl, demo, n.name) for n in demo.nodes}
+def agents(ctl: HeadController, demo: ClusterConfig) -> dict[str, SimAgent]:
+    out = {n.name: SimAgent(ctl, demo, n.name) for n in demo.nodes}
     for a in out.values():
         a.register()
     return out

@@ -11,7 +11,7 @@ from orchestrator.cli.cluster import app, render_status
 from orchestrator.core.config import ClusterConfig
 from orchestrator.control.controller import HeadController
 
-from .conftest import FakeAgent
+from .conftest import SimAgent
 
 runner = CliRunner()
 
@@ -37,7 +37,7 @@ def test_down_with_nothing_up_is_a_no_op(tmp_path: Path) -> None:
     assert r.exit_code == 0
 
 
-def test_render_status(ctl: HeadController, agents: dict[str, FakeAgent], demo: ClusterConfig) -> None:
+def test_render_status(ctl: HeadController, agents: dict[str, SimAgent], demo: ClusterConfig) -> None:
     ctl.request_lease({"lease_id": "m", "request": "mig:1g.20gb"})
     ctl.request_lease({"lease_id": "big", "request": "16"})
     ctl.reconcile()

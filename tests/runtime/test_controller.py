@@ -13,7 +13,7 @@ from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES
 from orchestrator.control.store import MemoryStore
 
-from .conftest import FakeAgent, FakeClock
+from .conftest import SimAgent, FakeClock
 
 
 def _req(lease_id: str, gpu: str = "1", **kw: Any) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def _granted(ctl: HeadController, lease_id: str) -> dict[str, Any]:
     return d
 
 
-def test_agents_register_and_status_lists_every_gpu_and_mig_slot(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_agents_register_and_status_lists_every_gpu_and_mig_slot(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     st = ctl.status()
     assert [n["name"] for n in st["nodes"]] == ["a100-0", "a100-1", "h100-0"]
     assert sum(len(n["gpus"]) for n in st["nodes"]) == 10
@@ -36,7 +36,7 @@ def test_agents_register_and_status_lists_every_gpu_and_mig_slot(ctl: HeadContro
     assert st["leases"] == [] and st["queue"] == []
 
 
-def test_a_request_is_granted_in_one_cycle_with_a_usable_handout(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_a_request_is_granted_in_one_cycle_with_a_usable_handout(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     assert ctl.request_lease(_req("w1", "2")) == "w1"
     assert ctl.get_lease("w1")["state"] == "pending"
     report = ctl.reconcile()
@@ -49,7 +49,7 @@ def test_a_request_is_granted_in_one_cycle_with_a_usable_handout(ctl: HeadContro
     assert h["env_vars"]["ORCHESTRATOR_FENCING_TOKEN"] == str(d["fencing_token"]) == "1"
 
 
-def test_request_is_idempotent_by_client_id_and_refuses_a_reused_id(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_request_is_idempotent_by_client_id_and_refuses_a_reused_id(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     assert ctl.request_lease(_req("a", "mig:1g.10gb")) == "a"
     assert ctl.request_lease(_req("a", "mig:1g.10gb")) == "a"
     assert len(ctl.status()["queue"]) == 1
@@ -64,7 +64,7 @@ def test_request_is_idempotent_by_client_id_and_refuses_a_reused_id(ctl: HeadCon
     assert "profile" in e.value.field
 
 
-def test_activate_and_release_check_the_fencing_token_and_are_idempotent(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_activate_and_release_check_the_fencing_token_and_are_idempotent(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
     token = _granted(ctl, "w")["fencing_token"]
@@ -82,7 +82,7 @@ def test_activate_and_release_check_the_fencing_token_and_are_idempotent(ctl: He
         ctl.get_lease("nope")
 
 
-def test_release_frees_capacity_for_the_queue(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_release_frees_capacity_for_the_queue(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     # Only a100-0 has 4 whole cards without MIG: two requests for 4 cannot both be granted.
     ctl.request_lease(_req("big", "4"))
     ctl.request_lease(_req("big2", "4"))
@@ -98,7 +98,7 @@ def test_release_frees_capacity_for_the_queue(ctl: HeadController, agents: dict[
     assert ctl.get_lease(waiting)["state"] == "granted"
 
 
-def test_every_kind_of_share_gets_its_env(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_every_kind_of_share_gets_its_env(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     for lid, gpu in (("w", "1"), ("m", "mig:3g.40gb"), ("p", "mps:30%,20GiB"), ("t", "timeslice:0.25")):
         ctl.request_lease(_req(lid, gpu))
     ctl.reconcile()
@@ -113,7 +113,7 @@ def test_every_kind_of_share_gets_its_env(ctl: HeadController, agents: dict[str,
     assert mig_leases == ["m"]
 
 
-def test_heartbeat_reply_carries_the_nodes_assignments(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_heartbeat_reply_carries_the_nodes_assignments(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
     node = _granted(ctl, "w")["allocation"]["node"]
@@ -124,7 +124,7 @@ def test_heartbeat_reply_carries_the_nodes_assignments(ctl: HeadController, agen
     assert agents[other].beat()["assignments"] == {}
 
 
-def test_silent_agent_loses_its_node_and_requeues_its_leases(ctl: HeadController, agents: dict[str, FakeAgent],
+def test_silent_agent_loses_its_node_and_requeues_its_leases(ctl: HeadController, agents: dict[str, SimAgent],
                                                               clock: FakeClock, demo: Any) -> None:
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
@@ -146,7 +146,7 @@ def test_silent_agent_loses_its_node_and_requeues_its_leases(ctl: HeadController
     assert [n["state"] for n in ctl.status()["nodes"] if n["name"] == node] == ["lost"]
     # its heartbeats are refused; a new incarnation registers and the node is back
     assert agents[node].beat() == {"ok": False, "reregister": True}
-    back = FakeAgent(ctl, demo, node, incarnation="inc-2")
+    back = SimAgent(ctl, demo, node, incarnation="inc-2")
     back.register()
     assert [n["state"] for n in ctl.status()["nodes"] if n["name"] == node] == ["registered"]
 
@@ -156,7 +156,7 @@ def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSet
     dead: set[str] = set()
     ctl = HeadController(settings, store, clock=clock, holder_probe=lambda hs: {h: h not in dead for h in hs})
     for n in demo.nodes:
-        FakeAgent(ctl, demo, n.name).register()
+        SimAgent(ctl, demo, n.name).register()
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
     ctl.activate("w", ctl.get_lease("w")["fencing_token"], "actor-w")
@@ -169,7 +169,7 @@ def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSet
     assert d["state"] == "lost" and d["history"][-1]["reason"] == "holder died" and d["requeued_as"] is None
 
 
-def test_a_grant_never_activated_expires(ctl: HeadController, agents: dict[str, FakeAgent], clock: FakeClock) -> None:
+def test_a_grant_never_activated_expires(ctl: HeadController, agents: dict[str, SimAgent], clock: FakeClock) -> None:
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
     for _ in range(13):
@@ -184,7 +184,7 @@ def test_a_grant_never_activated_expires(ctl: HeadController, agents: dict[str, 
 
 
 def test_hard_state_is_written_before_it_is_visible_and_the_counter_first(ctl: HeadController, store: MemoryStore,
-                                                                          agents: dict[str, FakeAgent]) -> None:
+                                                                          agents: dict[str, SimAgent]) -> None:
     ctl.request_lease(_req("w", "1"))
     store.writes.clear()
     ctl.reconcile()
@@ -195,7 +195,7 @@ def test_hard_state_is_written_before_it_is_visible_and_the_counter_first(ctl: H
 
 
 def test_a_restarted_head_resumes_from_the_store(settings: RuntimeSettings, store: MemoryStore, clock: FakeClock,
-                                                 ctl: HeadController, agents: dict[str, FakeAgent], demo: Any) -> None:
+                                                 ctl: HeadController, agents: dict[str, SimAgent], demo: Any) -> None:
     for lid, gpu in (("w", "4"), ("m", "mig:4g.40gb"), ("p", "mps:50%"), ("q", "4")):
         ctl.request_lease(_req(lid, gpu))
     ctl.reconcile()
@@ -232,7 +232,7 @@ def test_nodes_without_an_agent_get_one_once_and_a_vanished_node_is_lost(ctl: He
     for s in report.start_agents:
         ctl.agent_start_requested(s.node_name)
     assert ctl.reconcile().start_agents == []  # in flight
-    a100 = FakeAgent(ctl, demo, "a100-0")
+    a100 = SimAgent(ctl, demo, "a100-0")
     a100.register()
     clock.advance(3)
     a100.beat()
@@ -246,7 +246,7 @@ def test_nodes_without_an_agent_get_one_once_and_a_vanished_node_is_lost(ctl: He
     assert "left the cluster" in ctl.status()["nodes"][0]["reason"]
 
 
-def test_an_unhealthy_gpu_takes_no_new_leases(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_an_unhealthy_gpu_takes_no_new_leases(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     a = agents["h100-0"]
     inv = a.inventory
     sick = inv.model_copy(update={"gpus": (inv.gpus[0].model_copy(update={"healthy": False, "health_reason": "XID 79"}),
@@ -262,7 +262,7 @@ def test_an_unhealthy_gpu_takes_no_new_leases(ctl: HeadController, agents: dict[
     assert ctl.update_inventory("h100-0", "stale-incarnation", sick.model_dump(mode="json")) == {"ok": False, "reregister": True}
 
 
-def test_an_agent_that_refuses_devices_loses_the_lease_which_is_requeued(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_an_agent_that_refuses_devices_loses_the_lease_which_is_requeued(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
     node = _granted(ctl, "w")["allocation"]["node"]
@@ -271,7 +271,7 @@ def test_an_agent_that_refuses_devices_loses_the_lease_which_is_requeued(ctl: He
     assert d["state"] == "lost" and "refused" in d["history"][-1]["reason"] and d["requeued_as"] == "w.a2"
 
 
-def test_priority_class_orders_the_queue_and_unknown_classes_are_refused(ctl: HeadController, agents: dict[str, FakeAgent]) -> None:
+def test_priority_class_orders_the_queue_and_unknown_classes_are_refused(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     with pytest.raises(InvalidRequestError) as e:
         ctl.request_lease(_req("x", priority_class="platinum"))
     assert e.value.field == "priority"
@@ -288,7 +288,7 @@ def test_ended_leases_leave_after_the_retention_unless_a_live_attempt_follows(st
                                                                               demo: Any) -> None:
     settings = RuntimeSettings(heartbeat_interval_s=1.0, agent_ttl_s=5.0, grant_ttl_s=1e6, ended_retention_s=120)
     ctl = HeadController(settings, store, clock=clock)
-    agents = {n.name: FakeAgent(ctl, demo, n.name) for n in demo.nodes}
+    agents = {n.name: SimAgent(ctl, demo, n.name) for n in demo.nodes}
     for a in agents.values():
         a.register()
     pruned: list[str] = []
@@ -322,3 +322,55 @@ def test_ended_leases_leave_after_the_retention_unless_a_live_attempt_follows(st
     assert sorted(pruned) == ["c", "c.a2", "done"]
     assert not [k for k in store.keys("rgo/lease/") if k.startswith("rgo/lease/c")]
 
+
+
+# ---- recovery paths ---------------------------------------------------------------------------------
+def test_a_lease_whose_gpu_leaves_the_inventory_is_lost(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
+    ctl.request_lease(_req("w", {"kind": "whole", "count": 1, "node": "h100-0"}, requeue_on_loss=False))
+    ctl.reconcile()
+    held = _granted(ctl, "w")["allocation"]["gpu_indices"][0]
+    a = agents["h100-0"]
+    inv = a.inventory.model_copy(update={"gpus": tuple(g for g in a.inventory.gpus if g.index != held),
+                                         "generation": a.inventory.generation + 1})
+    assert ctl.update_inventory("h100-0", a.incarnation, inv.model_dump(mode="json")) == {"ok": True}
+    d = ctl.get_lease("w")
+    assert d["state"] == "lost" and "no longer in the node's inventory" in d["history"][-1]["reason"]
+    assert ctl.snapshot().allocated_milli() == 0  # nothing of it stays booked
+
+
+def test_a_granted_victim_that_never_started_is_stopped_at_once(ctl: HeadController, agents: dict[str, SimAgent],
+                                                                clock: FakeClock) -> None:
+    ctl.request_lease(_req("t", {"kind": "whole", "count": 2, "node": "h100-0"}, priority_class="training"))
+    ctl.reconcile()
+    _granted(ctl, "t")
+    for _ in range(8):  # past training's minimum runtime (30 s), agents alive, never activated
+        clock.advance(4)
+        for a in agents.values():
+            a.beat()
+        ctl.reconcile()
+    ctl.request_lease(_req("inf", {"kind": "whole", "count": 1, "node": "h100-0"}, priority_class="inference"))
+    report = ctl.reconcile()
+    t = ctl.get_lease("t")
+    assert t["state"] == "preempted" and "nothing to checkpoint" in t["history"][-1]["reason"]
+    assert report.preempted == ["t"] and report.checkpoint_requested == []
+    ctl.reconcile()
+    assert _granted(ctl, "inf")
+
+
+def test_on_demand_mig_is_handed_out_after_the_agent_reports_the_instance(settings, store, clock) -> None:
+    from orchestrator.core.config import parse_config
+
+    cfg = parse_config({"nodes": [{"name": "d", "model": "A100-80GB", "gpus": 1, "mig": {0: []}}]})
+    ctl = HeadController(settings, store, clock=clock)
+    agent = SimAgent(ctl, cfg, "d")
+    agent.register()
+    ctl.request_lease(_req("m", "mig:3g.40gb"))
+    ctl.reconcile()
+    assert _granted(ctl, "m")["handout"] is None  # no instance yet: nothing to hand out
+    agent.beat()  # the agent receives the assignment and makes the instance
+    made = agent.core.mig_uuids["m"]
+    agent.beat()  # ... and reports its UUID; the head builds the hand-out with it
+    d = _granted(ctl, "m")
+    assert d["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == made and made.startswith("MIG-")
+    agent.beat()
+    assert agent.core.allocated["m"] == d["handout"]["env_vars"]  # the agent holds the head's env, not its own

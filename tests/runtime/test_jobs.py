@@ -19,7 +19,7 @@ from orchestrator.control.controller import HeadController
 from orchestrator.control.jobs import JobManager
 from orchestrator.control.store import MemoryStore
 
-from .conftest import FakeAgent, FakeClock
+from .conftest import SimAgent, FakeClock
 
 
 class FakeRayJobs:
@@ -55,11 +55,11 @@ def ray_jobs() -> FakeRayJobs:
 
 @pytest.fixture
 def jm(ctl: HeadController, store: MemoryStore, clock: FakeClock, ray_jobs: FakeRayJobs,
-       agents: dict[str, FakeAgent]) -> JobManager:
+       agents: dict[str, SimAgent]) -> JobManager:
     return JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
 
 
-def cycle(ctl: HeadController, jm: JobManager, agents: dict[str, FakeAgent], n: int = 1) -> None:
+def cycle(ctl: HeadController, jm: JobManager, agents: dict[str, SimAgent], n: int = 1) -> None:
     for _ in range(n):
         for a in agents.values():
             a.beat()
@@ -133,8 +133,10 @@ def test_grace_period_over_stops_and_requeues(ctl, jm, agents, clock, ray_jobs, 
     clock.advance(61)  # the training class's grace period is 60 s
     cycle(ctl, jm, agents, 2)
     v = jm.get(victim)
-    assert v["state"] == "queued" and v["resume_from"] is None
-    assert "grace period over" in v["lease"]["history"][-1]["reason"] or v["attempt"] == 2
+    assert v["state"] == "queued" and v["resume_from"] is None and v["attempt"] == 2
+    first = ctl.get_lease(f"{victim}.a1")  # the attempt that was asked to checkpoint and never did
+    assert first["state"] == "preempted" and "grace period over without a checkpoint" in first["history"][-1]["reason"]
+    assert v["preemptions"][-1]["checkpoint_path"] is None
     assert jm.get("urgent-1")["state"] == "running"
 
 
@@ -196,3 +198,143 @@ def test_a_queued_job_whose_lease_is_missing_asks_for_it_again(ctl, jm, agents, 
     cycle(ctl, jm, agents)
     got = jm.get(big)
     assert got["state"] == "queued" and got["lease_id"] == lease_id and got["lease"]["state"] == "pending"
+
+
+# ---- recovery paths ---------------------------------------------------------------------------------
+def _running_on(jm: JobManager, job_id: str) -> str:
+    d = jm.get(job_id)
+    assert d["state"] == "running", d
+    return d["lease"]["allocation"]["node"]
+
+
+def test_a_running_job_whose_node_is_lost_is_stopped_and_resumes_from_its_checkpoint(
+        ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    job = jm.submit(spec("t", ckpt=str(ck)))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    node = _running_on(jm, job)
+    (ck / "checkpoint.pt").write_bytes(b"w")  # what jobs/train.py leaves behind
+    clock.advance(6)  # past agent_ttl_s=5 for the silent node only
+    for name, a in agents.items():
+        if name != node:
+            a.beat()
+    ctl.reconcile()
+    jm.reconcile()
+    d = jm.get(job)
+    assert d["state"] == "queued" and d["attempt"] == 2 and d["resume_from"] == str(ck / "checkpoint.pt")
+    assert d["preemptions"][-1]["by"] == "node lost" and f"{job}.a1" in ray_jobs.stopped
+    cycle(ctl, jm, agents, 2)  # the node's agent is back (same incarnation re-registers as new)
+    assert jm.get(job)["state"] == "running"
+    assert ray_jobs.submitted[f"{job}.a2"]["env"]["ORCHESTRATOR_RESUME_FROM"] == str(ck / "checkpoint.pt")
+
+
+def test_a_lease_that_expires_before_admission_is_requested_again(ctl, jm, agents, clock) -> None:
+    job = jm.submit(spec("t"))["job_id"]
+    ctl.reconcile()  # granted, but the job layer has not seen it yet
+    lease_id = jm.get(job)["lease_id"]
+    assert ctl.get_lease(lease_id)["state"] == "granted"
+    for _ in range(int(ctl.settings.grant_ttl_s / 4) + 1):  # agents keep beating; the job layer is stalled
+        clock.advance(4)
+        for a in agents.values():
+            a.beat()
+        ctl.reconcile()
+    assert ctl.get_lease(lease_id)["state"] == "expired"
+    jm.reconcile()
+    d = jm.get(job)
+    assert d["state"] == "queued" and d["attempt"] == 2 and "before it was admitted" in d["message"]
+    cycle(ctl, jm, agents, 2)
+    assert jm.get(job)["state"] == "running"
+
+
+def test_ray_refusing_a_submission_fails_the_job_and_frees_its_lease(ctl, jm, agents, ray_jobs, monkeypatch) -> None:
+    def refuse(*a, **k):
+        raise RuntimeError("runtime_env setup failed: no such working_dir")
+
+    monkeypatch.setattr(ray_jobs, "submit", refuse)
+    job = jm.submit(spec("t"))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    d = jm.get(job)
+    assert d["state"] == "failed" and "no such working_dir" in d["message"] and d["lease"]["state"] == "released"
+
+
+def test_an_already_submitted_attempt_is_adopted_not_failed(ctl, jm, agents, ray_jobs) -> None:
+    """A head that crashed between recording the submission id and hearing Ray's answer submits again:
+    Ray says "already exists", and the job runs on."""
+    job_id = "t-1"
+    ray_jobs.submit(f"{job_id}.a1", "sleep", {"env_vars": {}}, {}, 1.0, {})  # the earlier head's submission
+    jm.submit(spec("t"), job_id=job_id)
+    cycle(ctl, jm, agents, 2)
+    d = jm.get(job_id)
+    assert d["state"] == "running" and d["ray_submission_id"] == f"{job_id}.a1" and d["lease"]["state"] == "active"
+
+
+def test_one_jobs_error_does_not_stop_the_others(ctl, jm, agents, monkeypatch) -> None:
+    a = jm.submit(spec("a"))["job_id"]
+    b = jm.submit(spec("b"))["job_id"]
+    real = jm._start
+
+    def broken(job, lease):
+        if job.job_id == a:
+            raise OSError("disk full")
+        return real(job, lease)
+
+    monkeypatch.setattr(jm, "_start", broken)
+    for ag in agents.values():
+        ag.beat()
+    ctl.reconcile()
+    events = jm.reconcile()
+    assert any(e.startswith(f"{a}: reconcile error OSError: disk full") for e in events)
+    assert jm.get(b)["state"] == "running"
+    monkeypatch.setattr(jm, "_start", real)
+    cycle(ctl, jm, agents)
+    assert jm.get(a)["state"] == "running"  # admitted earlier; started on the next step
+
+
+def test_a_preempting_job_whose_ray_job_ends_first_finishes_by_its_outcome(ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
+    for i in range(8):
+        jm.submit(spec(f"t{i}", ckpt=str(tmp_path / f"t{i}")))
+    cycle(ctl, jm, agents, 2)
+    clock.advance(60)
+    jm.submit(spec("urgent", priority="inference"))
+    cycle(ctl, jm, agents)
+    (victim,) = [j["job_id"] for j in jm.list() if j["state"] == "preempting"]
+    ray_jobs.statuses[jm.get(victim)["ray_submission_id"]] = "SUCCEEDED"  # it finished before checkpointing
+    cycle(ctl, jm, agents, 2)
+    v = jm.get(victim)
+    assert v["state"] == "succeeded" and v["attempt"] == 1 and v["lease"]["state"] in ("released", "preempted")
+    assert jm.get("urgent-1")["state"] == "running"
+
+
+def test_a_head_restart_with_jobs_in_flight_picks_every_job_up(settings, store, clock, demo, tmp_path) -> None:
+    """The controller and job layer are rebuilt from the store (what a restarted head actor does)."""
+    ctl = HeadController(settings, store, clock=clock)
+    agents = {n.name: SimAgent(ctl, demo, n.name) for n in demo.nodes}
+    for ag in agents.values():
+        ag.register()
+    runner = FakeRayJobs()
+    jm = JobManager(ctl, store, runner, clock=clock, namespace="rgo", head_name="rgo-head")
+    for i in range(8):
+        jm.submit(spec(f"t{i}", ckpt=str(tmp_path / f"t{i}")))
+    cycle(ctl, jm, agents, 2)
+    clock.advance(60)
+    jm.submit(spec("urgent", priority="inference"))
+    jm.submit(spec("later", gpu="2"))  # queued behind everything
+    cycle(ctl, jm, agents)
+    before = {j["job_id"]: j["state"] for j in jm.list()}
+    assert sorted(before.values()).count("preempting") == 1 and before["later-1"] == "queued"
+    # the head dies; a new one restores from the same store, the agents re-register
+    ctl2 = HeadController(settings, store, clock=clock)
+    assert ctl2.restore() == len(ctl.ledger.entries)
+    jm2 = JobManager(ctl2, store, runner, clock=clock, namespace="rgo", head_name="rgo-head")
+    assert jm2.restore() == 10
+    assert {j["job_id"]: j["state"] for j in jm2.list()} == before
+    for ag in agents.values():
+        ag.ctl = ctl2
+    (victim,) = [j for j, s in before.items() if s == "preempting"]
+    jm2.ack_checkpoint(victim, str(tmp_path / "v.pt"), 7)
+    cycle(ctl2, jm2, agents, 3)
+    after = {j["job_id"]: j for j in jm2.list()}
+    assert after["urgent-1"]["state"] == "running" and after[victim]["state"] == "queued"
+    assert after[victim]["resume_from"] == str(tmp_path / "v.pt")
+    assert len([s for s in runner.submitted if s.startswith("urgent-1.")]) == 1  # started exactly once

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.errors import ConfigError
+
 from orchestrator.deploy import local as launcher
 from orchestrator.core.config import ClusterConfig, parse_config
 from orchestrator.core.statefile import Proc, State
@@ -41,8 +43,9 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
     for w in workers:
         assert _opt(w.argv, "--address") == plan.address and "--head" not in w.argv
     assert len({_opt(n.argv, "--dashboard-agent-listen-port") for n in plan.nodes}) == 3  # no port shared
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigError) as e:
         plan_local_cluster(parse_config({}), tmp_path)
+    assert e.value.field == "nodes" and "at least one node" in str(e.value)
 
 
 def test_auth_stays_on_and_writes_only_inside_the_state_dir(tmp_path: Path) -> None:
