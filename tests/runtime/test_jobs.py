@@ -67,6 +67,18 @@ def cycle(ctl: HeadController, jm: JobManager, agents: dict[str, SimAgent], n: i
         jm.reconcile()
 
 
+def one_victim(ctl: HeadController, jm: JobManager, agents: dict[str, SimAgent], clock: FakeClock, tmp_path: Any) -> str:
+    """Eight training jobs fill the whole cards; past their minimum runtime inference arrives: the one victim."""
+    for i in range(8):
+        jm.submit(spec(f"t{i}", ckpt=str(tmp_path / f"t{i}")))
+    cycle(ctl, jm, agents, 2)
+    clock.advance(60)
+    jm.submit(spec("urgent", priority="inference"))
+    cycle(ctl, jm, agents)
+    (victim,) = [j["job_id"] for j in jm.list() if j["state"] == "preempting"]
+    return victim
+
+
 def spec(name: str, gpu: str = "1", priority: str = "training", ckpt: str | None = None) -> JobSpec:
     return JobSpec(name=name, entrypoint=f"python jobs/train.py --name {name}", gpu=GpuRequest.parse(gpu),
                    priority=priority, checkpoint_dir=ckpt)
@@ -123,13 +135,7 @@ def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp
 
 
 def test_grace_period_over_stops_and_requeues(ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
-    for i in range(8):
-        jm.submit(spec(f"t{i}", ckpt=str(tmp_path / f"t{i}")))
-    cycle(ctl, jm, agents, 2)
-    clock.advance(60)
-    jm.submit(spec("urgent", priority="inference"))
-    cycle(ctl, jm, agents)
-    (victim,) = [j["job_id"] for j in jm.list() if j["state"] == "preempting"]
+    victim = one_victim(ctl, jm, agents, clock, tmp_path)
     clock.advance(61)  # the training class's grace period is 60 s
     cycle(ctl, jm, agents, 2)
     v = jm.get(victim)
@@ -292,13 +298,7 @@ def test_one_jobs_error_does_not_stop_the_others(ctl, jm, agents, monkeypatch) -
 
 
 def test_a_preempting_job_whose_ray_job_ends_first_finishes_by_its_outcome(ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
-    for i in range(8):
-        jm.submit(spec(f"t{i}", ckpt=str(tmp_path / f"t{i}")))
-    cycle(ctl, jm, agents, 2)
-    clock.advance(60)
-    jm.submit(spec("urgent", priority="inference"))
-    cycle(ctl, jm, agents)
-    (victim,) = [j["job_id"] for j in jm.list() if j["state"] == "preempting"]
+    victim = one_victim(ctl, jm, agents, clock, tmp_path)
     ray_jobs.statuses[jm.get(victim)["ray_submission_id"]] = "SUCCEEDED"  # it finished before checkpointing
     cycle(ctl, jm, agents, 2)
     v = jm.get(victim)
