@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -183,7 +184,7 @@ class HeadService:
         return self.ctl.status()
 
     def ping(self) -> Json:
-        return {"restored_leases": self.restored, "started_at": self.started_at,
+        return {"restored_leases": self.restored, "started_at": self.started_at, "pid": os.getpid(),
                 "registered_nodes": self.ctl.registered_nodes(), "metrics_port": self.metrics_port}
 
     # ---- agents --------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ def head(ray_cluster: Any) -> Iterator[Any]:
     sched = cfg.scheduler.model_copy(update={"policy": "bestfit", "classes": {
         **cfg.scheduler.classes,
         "training": cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 1.0, "grace_period_s": 60.0}),
+        # for the head-kill test: a checkpointing class whose victims get only 8 s to yield
+        "training-short": cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 1.0, "grace_period_s": 8.0}),
     }})
     handle = start_head(SETTINGS, cfg.model_copy(update={"scheduler": sched}), node_id=ray_api.head_node_id())
     client = HeadClient(handle=handle)
@@ -58,6 +60,13 @@ def head(ray_cluster: Any) -> Iterator[Any]:
         ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
     ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
     ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+
+
+def _steps(head: Any, job_id: str) -> int:
+    """Training steps the job's log shows so far (jobs/train.py logs ``step N ...``)."""
+    import re
+
+    return max((int(m) for m in re.findall(r"^step (\d+) ", head.job_logs(job_id), re.M)), default=0)
 
 
 def wait(head: Any, job_id: str, states: set[str], timeout: float = 180) -> dict[str, Any]:
@@ -85,13 +94,16 @@ def test_inference_preempts_the_minimal_training_set_which_resumes_bit_identical
     for seed, cards in ((1, 4), (2, 2), (3, 2)):
         ck = tmp_path / f"train-{seed}"
         spec = JobSpec(name=f"train-{seed}", gpu=GpuRequest.whole(cards), priority="training", checkpoint_dir=str(ck),
-                       entrypoint=f"{sys.executable} {TRAIN} --steps {STEPS} --seed {seed} --step-delay 0.03",
+                       entrypoint=f"{sys.executable} {TRAIN} --steps {STEPS} --seed {seed} --step-delay 0.03 --log-every 1",
                        runtime_env={"env_vars": {"ORCHESTRATOR_POLL_S": "0.1"}})
         trainings[head.submit_job(spec.model_dump(mode="json"))["job_id"]] = (seed, ck)
     for job_id in trainings:
         wait(head, job_id, {"running"})
-    # Every whole card is now held by training; let them pass their minimum runtime and make progress.
-    time.sleep(3)
+    # Every whole card is now held by training; let them pass their minimum runtime (1 s) and make progress.
+    deadline = time.monotonic() + 120
+    while not all(_steps(head, j) >= 5 for j in trainings):
+        assert time.monotonic() < deadline, {j: _steps(head, j) for j in trainings}
+        time.sleep(0.3)
     serve = JobSpec(name="serve", gpu=GpuRequest.whole(1), priority="inference",
                     entrypoint=f"{sys.executable} -c \"import os,time; time.sleep(3); print('served on', os.environ['CUDA_VISIBLE_DEVICES'])\"")
     t0 = time.monotonic()
@@ -127,3 +139,55 @@ def test_inference_preempts_the_minimal_training_set_which_resumes_bit_identical
     resumed = head.get_job(victims[0])
     assert resumed["attempt"] == 2 and "resumed from" in head.job_logs(victims[0])
     assert done["state"] == "succeeded"
+
+
+def test_a_sigkilled_head_brings_every_job_to_its_end_exactly_once(head: Any, tmp_path: Path) -> None:
+    """SIGKILL the head's worker with jobs queued, running and preempting; Ray restarts the actor, which
+    restores from the GCS store. Every job ends as it would have, and no attempt is submitted to Ray twice."""
+    import os
+    import signal
+
+    import ray
+
+    from orchestrator.rayport import ray_api
+
+    def submit(name: str, entrypoint: str, gpu: GpuRequest, priority: str) -> str:
+        spec = JobSpec(name=name, entrypoint=entrypoint, gpu=gpu, priority=priority, checkpoint_dir=str(tmp_path / name))
+        return head.submit_job(spec.model_dump(mode="json"))["job_id"]
+
+    on_h100 = {"kind": "whole", "count": 2, "node": "h100-0"}
+    stubborn = submit("stubborn", "sleep 300", GpuRequest(**on_h100), "training-short")  # never checkpoints
+    short = submit("short", f"{sys.executable} -c 'import time; time.sleep(6)'", GpuRequest.mig("1g.10gb"), "batch")
+    wait(head, stubborn, {"running"})
+    wait(head, short, {"running"})
+    behind = submit("behind", "true", GpuRequest(**on_h100), "batch")  # queued behind stubborn
+    inf = submit("urgent", f"{sys.executable} -c 'import time; time.sleep(2)'",
+                 GpuRequest(kind="whole", count=1, node="h100-0"), "inference")
+    wait(head, stubborn, {"preempting"}, timeout=60)
+    assert head.get_job(behind)["state"] == "queued" and head.get_job(short)["state"] == "running"
+    before = ray_api.unwrap(ray.get(head.handle.ping.remote()))
+    os.kill(before["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:  # Ray restarts the actor; it answers again from a new process
+        try:
+            after = head.ping()
+            if after["pid"] != before["pid"]:
+                break
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "the head did not come back"
+        time.sleep(0.5)
+    assert after["restored_leases"] >= 4
+    # stubborn's grace runs out (the deadline was stored): stopped, requeued behind the inference job
+    assert wait(head, inf, {"succeeded"}, timeout=120)["attempt"] == 1
+    assert wait(head, short, {"succeeded"}, timeout=120)["attempt"] == 1
+    st = wait(head, stubborn, {"running"}, timeout=120)
+    assert st["attempt"] == 2 and st["preemptions"][0]["by"] == inf and st["preemptions"][0]["checkpoint_path"] is None
+    head.cancel_job(stubborn)
+    assert wait(head, behind, {"succeeded"}, timeout=120)["attempt"] == 1
+    assert head.get_job(stubborn)["state"] == "cancelled"
+    # exactly once: Ray knows each attempt's submission id once, and no others of these jobs
+    jobs = ray_api.job_submission_client(ray_api.api_server_url()).list_jobs()
+    ours = sorted(j.submission_id for j in jobs if j.submission_id and j.submission_id.split(".a")[0]
+                  in {stubborn, short, behind, inf})
+    assert ours == sorted([f"{behind}.a1", f"{inf}.a1", f"{short}.a1", f"{stubborn}.a1", f"{stubborn}.a2"])

@@ -125,8 +125,10 @@ def test_a_waiting_job_is_explained_then_cancelled(client: Any, head: Any) -> No
         time.sleep(0.25)
     waiting = client.submit(JobSpec(name="waiter", entrypoint="true", gpu={"kind": "mig", "profile": "1g.20gb"},
                                     priority="batch"))
-    time.sleep(1.0)  # a reconcile cycle or two
-    ex = waiting.explain()
+    deadline = time.monotonic() + 30
+    while (ex := waiting.explain())["pending"] is None:  # until the scheduler has looked at it
+        assert time.monotonic() < deadline, ex
+        time.sleep(0.1)
     assert ex["state"] == "queued" and ex["pending"] is not None, ex
     assert ex["pending"]["position"] == 0 and ex["pending"]["reasons"], ex
     assert ex["summary"].startswith("pending at queue position 1"), ex["summary"]
