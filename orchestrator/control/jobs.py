@@ -20,7 +20,8 @@ One job, its life (see :data:`orchestrator.core.job.JOB_TRANSITIONS`):
    submission time;
 2. lease GRANTED -> ADMITTED -> the Ray job is submitted with the lease's
    env vars (``CUDA_VISIBLE_DEVICES`` ...), pinned to the lease's node
-   (entrypoint resource ``rgo-node-<name>``), ``entrypoint_num_gpus`` from
+   (label selector ``ray.io/node-id``, a label Ray gives every node, KubeRay
+   pods included), ``entrypoint_num_gpus`` from
    the hand-out so Ray's accounting agrees -> RUNNING, lease ACTIVE;
 3. the Ray job ends -> SUCCEEDED / FAILED, lease RELEASED;
 4. the lease becomes CHECKPOINTING (a preemption victim) -> PREEMPTING: the
@@ -42,7 +43,7 @@ from orchestrator.control.controller import HeadController
 from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
 from orchestrator.core import env as envvars
-from orchestrator.core.config import NODE_RESOURCE_PREFIX
+from orchestrator.core.config import RAY_NODE_ID_LABEL
 from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
 from orchestrator.core.ids import attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
@@ -59,7 +60,9 @@ class JobRunner(Protocol):
     """Ray's job API, as the job layer needs it (``ray_api.RayJobRunner`` is the real one)."""
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               entrypoint_resources: dict[str, float], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None: ...
+               label_selector: dict[str, str], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None:
+        """Submit the driver, placed only on a node whose labels match ``label_selector``."""
+        ...
 
     def status(self, submission_id: str) -> str | None: ...
 
@@ -278,7 +281,7 @@ class JobManager:
         runtime_env = {**job.spec.runtime_env, "env_vars": env}
         job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
         try:
-            self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {f"{NODE_RESOURCE_PREFIX}{node}": 0.001},
+            self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {RAY_NODE_ID_LABEL: h.node_id},
                                h.num_gpus, {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
         except Exception as e:
             if "already exists" not in str(e):  # a retry after a crash between commit and submit

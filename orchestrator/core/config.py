@@ -35,6 +35,9 @@ from orchestrator.core.yamlfile import read_yaml
 
 #: Ray node label that names the simulated (or configured) node a raylet stands for.
 NODE_LABEL = "rgo.io/node"
+#: The label Ray itself gives every node (its node id): what pins a job's driver to its lease's node, on any
+#: cluster -- a KubeRay worker pod has no per-replica custom resource, but it has this label.
+RAY_NODE_ID_LABEL = "ray.io/node-id"
 #: Ray node label with the GPU model, for label selectors.
 MODEL_LABEL = "rgo.io/gpu-model"
 #: Custom Ray resource every node of ours carries (1 per node), e.g. ``rgo-node-a100-0``.

@@ -237,9 +237,9 @@ class RayJobRunner:
         return self._client
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               entrypoint_resources: dict[str, float], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None:
+               label_selector: dict[str, str], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None:
         self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
-                               entrypoint_resources=entrypoint_resources or None,
+                               entrypoint_label_selector=label_selector or None,
                                entrypoint_num_gpus=entrypoint_num_gpus or None, metadata=metadata)
 
     def status(self, submission_id: str) -> str | None:
