@@ -373,18 +373,23 @@ def queue_table(queue: list[dict[str, Any]]) -> Any:
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Any:
+    """One row per GPU; a "K8S LABELS" column when the head has a Kubernetes cross-check ('' where a node agrees)."""
     from rich.text import Text
 
-    t = _table(f"nodes ({len(nodes)})", "NODE", "STATE", "GPU", "MODEL", "MEMORY", "HEALTH", "MIG", "LEASES")
+    k8s = any("k8s_inventory" in n for n in nodes)
+    cols = ["NODE", "STATE", "GPU", "MODEL", "MEMORY", "HEALTH", "MIG", "LEASES"] + (["K8S LABELS"] if k8s else [])
+    t = _table(f"nodes ({len(nodes)})", *cols)
     for n in nodes:
         state = Text(n["state"], style="green" if n["state"] == "registered" else "bold red")
+        extra = [n.get("k8s_inventory") or "agrees"] if k8s else []
         if not n.get("gpus"):
-            _row(t, n["name"], state, "-", n.get("model") or "-", "-", "-", "-", "-")
+            _row(t, n["name"], state, "-", n.get("model") or "-", "-", "-", "-", "-", *extra)
         for i, g in enumerate(n.get("gpus") or []):
             mig = ", ".join(f"{m['profile']}" + (f"={m['lease']}" if m.get("lease") else "") for m in g.get("mig") or [])
             health = "ok" if g.get("healthy", True) else (g.get("health_reason") or "unhealthy")
             _row(t, n["name"] if i == 0 else "", state if i == 0 else "", str(g["index"]), g.get("model") or "-",
-                      f"{g.get('memory_mib', 0) / 1024:g}GiB", health, mig or "-", ", ".join(g.get("leases") or []) or "-")
+                 f"{g.get('memory_mib', 0) / 1024:g}GiB", health, mig or "-", ", ".join(g.get("leases") or []) or "-",
+                 *(extra if i == 0 else [""] * len(extra)))
     return t
 
 

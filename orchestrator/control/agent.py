@@ -29,20 +29,24 @@ from orchestrator.control.discovery.base import DiscoveryBackend, apply_events
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import InvalidRequestError
-from orchestrator.core.inventory import NodeInventory
+from orchestrator.core.inventory import K8S_NODE_LABEL, NodeInventory
 from orchestrator.core.request import ShareKind
 
 
 class AgentCore:
     """An agent's state and decisions; no Ray."""
 
-    def __init__(self, node_name: str, ray_node_id: str, backend: DiscoveryBackend, settings: RuntimeSettings) -> None:
+    def __init__(self, node_name: str, ray_node_id: str, backend: DiscoveryBackend, settings: RuntimeSettings,
+                 *, k8s_node: str | None = None) -> None:
         self.node_name = node_name
         self.ray_node_id = ray_node_id
         self.backend = backend
         self.settings = settings
         self.incarnation = uuid.uuid4().hex[:12]
         self.inventory: NodeInventory = backend.inventory()
+        if k8s_node:  # the Kubernetes node it runs on: what the cross-check matches Node objects by
+            self.inventory = self.inventory.model_copy(
+                update={"labels": {**self.inventory.labels, K8S_NODE_LABEL: k8s_node}})
         self.allocated: dict[str, dict[str, str]] = {}  # lease id -> the env the head built for it
         self.rejected: dict[str, str] = {}
         self.mig_uuids: dict[str, str] = {}

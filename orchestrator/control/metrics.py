@@ -8,7 +8,9 @@ Names (the Grafana dashboard in :mod:`orchestrator.deploy.k8s.dashboard` queries
 * ``orchestrator_leases_active{kind}`` -- holding leases by share kind;
 * ``orchestrator_preemptions_total{reason}`` -- victims asked to checkpoint
   (``checkpoint``) or stopped at once / at their deadline (``stopped``);
-* ``orchestrator_lease_wait_seconds`` -- histogram of request-to-grant time.
+* ``orchestrator_lease_wait_seconds`` -- histogram of request-to-grant time;
+* ``orchestrator_inventory_disagreements{node,field,severity}`` -- the latest
+  Kubernetes cross-check (node labels vs the agents' NVML inventory).
 
 :class:`HeadMetrics` holds its own registry (several heads in one test
 process never collide) and is updated once per reconcile cycle; it imports
@@ -35,8 +37,15 @@ class HeadMetrics:
         self.queue_length = Gauge("orchestrator_queue_length", "Pending leases", ["priority"], registry=r)
         self.leases_active = Gauge("orchestrator_leases_active", "Leases holding devices", ["kind"], registry=r)
         self.preemptions = Counter("orchestrator_preemptions", "Preemption victims", ["reason"], registry=r)
+        for reason in ("checkpoint", "stopped"):  # known label values read 0 before the first event, not "no data"
+            self.preemptions.labels(reason)
         self.lease_wait = Histogram("orchestrator_lease_wait_seconds", "Time from request to grant", registry=r,
                                     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900))
+        self.inventory_disagreements = Gauge(
+            "orchestrator_inventory_disagreements",
+            "Disagreements between Kubernetes node labels (GPU feature discovery) and the agents' NVML inventory",
+            ["node", "field", "severity"], registry=r)
+        self._inventory_keys: set[tuple[str, str, str]] = set()
         self._observed: set[str] = set()
         self._server: Any = None
 
@@ -69,6 +78,14 @@ class HeadMetrics:
                 self.preemptions.labels("checkpoint").inc(len(report.checkpoint_requested))
             if report.preempted:
                 self.preemptions.labels("stopped").inc(len(report.preempted))
+
+    def set_inventory_disagreements(self, counts: dict[tuple[str, str, str], int]) -> None:
+        """The latest cross-check's counts; a disagreement that went away reads 0, not its last value."""
+        for key in self._inventory_keys - set(counts):
+            self.inventory_disagreements.labels(*key).set(0)
+        for key, n in counts.items():
+            self.inventory_disagreements.labels(*key).set(n)
+        self._inventory_keys |= set(counts)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

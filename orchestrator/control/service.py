@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from orchestrator.control.controller import HeadController, ReconcileReport
+from orchestrator.control.inventory_check import InventoryCheck
 from orchestrator.control.jobs import JobManager, JobRunner
 from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
@@ -73,6 +74,7 @@ class HeadService:
                                head_name=settings.head_name, status_poll_s=status_poll_s)
         self.metrics = metrics or HeadMetrics()
         self.metrics_port: int | None = None
+        self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
         self.restored = self.ctl.restore()
         self.jobs.restore()
         self.started_at = clock()
@@ -181,11 +183,25 @@ class HeadService:
 
     # ---- the cluster ---------------------------------------------------------------------------
     def status(self) -> Json:
-        return self.ctl.status()
+        st = self.ctl.status()
+        if self.inventory_check is not None:
+            st["inventory_check"] = self.inventory_check.summary()
+            for n in st["nodes"]:
+                n["k8s_inventory"] = self.inventory_check.node_line(n["name"])
+        return st
 
     def ping(self) -> Json:
         return {"restored_leases": self.restored, "started_at": self.started_at, "pid": os.getpid(),
                 "registered_nodes": self.ctl.registered_nodes(), "metrics_port": self.metrics_port}
+
+    def agent_inventories(self) -> list[Json]:
+        return [r.inventory.model_dump(mode="json") for r in self.ctl.nodes.registered()]
+
+    def report_inventory_check(self, report: Mapping[str, Any]) -> Json:
+        check = InventoryCheck.parse(report, at=self.clock())
+        self.inventory_check = check
+        self.metrics.set_inventory_disagreements(check.counts())
+        return {"disagreements": len(check.disagreements), "errors": check.errors}
 
     # ---- agents --------------------------------------------------------------------------------
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:

@@ -83,6 +83,18 @@ class HeadApi(Protocol):
 
     def ping(self) -> Json: ...
 
+    def agent_inventories(self) -> list[Json]:
+        """The inventory every registered agent reported (what the Kubernetes cross-check compares with node labels)."""
+        ...
+
+    def report_inventory_check(self, report: Mapping[str, Any]) -> Json:
+        """Keep the latest cross-check of the agents' inventories against Kubernetes node labels.
+
+        ``report`` is ``{"nodes": [...], "disagreements": [{"node", "field", "severity", ...}, ...]}``
+        (``orchestrator.deploy.k8s.inventory.InventoryReport.to_dict``); the head exports it as
+        ``orchestrator_inventory_disagreements{node,field,severity}`` and in ``status``. The last report wins."""
+        ...
+
     # ---- agents (node side) ----------------------------------------------------------------------
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         ...

@@ -22,6 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from orchestrator.core.catalogue import GpuModel, gpu_model
 
+#: The inventory label naming the Kubernetes node an agent runs on (``$ORCHESTRATOR_NODE_NAME``, set from the
+#: pod's ``spec.nodeName``): what the Kubernetes cross-check matches Node objects by.
+K8S_NODE_LABEL = "orchestrator.io/k8s-node"
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.control.agent import AgentCore
 from orchestrator.control.discovery import HealthEvent, select_backend
+from orchestrator.core import env
 from orchestrator.core.config import RuntimeSettings, SimNode
 from orchestrator.rayport import ray_api
 from orchestrator.rayport.wire import unwrap
@@ -30,7 +31,8 @@ class AgentActor:
         self.settings = RuntimeSettings.model_validate(settings)
         sim = SimNode.model_validate(sim_node) if sim_node else None
         backend = select_backend(self.settings.discovery, node_name, sim)
-        self.core = AgentCore(node_name, ray_node_id, backend, self.settings)
+        self.core = AgentCore(node_name, ray_node_id, backend, self.settings,
+                              k8s_node=os.environ.get(env.K8S_NODE_NAME) or None)
         self.heartbeats = 0
         self._task = asyncio.get_event_loop().create_task(self._run())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import urllib.request
 
 from orchestrator.deploy.k8s.dashboard import METRICS
@@ -30,10 +32,12 @@ def test_metrics_follow_the_ledger_and_serve_over_http(ctl, agents, clock) -> No
     assert _value(text, "orchestrator_leases_active", 'kind="mig"') == 1
     assert _value(text, "orchestrator_queue_length", 'priority="batch"') == 1
     assert _value(text, "orchestrator_lease_wait_seconds_count") == 2
-    # Every metric the Grafana dashboard queries is exported (Ray's own aside).
+    # Every metric the Grafana dashboard queries is exported with a sample (Ray's own aside).
+    m.set_inventory_disagreements({("a100-0", "gpu.model", "error"): 1})
+    text = m.text().decode()
     for name in METRICS:
-        if name.startswith("orchestrator_") and name != "orchestrator_inventory_disagreements":
-            assert name in text, name
+        if name.startswith("orchestrator_"):
+            assert re.search(rf"^{name}(_count|_total)?(\{{.*\}})? ", text, re.M), name
     # Released leases leave the gauges.
     ctl.release("a", ctl.get_lease("a")["fencing_token"])
     m.update(ctl)

@@ -344,7 +344,7 @@ class HeadSpec(_Frozen):
     resources: Resources = Field(default_factory=lambda: Resources(cpu="4", memory="16Gi"))
     priority_class: str | None = Field(default=None, description="Name of a declared priority class")
     command: tuple[str, ...] = Field(
-        default=("python", "-m", "orchestrator.deploy.kuberay", "head"),
+        default=("python", "-m", "orchestrator.deploy.kuberay", "head", "--k8s-inventory-every", "60"),
         description="Starts the orchestrator head once Ray is up (run from the head container's postStart hook)",
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the head pod requires")

@@ -48,10 +48,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from orchestrator.core.errors import InvalidRequestError
-from orchestrator.deploy.k8s.config import fit_mig_layout, parse_quantity
 from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, GpuModel
-from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.inventory import K8S_NODE_LABEL, GpuDevice, MigDevice, NodeInventory
+from orchestrator.deploy.k8s.config import fit_mig_layout, parse_quantity
 
 PRODUCT = "nvidia.com/gpu.product"
 COUNT = "nvidia.com/gpu.count"
@@ -62,7 +62,7 @@ SHARING = "nvidia.com/gpu.sharing-strategy"
 REPLICAS = "nvidia.com/gpu.replicas"
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-NODE_NAME_LABEL = "orchestrator.io/k8s-node"
+NODE_NAME_LABEL = K8S_NODE_LABEL
 SOURCE_LABEL = "orchestrator.io/inventory-source"
 
 # Relative difference of per-GPU memory above which the two sides disagree
