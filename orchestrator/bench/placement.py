@@ -15,6 +15,7 @@ the ledger update. Generating the stream is not timed.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from orchestrator.core.request import GpuRequest
 from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.fragmentation import TaskType
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 
@@ -84,10 +86,6 @@ def request_stream(n: int, seed: int = 1) -> list[GpuRequest]:
 def stream_workload(stream: list[GpuRequest], coverage: float = 0.95) -> tuple:
     """FGD's target workload for a stream: its most frequent task shapes covering ``coverage``
     of the requests, popularity-weighted (the paper's *typical pods*)."""
-    from collections import Counter
-
-    from orchestrator.scheduling.fgd import TaskType
-
     counts: Counter = Counter()
     for r in stream:
         try:

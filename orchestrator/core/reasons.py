@@ -95,5 +95,5 @@ class Reason:
     def __str__(self) -> str:
         return self.text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"cause": self.cause.value, "text": self.text}

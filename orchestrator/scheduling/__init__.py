@@ -1,13 +1,17 @@
 """Decisions: pure functions from an immutable cluster snapshot to a plan.
 
-What lives here: the snapshot (:mod:`.snapshot`), the placement engine
-(:mod:`.engine`) and its policies (:mod:`.policies`, :mod:`.fgd`), the target
-workload distribution FGD scores against (:mod:`.workloads`), the preemption
-planner (:mod:`.preemption`), quota admission (:mod:`.admission`) and the
-scheduling cycle that joins them (:mod:`.cycle`).  Every decision carries a
-:class:`~orchestrator.core.reasons.Reason`.
+What lives here: the snapshot (:mod:`.snapshot`) and the one definition of
+what fits on a GPU and what a placement changes there (:mod:`.gpufit`); the
+placement engine (:mod:`.engine`), the candidate slots it scores
+(:mod:`.candidates`) and its contract with policies (:mod:`.policy`); the
+policies (:mod:`.policies`, and FGD's in :mod:`.fgd` over the paper's maths in
+:mod:`.fragmentation`, scored against :mod:`.workloads`); the preemption
+planner (:mod:`.preemption`), refusals before queueing (:mod:`.admission`)
+and the scheduling cycle that joins them (:mod:`.cycle`).  Every decision
+carries a :class:`~orchestrator.core.reasons.Reason`.
 
-May import: :mod:`orchestrator.core` and numpy.  Nothing here performs I/O,
+Invariants: may import only :mod:`orchestrator.core` and numpy (checked by
+import-linter), with no import circle inside the package. Nothing here performs I/O,
 reads the clock, or knows that Ray exists; the simulator and the head run the
 same code.
 """

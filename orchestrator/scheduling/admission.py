@@ -1,9 +1,12 @@
 """Refusals before queueing: a submission that can never run is refused at once, naming the field.
 
-Pure checks over the config and the cluster snapshot. What they catch (and the
-field each names):
+Pure checks over the config and the cluster snapshot; invariant: a request
+refused here could never be placed on this cluster, whatever runs on it (no
+refusal for what is only busy now). What they catch (and the field each names):
 
-* ``gpu.profile``: a MIG profile that no MIG-enabled GPU in the cluster offers;
+* ``gpu.profile``: a MIG profile that no MIG-enabled GPU in the cluster offers,
+  or that fits none of them even empty (fixed layouts without it: the
+  engine's one MIG fit check, :func:`~orchestrator.scheduling.gpufit.mig_fits`);
 * ``gpu.models``: allowed models none of the cluster's nodes have;
 * ``gpu.count``: more whole cards than the largest node has;
 * ``priority`` / ``queue``: unknown names (the allowed ones are listed);
@@ -16,11 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.catalogue import MODEL_NAMES, gpu_model
-from orchestrator.core.request import GpuRequest, ShareKind
-from orchestrator.scheduling.snapshot import ClusterSnapshot
+from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.priorities import PriorityClass, SchedulerConfig
+from orchestrator.core.request import GpuRequest, ShareKind, resolve
+from orchestrator.scheduling.candidates import mig_placements
+from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 
 def check_request(request: GpuRequest, snapshot: ClusterSnapshot) -> None:
@@ -33,18 +37,26 @@ def check_request(request: GpuRequest, snapshot: ClusterSnapshot) -> None:
                                   detail="no node of the cluster has these models")
     if request.kind is ShareKind.MIG:
         offered = sorted({p.name for m in mig_models for p in gpu_model(m).mig_profiles})
-        fixed = {p for p, bits in st.layout_bits.items() if bits.any()}
-        ok = any(request.profile in [p.name for p in gpu_model(m).mig_profiles] for m in mig_models)
-        if not ok:
+        if request.profile not in offered:
             raise InvalidRequestError("gpu.profile", request.profile, offered or ["(no MIG-enabled GPU in the cluster)"],
                                       detail="no MIG-enabled GPU in the cluster offers this profile")
-        on_demand = bool((st.mig_enabled & ~st.mig_fixed).any())
-        if not on_demand and request.profile not in fixed:
-            raise InvalidRequestError("gpu.profile", request.profile, sorted(fixed),
+        if not _mig_could_fit(snapshot, request):
+            fixed = sorted(p for p, bits in st.layout_bits.items() if bits.any())
+            raise InvalidRequestError("gpu.profile", request.profile, fixed,
                                       detail="the cluster's MIG cards have fixed layouts without this profile")
     if request.kind is ShareKind.WHOLE and request.count > int(st.present.sum(axis=1).max(initial=0)):
         raise InvalidRequestError("gpu.count", request.count, f"1..{int(st.present.sum(axis=1).max(initial=0))}",
                                   detail="more cards than any node has")
+
+
+def _mig_could_fit(snapshot: ClusterSnapshot, request: GpuRequest) -> bool:
+    """Whether the MIG slice fits some MIG-enabled card of the cluster once it is empty (the engine's
+    own MIG fit check, on no usage): its model offers the profile, and its layout, if fixed, has it."""
+    st = snapshot.static
+    nodes = np.arange(st.n)
+    empty = np.zeros((st.n, st.g), dtype=np.int16)
+    profiles = resolve(request).alternatives[0].profiles
+    return bool(mig_placements(st, nodes, empty, empty, st.mig_enabled & st.present, profiles))
 
 
 def check_submission(request: GpuRequest, priority: str | None, queue: str | None, config: SchedulerConfig,

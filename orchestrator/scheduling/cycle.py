@@ -20,6 +20,9 @@ It reads as a numbered script (Kueue's scheduling cycle):
       queue position and what would admit it.
 
 The plan is the whole output; the head applies it (store first, then act).
+Every grant, preemption and waiting item carries a
+:class:`~orchestrator.core.reasons.Reason` (``placed*``, ``victim.*``,
+``wait.*``); ``to_json`` gives texts and cause codes.
 Invariants: the input snapshot is never changed; a lease appears as a victim
 at most once per plan; no grant in the plan over-commits the snapshot (each
 was applied to the working copy before the next was placed).
@@ -31,11 +34,19 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from orchestrator.core.lease import Lease
+from orchestrator.core.priorities import SchedulerConfig
+from orchestrator.core.reasons import Cause, Reason
 from orchestrator.core.request import GpuRequest
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
-from orchestrator.scheduling.preemption import NoPreemption, PreemptionPlan, Victim, plan_preemption, queue_usage
+from orchestrator.scheduling.policy import PlacementPolicy
+from orchestrator.scheduling.preemption import (
+    NoPreemption,
+    PreemptionPlan,
+    Victim,
+    plan_preemption,
+    queue_usage,
+)
 from orchestrator.scheduling.snapshot import ClusterSnapshot
-from orchestrator.core.priorities import SchedulerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +69,15 @@ class PendingItem:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
+    """Grant ``item_id`` its placement (cause ``placed``, or ``placed.borrowing`` beyond its queue's quota)."""
+
     item_id: str
     placement: Placement
-    reason: str
+    reason: Reason
+
+    def to_json(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "placement": self.placement.to_json(), "reason": self.reason.text,
+                "cause": self.reason.cause.value}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,26 +86,34 @@ class Preemption:
 
     victim: Victim
     for_item: str
-    reason: str
+    reason: Reason
+
+    def to_json(self) -> dict[str, Any]:
+        return {"victim": self.victim.to_json(), "for_item": self.for_item, "reason": self.reason.text,
+                "cause": self.reason.cause.value}
 
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """Why an item is still pending."""
+    """Why an item is still pending (a ``wait.*`` cause); ``preemption_blocked``: why no preemption
+    helps it (a ``no_preemption.*`` cause), None when none was tried or one was planned."""
 
     item_id: str
     position: int
     effective_priority: float
-    reason: str
+    reason: Reason
     unschedulable: Unschedulable | None = None
     would_preempt: tuple[str, ...] = ()
-    preemption_blocked: str = ""
+    preemption_blocked: Reason | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        blocked = self.preemption_blocked
         return {"item_id": self.item_id, "position": self.position, "effective_priority": self.effective_priority,
-                "reason": self.reason, "would_preempt": list(self.would_preempt),
-                "preemption_blocked": self.preemption_blocked,
-                "unschedulable": self.unschedulable.to_dict() if self.unschedulable else None}
+                "reason": self.reason.text, "cause": self.reason.cause.value,
+                "would_preempt": list(self.would_preempt),
+                "preemption_blocked": blocked.text if blocked else "",
+                "preemption_blocked_cause": blocked.cause.value if blocked else None,
+                "unschedulable": self.unschedulable.to_json() if self.unschedulable else None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +124,10 @@ class Plan:
 
     def waiting_for(self, item_id: str) -> Waiting | None:
         return next((w for w in self.waiting if w.item_id == item_id), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grants": [g.to_json() for g in self.grants], "preemptions": [p.to_json() for p in self.preemptions],
+                "waiting": [w.to_json() for w in self.waiting]}
 
 
 def effective_priority(item: PendingItem, config: SchedulerConfig, now: float) -> float:
@@ -111,7 +140,7 @@ def order(pending: Sequence[PendingItem], config: SchedulerConfig, now: float) -
 
 
 def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding: Sequence[Lease],
-             config: SchedulerConfig, now: float, policy: Any, *, in_flight: frozenset[str] = frozenset()) -> Plan:
+             config: SchedulerConfig, now: float, policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset()) -> Plan:
     """Run one cycle; see the module docstring. ``in_flight``: lease ids already being preempted."""
     work = snapshot
     usage = queue_usage(holding)
@@ -124,23 +153,25 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
         _, q = config.queue(item.queue) if item.queue in config.queues else ("", None)
         over_quota = q is not None and q.quota_gpus is not None and usage.get(item.queue, 0.0) + item.demand > q.quota_gpus
         if over_quota and q is not None and not q.borrowing:
-            waiting.append(Waiting(item.item_id, pos, eff, f"queue {item.queue} is at its quota of {q.quota_gpus:g} GPUs "
-                                   "and does not borrow"))
+            waiting.append(Waiting(item.item_id, pos, eff, Reason(
+                Cause.WAIT_QUOTA, f"queue {item.queue} is at its quota of {q.quota_gpus:g} GPUs and does not borrow")))
             continue
         res = place(work, item.request, policy)
         if isinstance(res, Placement):
             work = work.apply(res.allocation)
             usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
-            why = res.reason + (f" (borrowing beyond queue {item.queue}'s quota)" if over_quota else "")
+            why = res.reason if not over_quota else Reason(
+                Cause.PLACED_BORROWING, f"{res.reason.text} (borrowing beyond queue {item.queue}'s quota)")
             grants.append(Grant(item.item_id, res, why))
             continue
         if item.nominated:
-            waiting.append(Waiting(item.item_id, pos, eff, "waiting for the leases being preempted for it to be released",
-                                   res))
+            waiting.append(Waiting(item.item_id, pos, eff, Reason(
+                Cause.WAIT_VICTIMS, "waiting for the leases being preempted for it to be released"), res))
             continue
         if over_quota:
-            waiting.append(Waiting(item.item_id, pos, eff, f"{res.message}; queue {item.queue} is over its quota, "
-                                   "so it only borrows idle capacity and preempts nothing", res))
+            waiting.append(Waiting(item.item_id, pos, eff, Reason(
+                Cause.WAIT_BORROW_ONLY, f"{res.message}; queue {item.queue} is over its quota, "
+                "so it only borrows idle capacity and preempts nothing"), res))
             continue
         candidates = [lease for lease in holding if lease.lease_id not in taken]
         plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
@@ -153,5 +184,6 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
                                    would_preempt=tuple(v.lease_id for v in plan.victims)))
         else:
             assert isinstance(plan, NoPreemption)
-            waiting.append(Waiting(item.item_id, pos, eff, res.message, res, preemption_blocked=plan.reason))
+            waiting.append(Waiting(item.item_id, pos, eff, Reason(Cause.WAIT_NO_FIT, res.message), res,
+                                   preemption_blocked=plan.reason))
     return Plan(tuple(grants), tuple(preemptions), tuple(waiting))

@@ -9,51 +9,80 @@ reads as a short script:
    model constraints, free CPU and host memory) -- a few vector operations;
 3. **score states, not nodes**: every node's GPU state is interned
    (``snapshot.gstate``); for each distinct state not seen before with this
-   (policy, alternative) the engine enumerates the candidate slots (a GPU, a
-   MIG placement, a set of whole GPUs), builds the before/after rows and asks
-   the policy for a score; the best slot of each state is memoised in a
-   per-(policy, alternative) table. A node's score is its state's best score
-   plus the policy's node-wide term;
+   (policy, alternative) the engine enumerates the candidate slots
+   (:func:`~orchestrator.scheduling.candidates.enumerate_slots`), builds the
+   before/after rows and asks the policy for a score; the best slot of each
+   state is memoised in a per-(policy, alternative) table. A node's score is
+   its state's best score plus the policy's node-wide term;
 4. **choose** the lowest score; ties go to a random node when an ``rng`` is
    given (as kube-scheduler samples among equal top scores) and to the lowest
    node index otherwise;
 5. if no alternative fits, return :class:`Unschedulable` with the rejected
-   nodes **grouped by reason** ("812 nodes: not enough free GPU memory").
+   nodes **grouped by reason** ("812 nodes: not enough free GPU memory"),
+   each a :class:`~orchestrator.core.reasons.Reason` with its ``fit.*`` cause.
 
-The memo tables are keyed by the interned state id, which is a pure
-function of the state's bytes, so caching never changes an answer.
+Invariants: the memo tables live in the snapshot family's cache (key
+``("engine", policy.key, alt_key)``) and are keyed by the interned state id,
+which is a pure function of the state's bytes, so caching never changes an
+answer; a :class:`Placement` always fits the snapshot it was decided on
+(``snapshot.apply`` accepts it); every decision carries a reason with a cause.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, MODEL_NAMES, gpu_model
-from orchestrator.core.request import Alternative, GpuRequest, ResolvedRequest, ShareKind, resolve
 from orchestrator.core.allocation import Allocation
-from orchestrator.scheduling.snapshot import MODEL_INDEX, ClusterSnapshot, Mode, _Static
+from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, MODEL_NAMES
+from orchestrator.core.reasons import Cause, Reason
+from orchestrator.core.request import (
+    Alternative,
+    GpuRequest,
+    ResolvedRequest,
+    ShareKind,
+    resolve,
+)
+from orchestrator.scheduling.candidates import (
+    FIT_REASONS,
+    MIG_SLOT,
+    CandidateView,
+    alt_key,
+    enumerate_slots,
+    memory_need,
+    random_slot,
+    rows_after,
+    slot_take,
+    state_rows,
+)
+from orchestrator.scheduling.policy import NodeContext, PlacementPolicy
+from orchestrator.scheduling.snapshot import (
+    MODEL_INDEX,
+    ClusterSnapshot,
+    SnapshotStatic,
+    StateColumn,
+)
 
 INF = np.inf
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a request goes, and why."""
+    """Where a request goes, and why (cause ``placed``)."""
 
     allocation: Allocation
     alternative: Alternative
     policy: str
     score: float
     feasible_nodes: int
-    reason: str
+    reason: Reason
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"allocation": self.allocation.to_json(), "policy": self.policy, "score": self.score,
-                "feasible_nodes": self.feasible_nodes, "reason": self.reason}
+                "feasible_nodes": self.feasible_nodes, "reason": self.reason.text, "cause": self.reason.cause.value}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +90,7 @@ class Unschedulable:
     """No alternative fits. ``reasons`` groups the rejected nodes: ((alternative, reason), count), largest first."""
 
     request: GpuRequest
-    reasons: tuple[tuple[str, str, int], ...]
+    reasons: tuple[tuple[str, Reason, int], ...]
     nodes: int
 
     @property
@@ -69,156 +98,44 @@ class Unschedulable:
         parts = [f"{count} node{'s' if count != 1 else ''}: {reason} [{alt}]" for alt, reason, count in self.reasons]
         return f"no node fits {self.request.describe()} ({self.nodes} nodes): " + "; ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"request": self.request.describe(), "nodes": self.nodes,
-                "reasons": [{"alternative": a, "reason": r, "nodes": c} for a, r, c in self.reasons],
+                "reasons": [{"alternative": a, "reason": r.text, "cause": r.cause.value, "nodes": c}
+                            for a, r, c in self.reasons],
                 "message": self.message}
-
-
-@dataclass(slots=True)
-class CandidateView:
-    """M candidate placements, each on one interned GPU state, for a policy to score.
-
-    ``before``/``after`` map a field name (``mode``, ``used_milli``, ``used_mem``,
-    ``mig_mask``, ``mig_compute``, ``holders``, ``healthy``) to an (M, G) array;
-    ``take`` is the (M, G) mask of GPUs the candidate uses; ``present`` the
-    GPUs that exist; ``capacity`` the compute cap per GPU for its mode;
-    ``model`` (M,) the model index; ``gpu_memory`` (M,) MiB per GPU.
-    ``state`` is the interned state id of each candidate and ``slot`` its slot.
-    ``static`` is the snapshot family's static part (for per-state tables a
-    policy keeps); ``memo`` is scratch space a policy may fill in ``gpu_score``
-    and read back in ``remember_best``.
-    """
-
-    state: np.ndarray
-    slot: np.ndarray
-    take: np.ndarray
-    present: np.ndarray
-    model: np.ndarray
-    gpu_memory: np.ndarray
-    island: np.ndarray
-    before: dict[str, np.ndarray]
-    after: dict[str, np.ndarray]
-    timeslice_capacity_milli: int
-    static: Any = None
-    memo: dict = field(default_factory=dict)
-
-    def free(self, which: str = "before") -> np.ndarray:
-        """(M, G) free milli per GPU (MIG cards: by free compute slices; absent or unhealthy: 0)."""
-        rows = self.before if which == "before" else self.after
-        return _free_milli(rows, self.present, self.timeslice_capacity_milli)
-
-
-@dataclass(slots=True)
-class NodeContext:
-    """What the engine already knows about the candidate nodes, for a policy's ``node_score``.
-
-    ``states`` (K,) the interned GPU state of each node; ``slots`` (K,) the best
-    slot the engine memoised for that state (what the node would be given);
-    ``cpu_free``/``mem_free`` (K,) the node's free host CPU (milli) and memory
-    (MiB) before the request; ``static`` the snapshot's static part (for
-    per-state tables a policy keeps). All arrays are read-only views.
-    ``memo`` is scratch space for this one request: a policy may keep the terms
-    of its ``node_score`` there and name them in ``explain`` for the winner.
-    """
-
-    static: _Static
-    states: np.ndarray
-    slots: np.ndarray
-    cpu_free: np.ndarray
-    mem_free: np.ndarray
-    memo: dict = field(default_factory=dict)
-
-
-def state_free(st: _Static, ids: np.ndarray) -> np.ndarray:
-    """(K, G) free milli per GPU of interned states ``ids`` (as :meth:`CandidateView.free` shows them)."""
-    reps = st.rep_node[ids]
-    return _free_milli({f: st.rep_rows[f][ids] for f in ("mode", "mig_compute", "used_milli", "healthy")},
-                       st.present[reps], st.timeslice_capacity_milli)
-
-
-def _free_milli(rows: dict[str, np.ndarray], present: np.ndarray, ts_cap: int) -> np.ndarray:
-    mode = rows["mode"]
-    cap = np.where(mode == Mode.TIMESLICE, ts_cap, 1000)
-    free = np.where(mode == Mode.MIG, ((MIG_COMPUTE_SLICES - rows["mig_compute"].astype(np.int64)) * 1000) // MIG_COMPUTE_SLICES,
-                    cap - rows["used_milli"])
-    # A time-sliced card offers at most one card's worth to any one request.
-    free = np.minimum(free, 1000)
-    return np.where(present & rows["healthy"], free, 0)
-
-
-# Reasons a state cannot host an alternative. Codes index _REASONS.
-_REASONS = (
-    "",
-    "no GPUs on the node",
-    "all GPUs unhealthy",
-    "fewer free whole GPUs than requested",
-    "no NVLink island with enough free GPUs",
-    "no GPU with enough free compute",
-    "not enough free GPU memory",
-    "GPU model does not support MPS",
-    "no MIG-enabled GPU",
-    "MIG: no free valid placement for the profile",
-    "cards in another sharing mode",
-    "MIG: profile not offered by this model",
-)
-R_NOGPU, R_UNHEALTHY, R_WHOLE, R_NVLINK, R_COMPUTE, R_MEMORY, R_NOMPS, R_NOMIG, R_MIGFULL, R_MODE, R_MIGPROF = range(1, 12)
 
 
 @dataclass(slots=True)
 class _StateTable:
     """Memo of (policy, alternative) over interned states: best score, best slot, reason code."""
 
-    score: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    slot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    reason: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int16))
-    done: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    score: StateColumn = field(default_factory=lambda: StateColumn(INF, np.float64))
+    slot: StateColumn = field(default_factory=lambda: StateColumn(-1, np.int64))
+    reason: StateColumn = field(default_factory=lambda: StateColumn(0, np.int16))
+    done: StateColumn = field(default_factory=lambda: StateColumn(False, bool))
     upto: int = 0  # every state id below this one is done
 
     def grow(self, n: int) -> None:
-        if n <= len(self.done):
-            return
-        cap = max(n, 2 * len(self.done), 64)
-        def ext(a: np.ndarray, fill: Any) -> np.ndarray:
-            b = np.full(cap, fill, dtype=a.dtype)
-            b[: len(a)] = a
-            return b
-        self.score, self.slot = ext(self.score, INF), ext(self.slot, -1)
-        self.reason, self.done = ext(self.reason, 0), ext(self.done, False)
+        for col in (self.score, self.slot, self.reason, self.done):
+            col.at_least(n)
 
 
-def _tables(st: _Static) -> dict[Any, _StateTable]:
-    t = getattr(st, "_engine_tables", None)
-    if t is None:
-        t = st._engine_tables = {}  # type: ignore[attr-defined]
-    return t
-
-
-def alt_key(alt: Alternative) -> tuple:
-    """Hashable identity of an alternative, for memo tables keyed by it (the engine's and a policy's)."""
-    return (alt.kind, alt.count, alt.milli, alt.memory_mib, alt.profiles, alt.nvlink)
-
-
-def place(snapshot: ClusterSnapshot, request: GpuRequest, policy: Any, *, rng: np.random.Generator | None = None,
-          resolved: ResolvedRequest | None = None) -> Placement | Unschedulable:
+def place(snapshot: ClusterSnapshot, request: GpuRequest, policy: PlacementPolicy, *,
+          rng: np.random.Generator | None = None, resolved: ResolvedRequest | None = None) -> Placement | Unschedulable:
     """Decide where ``request`` goes under ``policy``. Pure; see the module docstring."""
     resolved = resolved or resolve(request)
-    grouped: Counter[tuple[str, str]] = Counter()
+    grouped: Counter[tuple[str, Reason]] = Counter()
     for i, alt in enumerate(resolved.alternatives):
         out = _place_alternative(snapshot, request, alt, policy, rng)
         if isinstance(out, Placement):
             if i > 0:
                 tried = "; ".join(f"{a.kind.value} did not fit" for a in resolved.alternatives[:i])
-                out = _with_reason(out, f"{out.reason} ({tried})")
+                out = replace(out, reason=replace(out.reason, text=f"{out.reason.text} ({tried})"))
             return out
         for reason, count in out.items():
             grouped[(_alt_label(alt), reason)] += count
-    reasons = tuple((a, r, c) for (a, r), c in sorted(grouped.items(), key=lambda kv: (-kv[1], kv[0])))
+    reasons = tuple((a, r, c) for (a, r), c in sorted(grouped.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1].text)))
     return Unschedulable(request, reasons, snapshot.n_nodes)
-
-
-def _with_reason(p: Placement, reason: str) -> Placement:
-    return Placement(p.allocation, p.alternative, p.policy, p.score, p.feasible_nodes, reason)
 
 
 def _alt_label(alt: Alternative) -> str:
@@ -239,28 +156,33 @@ def _host_free(snap: ClusterSnapshot) -> tuple[np.ndarray, np.ndarray]:
     return snap.derived("host_free", compute)
 
 
-def _node_filter(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative) -> tuple[np.ndarray | None, list[tuple[np.ndarray, str]]]:
+_NOT_ENOUGH_CPU = Reason(Cause.FIT_CPU, "not enough free CPU")
+_NOT_ENOUGH_HOST_MEMORY = Reason(Cause.FIT_HOST_MEMORY, "not enough free host memory")
+_NO_SUCH_MIG_PROFILE = Reason(Cause.FIT_MIG_PROFILE, "GPU model offers no such MIG profile")
+
+
+def _node_filter(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative) -> tuple[np.ndarray | None, list[tuple[np.ndarray, Reason]]]:
     """Node-wide checks, in order; returns the passing mask (None: every node passes) and the
     (passing mask, reason) of each check, for :func:`_filter_reasons` when nothing fits."""
     st = snap.static
-    checks: list[tuple[np.ndarray, str]] = []
+    checks: list[tuple[np.ndarray, Reason]] = []
     if req.node is not None:
         m = np.zeros(st.n, dtype=bool)
         if req.node in st.index:
             m[st.index[req.node]] = True
-        checks.append((m, f"not node {req.node}"))
+        checks.append((m, Reason(Cause.FIT_NODE_PIN, f"not node {req.node}")))
     if req.models:
         allowed = np.array([MODEL_INDEX[x] for x in req.models], dtype=np.int16)
-        checks.append((np.isin(st.model, allowed), f"GPU model not in {'|'.join(req.models)}"))
+        checks.append((np.isin(st.model, allowed), Reason(Cause.FIT_MODEL, f"GPU model not in {'|'.join(req.models)}")))
     if alt.kind is ShareKind.MIG:
         allowed = np.array([MODEL_INDEX[x] for x, _ in alt.profiles], dtype=np.int16)
-        checks.append((np.isin(st.model, allowed), "GPU model offers no such MIG profile"))
+        checks.append((np.isin(st.model, allowed), _NO_SUCH_MIG_PROFILE))
     if req.cpu_milli or req.host_memory_mib:
         cpu_free, mem_free = _host_free(snap)
         if req.cpu_milli:
-            checks.append((cpu_free >= req.cpu_milli, "not enough free CPU"))
+            checks.append((cpu_free >= req.cpu_milli, _NOT_ENOUGH_CPU))
         if req.host_memory_mib:
-            checks.append((mem_free >= req.host_memory_mib, "not enough free host memory"))
+            checks.append((mem_free >= req.host_memory_mib, _NOT_ENOUGH_HOST_MEMORY))
     if not checks:
         return None, checks
     ok = checks[0][0]
@@ -269,9 +191,9 @@ def _node_filter(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative) -> tu
     return ok, checks
 
 
-def _filter_reasons(checks: list[tuple[np.ndarray, str]], n: int) -> Counter[str]:
+def _filter_reasons(checks: list[tuple[np.ndarray, Reason]], n: int) -> Counter[Reason]:
     """Nodes rejected by each node-wide check (the first check a node fails names it)."""
-    reasons: Counter[str] = Counter()
+    reasons: Counter[Reason] = Counter()
     ok = np.ones(n, dtype=bool)
     for m, why in checks:
         c = int(np.count_nonzero(ok & ~m))
@@ -286,7 +208,8 @@ def _filter_reasons(checks: list[tuple[np.ndarray, str]], n: int) -> Counter[str
 _RANGE_SCORING = 512
 
 
-def _ensure_scored(st: _Static, states: np.ndarray, alt: Alternative, policy: Any, table: _StateTable) -> None:
+def _ensure_scored(st: SnapshotStatic, states: np.ndarray, alt: Alternative, policy: PlacementPolicy,
+                   table: _StateTable) -> None:
     """Make sure every state in ``states`` has its (policy, alternative) memo.
 
     Ids are handed out in order, so the states created since this table was
@@ -296,26 +219,23 @@ def _ensure_scored(st: _Static, states: np.ndarray, alt: Alternative, policy: An
     table.grow(n)
     if table.upto == n:
         return
+    done = table.done.values
     if n - table.upto <= _RANGE_SCORING:
         ids = np.arange(table.upto, n)
-        ids = ids[~table.done[ids]]
+        ids = ids[~done[ids]]
         table.upto = n
     else:
-        missing = states[~table.done[states]]
+        missing = states[~done[states]]
         ids = np.unique(missing) if len(missing) else missing
     if len(ids):
         _score_states(st, ids, alt, policy, table)
 
 
-def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: Any,
-                       rng: np.random.Generator | None) -> Placement | Counter[str]:
+def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: PlacementPolicy,
+                       rng: np.random.Generator | None) -> Placement | Counter[Reason]:
     st = snap.static
     ok, checks = _node_filter(snap, req, alt)
-    key = (policy.key, alt_key(alt))
-    tables = _tables(st)
-    table = tables.get(key)
-    if table is None:
-        table = tables[key] = _StateTable()
+    table = st.cache(("engine", policy.key, alt_key(alt)), _StateTable)
     if ok is None:
         idx = np.arange(st.n)
         states = snap.gstate
@@ -323,170 +243,65 @@ def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative,
         idx = np.flatnonzero(ok)
         states = snap.gstate[idx]
     _ensure_scored(st, states, alt, policy, table)
-    scores = table.score[states]
+    scores = table.score.values[states]
     feasible = np.isfinite(scores)
     n_feasible = int(np.count_nonzero(feasible))
     if not n_feasible:
         reasons = _filter_reasons(checks, st.n)
-        for code, c in zip(*np.unique(table.reason[states], return_counts=True)):
-            reasons[_REASONS[int(code)]] += int(c)
+        for code, c in zip(*np.unique(table.reason.values[states], return_counts=True)):
+            reasons[FIT_REASONS[int(code)]] += int(c)  # type: ignore[index]
         return reasons
     if n_feasible < len(idx):
         cand, total, cand_states = idx[feasible], scores[feasible], states[feasible]
     else:
         cand, total, cand_states = idx, scores, states
-    cpu_free, mem_free = _host_free(snap)
-    ctx = NodeContext(st, cand_states, table.slot[cand_states], cpu_free[cand], mem_free[cand]) \
-        if getattr(policy, "wants_context", False) else None
-    extra = policy.node_score(snap, cand, alt, req, ctx) if ctx is not None else policy.node_score(snap, cand, alt, req)
+    ctx = None
+    if policy.capabilities.node_context:
+        cpu_free, mem_free = _host_free(snap)
+        ctx = NodeContext(st, cand_states, table.slot.values[cand_states], cpu_free[cand], mem_free[cand])
+    extra = policy.node_score(snap, cand, alt, req, ctx)
     if extra is not None:
         total = total + extra
     best = total.min()
     ties = np.flatnonzero(total == best)
     pick = ties[0] if rng is None or len(ties) == 1 else ties[int(rng.integers(len(ties)))]
     node = int(cand[pick])
-    slot = int(table.slot[snap.gstate[node]])
-    if rng is not None and getattr(policy, "random_slot", False):
-        slot = _random_slot(st, int(snap.gstate[node]), alt, rng, slot)
+    slot = int(table.slot.values[snap.gstate[node]])
+    if rng is not None and policy.capabilities.random_slot:
+        slot = random_slot(st, int(snap.gstate[node]), alt, rng, slot)
     alloc = _allocation(snap, node, slot, alt, req)
+    why = policy.explain(ctx, int(pick)) if ctx is not None else ""
+    return Placement(alloc, alt, policy.name, float(best), len(cand),
+                     _placed_reason(alloc, alt, policy.name, float(best), len(cand), len(ties), why))
+
+
+def _placed_reason(alloc: Allocation, alt: Alternative, policy: str, score: float, feasible: int, tied: int,
+                   why: str) -> Reason:
     where = f"{alloc.node_name} GPU {','.join(map(str, alloc.gpu_indices)) or '-'}"
     if alloc.kind is ShareKind.MIG:
         where += f" MIG {alloc.mig_profile}@{alloc.mig_start}"
-    why = policy.explain(ctx, int(pick)) if ctx is not None and hasattr(policy, "explain") else ""
-    reason = (f"{alt.reason}; {policy.name} chose {where} (score {float(best):.4g}, best of "
-              f"{len(cand)} feasible node{'s' if len(cand) != 1 else ''}, {len(ties)} tied"
-              f"{'; ' + why if why else ''})")
-    return Placement(alloc, alt, policy.name, float(best), int(len(cand)), reason)
+    return Reason(Cause.PLACED, f"{alt.reason}; {policy} chose {where} (score {score:.4g}, best of "
+                                f"{feasible} feasible node{'s' if feasible != 1 else ''}, {tied} tied"
+                                f"{'; ' + why if why else ''})")
 
 
-def _random_slot(st: _Static, sid: int, alt: Alternative, rng: np.random.Generator, best: int) -> int:
-    """A uniformly random slot among those that fit on state ``sid`` (the paper's Random GPU
-    selection); whole-card sets have one candidate, so they keep ``best``."""
-    if alt.kind not in (ShareKind.MPS, ShareKind.TIMESLICE):
-        return best
-    _, cm, cs, _ = _candidates(st, np.array([sid]), alt)
-    return int(cs[int(rng.integers(len(cs)))]) if len(cs) else best
-
-
-# ---- per-state candidate enumeration -------------------------------------------------------------
-
-def _rows(st: _Static, ids: np.ndarray) -> dict[str, np.ndarray]:
-    return {f: a[ids] for f, a in st.rep_rows.items()}
-
-
-def _candidates(st: _Static, ids: np.ndarray, alt: Alternative,
-                before: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every candidate slot of the states ``ids`` for ``alt`` (vectorised over them).
-
-    Returns ``reason`` (per state: why it has no candidate, 0 if it has one),
-    and per candidate the row ``cm`` into ``ids``, the ``slot`` and the ``take``
-    mask of GPUs it uses. ``before`` is ``_rows(st, ids)`` when the caller has it."""
-    reps = st.rep_node[ids]
-    before = _rows(st, ids) if before is None else before
-    present = st.present[reps]
-    healthy = present & before["healthy"]
-    model = st.model[reps]
-    gmem = st.gpu_memory[reps]
-    reason = np.zeros(len(ids), dtype=np.int16)
-    no_gpu = ~present.any(axis=1)
-    unhealthy = ~no_gpu & ~healthy.any(axis=1)
-    kind = alt.kind
-
-    cand_m: list[np.ndarray] = []
-    cand_slot: list[np.ndarray] = []
-    cand_take: list[np.ndarray] = []
-
-    if kind is ShareKind.WHOLE and alt.count == 0:
-        m = np.arange(len(ids))
-        cand_m, cand_slot, cand_take = [m], [np.zeros(len(ids), dtype=np.int64)], [np.zeros_like(present)]
-    elif kind is ShareKind.WHOLE:
-        free_card = healthy & (before["mode"] == Mode.FREE) & ~st.mig_enabled[reps]
-        if alt.memory_mib:
-            free_card &= (gmem >= alt.memory_mib)[:, None]
-        nfree = free_card.sum(axis=1)
-        reason[:] = np.where(nfree < alt.count, R_WHOLE, 0)
-        isl = st.island[reps]
-        if alt.count == 1:
-            # _choose_whole for one card, vectorised: the free card whose island has the
-            # fewest free cards, then the lowest island, then the lowest index.
-            g = free_card.shape[1]
-            same = (isl[:, :, None] == isl[:, None, :]) & free_card[:, None, :]
-            key = same.sum(axis=2) * (g * (g + 1)) + (isl.astype(np.int64) + 1) * g + np.arange(g)[None, :]
-            rows = np.flatnonzero(nfree >= 1)
-            col = np.argmin(np.where(free_card, key, np.iinfo(np.int64).max)[rows], axis=1)
-            take = np.zeros((len(rows), g), dtype=bool)
-            take[np.arange(len(rows)), col] = True
-            cand_m, cand_slot, cand_take = [rows], [(1 << col).astype(np.int64)], [take]
-        for m in (np.flatnonzero(nfree >= alt.count) if alt.count > 1 else ()):
-            take = _choose_whole(free_card[m], isl[m], alt.count, need_nvlink=alt.nvlink)
-            if take is None:
-                reason[m] = R_NVLINK
-                continue
-            cand_m.append(np.array([m]))
-            cand_slot.append(np.array([int(np.sum(take * (1 << np.arange(len(take)))))], dtype=np.int64))
-            cand_take.append(take[None, :])
-    elif kind in (ShareKind.MPS, ShareKind.TIMESLICE):
-        want = Mode.MPS if kind is ShareKind.MPS else Mode.TIMESLICE
-        cap = 1000 if kind is ShareKind.MPS else st.timeslice_capacity_milli
-        mode_ok = healthy & ~st.mig_enabled[reps] & ((before["mode"] == Mode.FREE) | (before["mode"] == want))
-        if kind is ShareKind.MPS:
-            mode_ok &= st.mps_ok[reps][:, None]
-        compute_ok = mode_ok & (before["used_milli"] + alt.milli <= cap)
-        need_mem = _mem_need(alt, gmem)
-        mem_ok = compute_ok & (before["used_mem"] + need_mem[:, None] <= gmem[:, None])
-        reason[:] = np.select(
-            [~mode_ok.any(axis=1) & (kind is ShareKind.MPS) & ~st.mps_ok[reps], ~mode_ok.any(axis=1),
-             ~compute_ok.any(axis=1), ~mem_ok.any(axis=1)],
-            [R_NOMPS, R_MODE, R_COMPUTE, R_MEMORY], 0)
-        m, g = np.nonzero(mem_ok)
-        take = np.zeros((len(m), present.shape[1]), dtype=bool)
-        take[np.arange(len(m)), g] = True
-        cand_m, cand_slot, cand_take = [m], [g.astype(np.int64)], [take]
-    elif kind is ShareKind.MIG:
-        mig = healthy & st.mig_enabled[reps]
-        reason[:] = np.where(~mig.any(axis=1), R_NOMIG, R_MIGFULL)
-        for model_name, prof_name in alt.profiles:
-            prof = gpu_model(model_name).profile(prof_name)
-            rows_of_model = model == MODEL_INDEX[model_name]
-            base = mig & rows_of_model[:, None] & (before["mig_compute"] + prof.compute_slices <= MIG_COMPUTE_SLICES)
-            fixed = st.mig_fixed[reps]
-            bits = st.layout_bits.get(prof.name)
-            for start in prof.placements:
-                mask = prof.mask(start)
-                ok = base & ((before["mig_mask"] & mask) == 0)
-                layout_ok = ~fixed if bits is None else (~fixed | ((bits[reps] >> start) & 1).astype(bool))
-                ok &= layout_ok
-                m, g = np.nonzero(ok)
-                if len(m):
-                    take = np.zeros((len(m), present.shape[1]), dtype=bool)
-                    take[np.arange(len(m)), g] = True
-                    cand_m.append(m)
-                    cand_slot.append((g * MIG_SLOT + start).astype(np.int64))
-                    cand_take.append(take)
-    reason = np.where(no_gpu & ~((kind is ShareKind.WHOLE) and alt.count == 0), R_NOGPU,
-                      np.where(unhealthy & ~((kind is ShareKind.WHOLE) and alt.count == 0), R_UNHEALTHY, reason))
-    if not cand_m:
-        return reason, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, present.shape[1]), dtype=bool)
-    return reason, np.concatenate(cand_m), np.concatenate(cand_slot), np.concatenate(cand_take)
-
-
-def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, table: _StateTable) -> None:
+def _score_states(st: SnapshotStatic, ids: np.ndarray, alt: Alternative, policy: PlacementPolicy,
+                  table: _StateTable) -> None:
     """Fill ``table`` for the given new state ids (vectorised over them)."""
-    before = _rows(st, ids)
-    reason, cm, cs, ct = _candidates(st, ids, alt, before)
-    table.done[ids] = True
-    table.score[ids] = INF
-    table.reason[ids] = reason
+    before = state_rows(st, ids)
+    reason, cm, cs, ct = enumerate_slots(st, ids, alt, before)
+    score, slot, codes = table.score.values, table.slot.values, table.reason.values
+    table.done.values[ids] = True
+    score[ids] = INF
+    codes[ids] = reason
     if not len(cm):
         return
     reps = st.rep_node[ids]
-    present = st.present[reps]
-    model = st.model[reps]
-    gmem = st.gpu_memory[reps]
+    model = st.model[reps][cm]
+    gmem = st.gpu_memory[reps][cm]
     b = {f: a[cm] for f, a in before.items()}
-    after = _after(b, ct, cs, alt, gmem[cm], st.timeslice_capacity_milli, model[cm])
-    view = CandidateView(state=ids[cm], slot=cs, take=ct, present=present[cm], model=model[cm], gpu_memory=gmem[cm],
-                         island=st.island[reps][cm], before=b, after=after,
+    view = CandidateView(state=ids[cm], slot=cs, take=ct, present=st.present[reps][cm], model=model, gpu_memory=gmem,
+                         island=st.island[reps][cm], before=b, after=rows_after(b, ct, cs, alt, gmem, model),
                          timeslice_capacity_milli=st.timeslice_capacity_milli, static=st)
     sc = np.asarray(policy.gpu_score(view, alt), dtype=np.float64)
     # Best per state: lowest score, then lowest slot (deterministic).
@@ -495,106 +310,10 @@ def _score_states(st: _Static, ids: np.ndarray, alt: Alternative, policy: Any, t
     first = np.ones(len(order), dtype=bool)
     first[1:] = cm_o[1:] != cm_o[:-1]
     win = order[first]
-    table.score[ids[cm[win]]] = 0.0 if getattr(policy, "slot_rank_only", False) else sc[win]
-    table.slot[ids[cm[win]]] = cs[win]
-    table.reason[ids[cm[win]]] = 0
-    remember = getattr(policy, "remember_best", None)
-    if remember is not None:
-        remember(view, alt, win)
-
-
-# A *slot* is one int naming where a candidate goes on its node: for whole cards the
-# bitmask of their GPU columns, for a MIG instance ``column * MIG_SLOT + start``, for
-# a share its GPU column. ``_candidates`` makes them; these two read them.
-MIG_SLOT = 8
-
-
-def slot_take(slots: np.ndarray, alt: Alternative, g: int) -> np.ndarray:
-    """(K, g) mask of the GPU columns that ``alt`` takes at each of ``slots``."""
-    cols = np.arange(g)[None, :]
-    slots = np.asarray(slots, dtype=np.int64)
-    if alt.kind is ShareKind.WHOLE:
-        return ((slots[:, None] >> cols) & 1).astype(bool) if alt.count else np.zeros((len(slots), g), dtype=bool)
-    if alt.kind is ShareKind.MIG:
-        return cols == (slots // MIG_SLOT)[:, None]
-    return cols == slots[:, None]
-
-
-def state_free_after(st: _Static, ids: np.ndarray, slots: np.ndarray, alt: Alternative) -> np.ndarray:
-    """(K, G) free milli per GPU of states ``ids`` after ``alt`` takes ``slots`` there
-    (what :meth:`CandidateView.free` ``("after")`` shows for that candidate)."""
-    reps = st.rep_node[ids]
-    before = _rows(st, ids)
-    present = st.present[reps]
-    take = slot_take(slots, alt, present.shape[1])
-    after = _after(before, take, slots, alt, st.gpu_memory[reps], st.timeslice_capacity_milli, st.model[reps])
-    return _free_milli(after, present, st.timeslice_capacity_milli)
-
-
-def _mem_need(alt: Alternative, gmem: np.ndarray) -> np.ndarray:
-    if alt.memory_mib is not None:
-        return np.full(len(gmem), alt.memory_mib, dtype=np.int64)
-    if alt.kind is ShareKind.MPS:
-        # MPS without an explicit limit: the card's memory in proportion to the SM share.
-        return (gmem * alt.milli) // 1000
-    return np.zeros(len(gmem), dtype=np.int64)
-
-
-def _choose_whole(free: np.ndarray, island: np.ndarray, count: int, need_nvlink: bool) -> np.ndarray | None:
-    """Pick ``count`` free cards, all in one NVLink island when possible.
-
-    Among islands with enough free cards, the one with the fewest free cards
-    wins (keeps big islands whole for big requests); without one, a
-    ``need_nvlink`` request fails and others take the lowest indices.
-    """
-    take = np.zeros(len(free), dtype=bool)
-    best, best_free = None, None
-    for k in np.unique(island[free]):
-        members = np.flatnonzero(free & (island == k))
-        if len(members) >= count and (best_free is None or len(members) < best_free):
-            best, best_free = members, len(members)
-    if best is not None:
-        take[best[:count]] = True
-        return take
-    if need_nvlink and count > 1:
-        return None
-    take[np.flatnonzero(free)[:count]] = True
-    return take
-
-
-_CHANGES = {ShareKind.WHOLE: ("mode", "used_milli", "used_mem", "holders"),
-            ShareKind.MPS: ("mode", "used_milli", "used_mem", "holders"),
-            ShareKind.TIMESLICE: ("mode", "used_milli", "used_mem", "holders"),
-            ShareKind.MIG: ("mig_mask", "mig_compute", "used_mem", "holders")}
-
-
-def _after(b: dict[str, np.ndarray], take: np.ndarray, slot: np.ndarray, alt: Alternative, gmem: np.ndarray,
-           ts_cap: int, model: np.ndarray) -> dict[str, np.ndarray]:
-    kind = alt.kind
-    # Copy what this kind changes; the other fields are shared with ``b`` (views are read-only).
-    changed = _CHANGES[kind] if kind is not ShareKind.WHOLE or alt.count else ()
-    a = {f: (v.copy() if f in changed else v) for f, v in b.items()}
-    if kind is ShareKind.WHOLE:
-        if alt.count:
-            a["mode"][take] = Mode.WHOLE
-            a["used_milli"][take] = 1000
-            a["used_mem"] = np.where(take, gmem[:, None], a["used_mem"])
-            a["holders"][take] += 1
-    elif kind in (ShareKind.MPS, ShareKind.TIMESLICE):
-        a["mode"][take] = Mode.MPS if kind is ShareKind.MPS else Mode.TIMESLICE
-        a["used_milli"][take] += alt.milli
-        a["used_mem"] += np.where(take, _mem_need(alt, gmem)[:, None], 0)
-        a["holders"][take] += 1
-    elif kind is ShareKind.MIG:
-        start = slot % MIG_SLOT
-        for i in range(len(slot)):
-            prof = alt.profile_for(MODEL_NAMES[model[i]])
-            assert prof is not None
-            a["mig_mask"][i][take[i]] |= prof.mask(int(start[i]))
-            a["mig_compute"][i][take[i]] += prof.compute_slices
-            a["used_mem"][i][take[i]] += prof.memory_mib
-            a["holders"][i][take[i]] += 1
-    return a
+    score[ids[cm[win]]] = 0.0 if policy.capabilities.slot_rank_only else sc[win]
+    slot[ids[cm[win]]] = cs[win]
+    codes[ids[cm[win]]] = 0
+    policy.remember_best(view, alt, win)
 
 
 def _allocation(snap: ClusterSnapshot, node: int, slot: int, alt: Alternative, req: GpuRequest) -> Allocation:
@@ -615,7 +334,7 @@ def _allocation(snap: ClusterSnapshot, node: int, slot: int, alt: Alternative, r
         milli = prof.compute_slices * 1000 // MIG_COMPUTE_SLICES
         mem = prof.memory_mib
     else:
-        mem = int(_mem_need(alt, np.array([st.gpu_memory[node]]))[0])
+        mem = int(memory_need(alt, np.array([st.gpu_memory[node]]))[0])
     uuids = st.uuids[node]
     return Allocation(
         node=node, node_name=st.names[node], kind=kind, gpus=cols,

@@ -1,242 +1,64 @@
-"""Fragmentation Gradient Descent (FGD) and our ``default`` policy built on it.
+"""FGD and our ``default`` policy on the engine: the policies and their memo tables.
 
-FGD is the placement policy of Weng et al., "Beware of Fragmentation:
-Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent"
-(USENIX ATC'23). This module follows the paper's reference simulator
-(Alibaba/HKUST ``kubernetes-scheduler-simulator``: ``pkg/utils/frag.go``
-``NodeGpuShareFragAmount`` and ``pkg/simulator/plugin/fgd_score.go``); the
-correspondence is written next to each function and in
-``docs/trace-evaluation.md``.
+The fragmentation measure itself (task types, workloads, :class:`FragModel`,
+the paper's score) is pure maths in :mod:`.fragmentation`; this module runs
+it on the engine's contract (:mod:`.policy`).
 
-Nomenclature
-------------
-*task type*
-    ``(cpu_milli, gpu_milli per GPU, gpu_count, models)``: the shape of a pod,
-    without its name. ``gpu_milli == 0`` is a CPU-only pod.
-*workload*
-    a tuple of ``(task type, popularity)`` with popularities summing to 1: the
-    "target workload" the paper measures fragmentation against (its *typical
-    pods*: the most frequent shapes covering 95% of the pods, renormalised).
-*fragment of a node for a task type*
-    the free GPU-milli of the node that a pod of that type could not use:
-    all of it when the pod does not fit at all (too little CPU, too few GPUs
-    with enough free milli, a model it may not run on, or a CPU-only type,
-    which uses no GPU); otherwise the free milli on the GPUs that have less
-    free than the type asks per GPU.
-*fragmentation of a node*
-    the popularity-weighted sum of its fragments over the workload.
+The engine memoises ``gpu_score`` per interned GPU state, and a GPU state
+does not include the node's free CPU and host memory -- but a task type that
+lacks CPU turns the node's whole free GPU into a fragment, so FGD's score
+depends on them. The two terms are therefore split:
 
-FGD places a pod where the fragmentation grows the least (the "gradient").
-Invariants: every function here is pure and depends only on the rows it is
-given and the policy's fixed workload, so the engine may cache scores of
-nodes in identical states; lower scores are better.
+* ``gpu_score`` ranks the slots (which GPU, which cards) of each state by
+  the fragmentation increase with CPU and memory taken as plentiful
+  (``slot_rank_only``: the engine keeps the best slot and counts it as 0,
+  so it never breaks ties between nodes);
+* ``node_score`` scores the slot the engine chose for each node's state
+  exactly, with the node's free CPU and memory, as a gather from tables:
+  ``frag = table[frag_state, level]`` before and after (:class:`_FragTables`).
+
+Invariants: a policy's tables live in the snapshot family's cache
+(:meth:`~orchestrator.scheduling.snapshot.SnapshotStatic.cache`, key
+``("fgd", policy.key)``) and hold only pure functions of their keys, so they
+save work and never change an answer; a node's score is a pure function of
+its GPU state, free CPU and free memory, so nodes in equal states score
+equally (and ties go to the first node, as in the paper's simulator).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Iterable
 
 import numpy as np
 
-MILLI = 1000
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class TaskType:
-    """The shape of a pod: what FGD's workload distribution is made of."""
-
-    cpu_milli: int
-    gpu_milli: int
-    gpu_count: int
-    models: tuple[str, ...] = ()
-    memory_mib: int = 0
-
-    @property
-    def total_gpu_milli(self) -> int:
-        return self.gpu_milli * self.gpu_count
-
-    @classmethod
-    def of(cls, obj: Any) -> "TaskType":
-        """A TaskType from itself, or from a :class:`~orchestrator.core.request.GpuRequest`."""
-        if isinstance(obj, TaskType):
-            return obj
-        kind = getattr(getattr(obj, "kind", None), "value", None)
-        if kind == "whole":
-            count = int(obj.count)
-            return cls(int(obj.cpu_milli), MILLI if count else 0, count, tuple(obj.models), int(obj.host_memory_mib))
-        if kind == "timeslice":
-            return cls(int(obj.cpu_milli), round(obj.fraction * MILLI), 1, tuple(obj.models), int(obj.host_memory_mib))
-        if kind == "mps":
-            return cls(int(obj.cpu_milli), int(obj.sm_percent) * 10, 1, tuple(obj.models), int(obj.host_memory_mib))
-        raise TypeError(f"cannot read a task type from {obj!r}")
-
-
-Workload = tuple[tuple[TaskType, float], ...]
-
-
-def normalise_workload(workload: Iterable[tuple[Any, float]]) -> Workload:
-    """``((TaskType, popularity), ...)`` with popularities summing to 1, most popular first."""
-    items = [(TaskType.of(t), float(p)) for t, p in workload]
-    if not items:
-        raise ValueError("the workload is empty")
-    if any(p < 0 or not math.isfinite(p) for _, p in items):
-        raise ValueError("popularities must be finite and >= 0")
-    total = sum(p for _, p in items)
-    if total <= 0:
-        raise ValueError("popularities sum to 0")
-    items.sort(key=lambda tp: (-tp[1], tp[0]))
-    return tuple((t, p / total) for t, p in items)
-
-
-class FragModel:
-    """A workload compiled to arrays, for fragmentation of many node rows at once.
-
-    ``model_names`` is the snapshot's table of GPU model names (the rows carry
-    an index into it; index -1 or '' is a node without GPUs).
-    ``with_memory`` also requires a type's host memory to fit (the paper's
-    fragment ignores memory; its filter does not).
-
-    **Decomposition.** A type's fragment is ``total`` (all the node's free
-    milli) unless it fits, and then ``partial`` (the free milli of the GPUs
-    too small for it); so, with popularities summing to ``p_sum``::
-
-        frag = total * p_sum - sum over GPU shapes g of  S_g(GPU state) * P_g(cpu_free, mem_free)
-
-    where a *GPU shape* is ``(gpu_milli, gpu_count, models)``, ``S_g`` is
-    ``total - partial_g`` when the shape fits the GPUs (enough of them with
-    enough free milli, on a model it may use) and 0 otherwise -- a function of
-    the GPU state alone -- and ``P_g`` is the popularity of the types of shape
-    ``g`` whose CPU (and memory) fit: a step function of the node's free CPU
-    and memory. Quantising them at the workload's distinct thresholds gives a
-    few *levels* (:meth:`levels`); ``plev[level]`` is the (G_shapes,) vector of
-    ``P_g`` at a level. CPU-only types enter through ``p_sum`` only.
-    """
-
-    def __init__(self, workload: Workload, model_names: Sequence[str], *, with_memory: bool = False) -> None:
-        self.workload = workload
-        self.model_names = tuple(model_names)
-        self.with_memory = with_memory
-        types = [t for t, _ in workload]
-        p = np.array([pp for _, pp in workload], dtype=np.float64)
-        self.p_sum = float(p.sum())
-        self.p_cpu_only = float(sum(pp for t, pp in workload if t.gpu_milli <= 0))
-        # GPU shapes, in order of first appearance, and each GPU type's shape.
-        shapes: dict[tuple, int] = {}
-        gpu = [i for i, t in enumerate(types) if t.gpu_milli > 0]
-        shape_of = np.array([shapes.setdefault((types[i].gpu_milli, types[i].gpu_count, types[i].models), len(shapes))
-                             for i in gpu], dtype=np.int64)
-        self.shapes = tuple(shapes)
-        self.g_milli = np.array([m for m, _, _ in self.shapes], dtype=np.int64)
-        self.g_count = np.array([c for _, c, _ in self.shapes], dtype=np.int64)
-        # g_access[g, m]: may shape g run on model m? Last column: a node without GPUs.
-        self.g_access = np.zeros((len(self.shapes), len(self.model_names) + 1), dtype=bool)
-        for g, (_, _, models) in enumerate(self.shapes):
-            for j, name in enumerate(self.model_names):
-                self.g_access[g, j] = bool(name) and (not models or name in models)
-        # Thresholds: a type fits at CPU level lc iff its CPU's rank < lc (likewise memory).
-        cpu = np.array([types[i].cpu_milli for i in gpu], dtype=np.int64)
-        mem = np.array([types[i].memory_mib for i in gpu], dtype=np.int64)
-        self.cpu_thr = np.unique(cpu)
-        self.mem_thr = np.unique(mem) if with_memory else np.zeros(0, dtype=np.int64)
-        rc = np.searchsorted(self.cpu_thr, cpu)
-        rm = np.searchsorted(self.mem_thr, mem) if with_memory else np.full(len(gpu), -1)
-        nc, nm = len(self.cpu_thr) + 1, len(self.mem_thr) + 1
-        fit_c = rc[None, :] < np.arange(nc)[:, None]                                  # (nc, T)
-        fit_m = rm[None, :] < np.arange(nm)[:, None]                                  # (nm, T)
-        onehot = np.zeros((len(gpu), len(self.shapes)))
-        onehot[np.arange(len(gpu)), shape_of] = p[gpu]
-        table = np.einsum("ct,mt,tg->cmg", fit_c.astype(np.float64), fit_m.astype(np.float64), onehot)
-        # Levels: the distinct P vectors; level_of[lc * nm + lm] -> level id.
-        if self.shapes:
-            self.plev, inv = np.unique(table.reshape(nc * nm, len(self.shapes)), axis=0, return_inverse=True)
-            self.level_of = inv.reshape(-1).astype(np.int64)
-        else:
-            self.plev, self.level_of = np.zeros((1, 0)), np.zeros(nc * nm, dtype=np.int64)
-        self.nm = nm
-        self.top_level = int(self.level_of[-1])  # CPU and memory plentiful: every type fits
-
-    # -- the two factors ---------------------------------------------------------------------------
-    def levels(self, cpu_free: np.ndarray, mem_free: np.ndarray | None = None) -> np.ndarray:
-        """(M,) level of each node's free CPU and memory (memory ignored when None or not ``with_memory``)."""
-        lc = np.searchsorted(self.cpu_thr, np.asarray(cpu_free), side="right")
-        if self.with_memory and mem_free is not None:
-            lm = np.searchsorted(self.mem_thr, np.asarray(mem_free), side="right")
-        else:
-            lm = self.nm - 1
-        return self.level_of[lc * self.nm + lm]
-
-    def supply(self, free: np.ndarray, model: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``total`` (M,) and ``S`` (M, G_shapes) of M rows of free milli per GPU (absent GPUs: 0)."""
-        f = np.asarray(free).astype(np.int64, copy=False)
-        total = f.sum(axis=1)
-        ge = f[:, None, :] >= self.g_milli[None, :, None]                              # (M, Gs, G)
-        midx = np.where(np.asarray(model) < 0, len(self.model_names), model)
-        fits = (ge.sum(axis=2) >= self.g_count[None, :]) & self.g_access[:, midx].T
-        partial = np.where(ge, 0, f[:, None, :]).sum(axis=2)
-        return total.astype(np.float64), np.where(fits, total[:, None] - partial, 0).astype(np.float64)
-
-    def combine(self, total: np.ndarray, supply: np.ndarray, level: np.ndarray) -> np.ndarray:
-        """Fragmentation from the two factors, rounded to 1e-6 milli so that equal
-        fragmentation computed two ways compares equal."""
-        return np.round(total * self.p_sum - np.einsum("mg,mg->m", supply, self.plev[level]), 6)
-
-    def frag(self, free: np.ndarray, present: np.ndarray, cpu_free: np.ndarray, model: np.ndarray,
-             mem_free: np.ndarray | None = None) -> np.ndarray:
-        """Fragmentation (GPU-milli) of M node rows.
-
-        ``free`` (M, G) free milli per GPU, ``present`` (M, G) which GPUs exist,
-        ``cpu_free`` (M,), ``model`` (M,) index into ``model_names`` (-1: none),
-        ``mem_free`` (M,) needed only ``with_memory``.
-        Reference: ``NodeGpuShareFragAmountScore`` = ``NodeGpuShareFragAmount``
-        summed over all quadrants but Q3 (the satisfied part).
-        """
-        total, sup = self.supply(np.where(present, free, 0), model)
-        return self.combine(total, sup, self.levels(cpu_free, mem_free))
-
-
-def paper_score(delta: np.ndarray) -> np.ndarray:
-    """The reference simulator's FGD node score as a lower-is-better number.
-
-    ``fgd_score.go``: ``int64(sigmoid((before - after) / 1000) * 100)``, higher
-    better; we return its negation so that lower is better, keeping the
-    integer truncation (and with it the ties the paper breaks at random).
-    """
-    s = np.divide(np.asarray(delta, dtype=np.float64), MILLI)  # a fresh buffer, then in place
-    np.exp(s, out=s)
-    s += 1.0
-    np.divide(1.0, s, out=s)
-    s *= 100.0
-    np.floor(s, out=s)
-    return np.negative(s, out=s)
-
-
-# ---- the engine-facing policies ------------------------------------------------------------------
-#
-# The engine memoises ``gpu_score`` per interned GPU state, and a GPU state
-# does not include the node's free CPU and host memory -- but a task type that
-# lacks CPU turns the node's whole free GPU into a fragment, so FGD's score
-# depends on them. The two terms are therefore split:
-#
-# * ``gpu_score`` ranks the slots (which GPU, which cards) of each state by
-#   the fragmentation increase with CPU and memory taken as plentiful
-#   (``slot_rank_only``: the engine keeps the best slot and counts it as 0,
-#   so it never breaks ties between nodes);
-# * ``node_score`` scores the slot the engine chose for each node's state
-#   exactly, with the node's free CPU and memory, as a gather from tables:
-#   ``frag = table[frag_state, level]`` before and after (:class:`_FragTables`).
-
-from orchestrator.core.errors import InvalidRequestError  # noqa: E402
-from orchestrator.core.catalogue import MODEL_NAMES  # noqa: E402
-from orchestrator.scheduling.engine import alt_key, state_free, state_free_after  # noqa: E402
-from orchestrator.scheduling.policies import Policy  # noqa: E402
-
-_MIG = "mig"
+from orchestrator.core.catalogue import MODEL_NAMES
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.request import Alternative, GpuRequest
+from orchestrator.scheduling.candidates import (
+    CandidateView,
+    alt_key,
+    state_free,
+    state_free_after,
+)
+from orchestrator.scheduling.fragmentation import (
+    FragModel,
+    cpu_per_gpu_milli,
+    normalise_workload,
+    paper_score,
+)
+from orchestrator.scheduling.policy import Capabilities, NodeContext, Policy
+from orchestrator.scheduling.snapshot import (
+    ClusterSnapshot,
+    SnapshotStatic,
+    StateColumn,
+)
+from orchestrator.scheduling.workloads import DEFAULT_WORKLOAD
 
 
 class _FragTables:
-    """FGD's memo for one family of snapshots (it hangs off their static part).
+    """FGD's memo for one family of snapshots (kept in the family's cache, one per policy key).
 
     * A *frag state* is what fragmentation depends on in a GPU state: the
       model and the multiset of free milli per GPU (sorted; absent and
@@ -251,7 +73,7 @@ class _FragTables:
     work; they never change an answer.
     """
 
-    def __init__(self, fm: FragModel, st: Any) -> None:
+    def __init__(self, fm: FragModel, st: SnapshotStatic) -> None:
         self.fm = fm
         self.st = st
         self.ids: dict[bytes, int] = {}
@@ -259,8 +81,8 @@ class _FragTables:
         self.total = np.zeros(64)
         self.supply = np.zeros((64, len(fm.shapes)))
         self.frag = np.full((64, len(fm.plev)), np.nan)
-        self.of_state = np.full(max(64, st.n_states), -1, dtype=np.int64)
-        self.after: dict[tuple, np.ndarray] = {}
+        self.of_state = StateColumn(-1, np.int64)
+        self.after: dict[tuple, StateColumn] = {}
         self.n_levels = len(fm.plev)
         self._last: tuple | None = None  # (gstate, cpu_used, mem_used, frag) of the last snapshot seen
         # Level lookup tables: free CPU (memory) // q -> level index, q the gcd of the thresholds.
@@ -322,28 +144,24 @@ class _FragTables:
 
     def states(self, sids: np.ndarray) -> np.ndarray:
         """Frag states of GPU states ``sids``."""
-        if len(self.of_state) < self.st.n_states:
-            self.of_state = np.concatenate([self.of_state, np.full(self.st.n_states, -1, dtype=np.int64)])
-        f = self.of_state[sids]
+        of_state = self.of_state.at_least(self.st.n_states)
+        f = of_state[sids]
         miss = f < 0
         if miss.any():
             ids = np.unique(sids[miss])
-            self.of_state[ids] = self.intern(state_free(self.st, ids), self.st.model[self.st.rep_node[ids]])
-            f = self.of_state[sids]
+            of_state[ids] = self.intern(state_free(self.st, ids), self.st.model[self.st.rep_node[ids]])
+            f = of_state[sids]
         return f
 
-    def after_table(self, alt: Any) -> np.ndarray:
+    def after_table(self, alt: Alternative) -> np.ndarray:
         """``after[alt]``, grown to the number of interned GPU states."""
         key = alt_key(alt)
-        a = self.after.get(key)
-        if a is None or len(a) < self.st.n_states:
-            grown = np.full(max(64, 2 * self.st.n_states), -1, dtype=np.int64)
-            if a is not None:
-                grown[: len(a)] = a
-            a = self.after[key] = grown
-        return a
+        col = self.after.get(key)
+        if col is None:
+            col = self.after[key] = StateColumn(-1, np.int64)
+        return col.at_least(self.st.n_states)
 
-    def states_after(self, alt: Any, sids: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    def states_after(self, alt: Alternative, sids: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """Frag states after ``alt`` takes ``slots`` on GPU states ``sids`` (normally already
         known from :meth:`FgdPolicy.remember_best`; derived from the slot otherwise)."""
         a = self.after_table(alt)
@@ -356,7 +174,7 @@ class _FragTables:
             f = a[sids]
         return f
 
-    def current(self, snap: Any) -> np.ndarray:
+    def current(self, snap: ClusterSnapshot) -> np.ndarray:
         """(N,) every node's fragmentation in ``snap``.
 
         Kept from the last snapshot asked about and recomputed only where a
@@ -409,15 +227,12 @@ class FgdPolicy(Policy):
     """
 
     name = "fgd"
-    wants_context = True
-    slot_rank_only = True
+    capabilities = Capabilities(node_context=True, slot_rank_only=True)
 
     def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, quantize: bool = True,
                  with_memory: bool = False, **params: Any) -> None:
         workload = tuple(workload)
         if not workload:
-            from orchestrator.scheduling.workloads import DEFAULT_WORKLOAD
-
             workload = DEFAULT_WORKLOAD
         wl = normalise_workload(workload)
         super().__init__(workload=wl, quantize=quantize, with_memory=with_memory, **params)
@@ -430,7 +245,7 @@ class FgdPolicy(Policy):
         return paper_score(delta) if self.quantize else np.asarray(delta, dtype=np.float64)
 
     # -- engine hooks ------------------------------------------------------------------------------
-    def gpu_score(self, view: Any, alt: Any) -> np.ndarray:
+    def gpu_score(self, view: CandidateView, alt: Alternative) -> np.ndarray:
         fm, t = self.frag_model, self.tables(view.static)
         top = np.full(len(view.state), fm.top_level)
         free_after = view.free("after")
@@ -438,27 +253,31 @@ class FgdPolicy(Policy):
         total, supply = fm.supply(free_after, view.model)
         return self.delta_score(fm.combine(total, supply, top) - t.lookup(t.states(view.state), top))
 
-    def remember_best(self, view: Any, alt: Any, win: np.ndarray) -> None:
+    def remember_best(self, view: CandidateView, alt: Alternative, win: np.ndarray) -> None:
         """The engine's chosen candidate of each state: keep its frag state after ``alt``
         (only the winners are interned: most candidates are never looked at again)."""
         t = self.tables(view.static)
         t.after_table(alt)[view.state[win]] = t.intern(view.memo["fgd_free_after"][win], view.model[win])
 
-    def node_score(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
+    def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
+                   ctx: NodeContext | None) -> np.ndarray:
+        assert ctx is not None  # capabilities.node_context
         return self.delta_score(self.frag_increase(snap, nodes, alt, req, ctx))
 
-    def explain(self, ctx: Any, k: int) -> str:
+    def explain(self, ctx: NodeContext, k: int) -> str:
         """The terms of candidate ``k``'s score, for the placement's reason."""
         terms = [f"fragmentation {ctx.memo['frag'][k]:+.0f} milli"]
         if "stranded" in ctx.memo:
             terms.append(f"CPU-stranded GPU {ctx.memo['stranded'][k]:+.0f} milli")
         return ", ".join(terms)
 
-    def frag_increase(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
+    def frag_increase(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
+                      ctx: NodeContext) -> np.ndarray:
         """(K,) how much each candidate node's fragmentation grows (GPU-milli) if it takes the request."""
         return self._frag_parts(snap, nodes, alt, req, ctx)[0]
 
-    def _frag_parts(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _frag_parts(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
+                    ctx: NodeContext) -> tuple[np.ndarray, np.ndarray]:
         """(fragmentation increase, frag state after) of each candidate node."""
         t = self.tables(ctx.static)
         before = t.current(snap)[nodes]
@@ -467,21 +286,9 @@ class FgdPolicy(Policy):
         ctx.memo["frag"] = inc = after - before
         return inc, f_after
 
-    def tables(self, st: Any) -> _FragTables:
+    def tables(self, st: SnapshotStatic) -> _FragTables:
         """This policy's :class:`_FragTables` for the snapshot family of ``st``."""
-        memo = st.__dict__.setdefault("_fgd_tables", {})
-        t = memo.get(self.key)
-        if t is None:
-            t = memo[self.key] = _FragTables(self.frag_model, st)
-        return t
-
-
-def cpu_per_gpu_milli(workload: Workload) -> float:
-    """Host CPU (milli) the workload's GPU task types ask per GPU-milli, popularity-weighted
-    (CPU-only types excluded); 0 when they ask no CPU or there are none."""
-    gpu = sum(p * t.total_gpu_milli for t, p in workload if t.gpu_count)
-    cpu = sum(p * t.cpu_milli for t, p in workload if t.gpu_count)
-    return cpu / gpu if gpu > 0 else 0.0
+        return st.cache(("fgd", self.key), lambda: _FragTables(self.frag_model, st))
 
 
 class DefaultPolicy(FgdPolicy):
@@ -523,7 +330,7 @@ class DefaultPolicy(FgdPolicy):
         if not (math.isfinite(strand_weight) and strand_weight >= 0):
             raise InvalidRequestError("strand_weight", strand_weight, "a finite number >= 0")
         super().__init__(workload, strand_weight=strand_weight, repack=repack, **params)
-        self.repack = repack
+        self.capabilities = replace(FgdPolicy.capabilities, repack=repack)
         rate = cpu_per_gpu_milli(self.workload)
         self.strand_weight = float(strand_weight) if rate > 0 else 0.0
         self._gpu_per_cpu = 1.0 / rate if rate > 0 else 0.0
@@ -532,7 +339,8 @@ class DefaultPolicy(FgdPolicy):
         """GPU-milli the free CPU cannot feed at the workload's CPU-per-GPU rate (>= 0)."""
         return np.maximum(free_gpu_milli - free_cpu_milli * self._gpu_per_cpu, 0.0)
 
-    def frag_increase(self, snap: Any, nodes: np.ndarray, alt: Any, req: Any, ctx: Any) -> np.ndarray:
+    def frag_increase(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
+                      ctx: NodeContext) -> np.ndarray:
         inc, f_after = self._frag_parts(snap, nodes, alt, req, ctx)
         if not self.strand_weight:
             return inc

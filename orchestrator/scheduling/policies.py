@@ -1,13 +1,9 @@
-"""Placement policies: how the engine ranks candidate placements (lower is better).
+"""Placement policies: the paper's baselines, and the registry of every policy by name.
 
-A policy scores in two parts, both vectorised:
-
-* ``gpu_score(view, alt)`` over candidate slots on interned GPU states (a
-  :class:`~orchestrator.scheduling.engine.CandidateView` with the rows before
-  and after the candidate). It may depend only on the view and the policy's
-  own parameters: the engine memoises it per state.
-* ``node_score(snapshot, nodes, alt, request)``: an optional node-wide term
-  (free CPU, host memory) added to the best GPU score of each node's state.
+Each policy follows the engine's contract (:mod:`.policy`): a vectorised
+``gpu_score`` over candidate slots of interned GPU states, memoised per state,
+and an optional node-wide ``node_score``; what the engine does differently for
+a policy is declared in its ``capabilities``.
 
 Policies (the baselines follow the FGD paper's evaluation, section 6):
 
@@ -23,6 +19,11 @@ Policies (the baselines follow the FGD paper's evaluation, section 6):
   the same size, then a node holding such GPUs, then packing.
 * ``fgd``        -- fragmentation gradient descent (ATC'23); ``default`` -- ours,
   built on it. Both live in :mod:`orchestrator.scheduling.fgd`.
+
+Invariants: every name in :data:`orchestrator.core.priorities.POLICY_NAMES`
+has exactly one policy here; scores are pure functions of the candidate rows,
+the node's free CPU/memory and the policy's parameters (lower is better), and
+ties between nodes are left to the engine's deterministic rule.
 """
 
 from __future__ import annotations
@@ -34,61 +35,14 @@ import numpy as np
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.priorities import POLICY_NAMES
 from orchestrator.core.request import Alternative, GpuRequest, ShareKind
-from orchestrator.scheduling.snapshot import ClusterSnapshot, Mode
+from orchestrator.scheduling.candidates import CandidateView, state_free_totals
+from orchestrator.scheduling.fgd import DefaultPolicy, FgdPolicy
+from orchestrator.scheduling.gpufit import Mode
+from orchestrator.scheduling.policy import Capabilities, NodeContext, Policy
+from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 
-class Policy:
-    """Base policy: every candidate scores 0. Subclasses override the two terms."""
-
-    name = "none"
-
-    def __init__(self, **params: Any) -> None:
-        self.params = params
-
-    #: The engine passes a :class:`~orchestrator.scheduling.engine.NodeContext` to ``node_score``.
-    wants_context = False
-    #: With an ``rng``, the engine gives a share a random fitting GPU of the chosen node.
-    random_slot = False
-    #: ``gpu_score`` only ranks the slots of a state: the engine keeps the best slot and
-    #: counts its score as 0, so the node-wide term alone ranks the nodes.
-    slot_rank_only = False
-
-    @property
-    def key(self) -> tuple:
-        """Hashable identity of the scoring function, for the engine's memo tables.
-
-        Policies with equal parameters share one key. Computed once (a policy's
-        parameters never change after construction) and kept small, because the
-        engine hashes it on every request: the full parameters (a workload can
-        be hundreds of task types) are interned to a number."""
-        k = self.__dict__.get("_key")
-        if k is None:
-            full = (type(self).__qualname__, self.name, tuple(sorted((n, _hashable(v)) for n, v in self.params.items())))
-            k = self.__dict__["_key"] = (self.name, _KEYS.setdefault(full, len(_KEYS)))
-        return k
-
-    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
-        return np.zeros(len(view.state))
-
-    def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest) -> np.ndarray | None:
-        return None
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.params})"
-
-
-_KEYS: dict[tuple, int] = {}
-
-
-def _hashable(v: Any) -> Any:
-    if isinstance(v, (list, tuple)):
-        return tuple(_hashable(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
-    return v
-
-
-def _gpu_totals(view: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _gpu_totals(view: CandidateView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_gpu = np.maximum(view.present.sum(axis=1), 1) * 1000
     return view.free("before").sum(axis=1), view.free("after").sum(axis=1), n_gpu
 
@@ -112,7 +66,7 @@ def _gpu_request(alt: Alternative) -> int:
     return alt.count * 1000 if alt.kind is ShareKind.WHOLE else int(alt.milli)
 
 
-def _rank_within_state(view: Any, key: np.ndarray) -> np.ndarray:
+def _rank_within_state(view: CandidateView, key: np.ndarray) -> np.ndarray:
     """0 for each state's best candidate by ``key`` (lowest; the engine then takes the lowest
     slot among equals), 0.5 for the rest: a within-node choice that never breaks ties between nodes."""
     uniq, inv = np.unique(np.asarray(view.state), return_inverse=True)
@@ -121,29 +75,10 @@ def _rank_within_state(view: Any, key: np.ndarray) -> np.ndarray:
     return np.where(key > mins[inv], 0.5, 0.0)
 
 
-def _tightest(view: Any) -> np.ndarray:
+def _tightest(view: CandidateView) -> np.ndarray:
     """The artifact's ``best`` GPU selection: the share goes to the fitting GPU with the least free."""
     used_free = np.where(view.take, view.free("before"), np.iinfo(np.int64).max).min(axis=1)
     return _rank_within_state(view, used_free)
-
-
-def state_free_totals(st: Any, sids: np.ndarray) -> np.ndarray:
-    """Free milli summed over the GPUs of interned states ``sids`` (cached per snapshot family)."""
-    from orchestrator.scheduling.engine import state_free
-
-    t = st.__dict__.get("_free_totals")
-    if t is None or len(t) < st.n_states:
-        grown = np.full(max(64, 2 * st.n_states), -1, dtype=np.int64)
-        if t is not None:
-            grown[: len(t)] = t
-        t = st.__dict__["_free_totals"] = grown
-    v = t[sids]
-    miss = v < 0
-    if miss.any():
-        ids = np.unique(sids[miss])
-        t[ids] = state_free(st, ids).sum(axis=1)
-        v = t[sids]
-    return v
 
 
 class RandomPolicy(Policy):
@@ -151,17 +86,16 @@ class RandomPolicy(Policy):
     the ``rng``) and, for a share, a uniformly random GPU of it that fits (``gpuSelMethod: random``)."""
 
     name = "random"
-    random_slot = True
+    capabilities = Capabilities(random_slot=True)
 
 
 class _TightestGpuPolicy(Policy):
     """The artifact's node-formula policies: the GPU within a node is the tightest fit
     (``gpu_score`` only ranks slots); the node is ranked by ``node_score``'s formula."""
 
-    wants_context = True
-    slot_rank_only = True
+    capabilities = Capabilities(node_context=True, slot_rank_only=True)
 
-    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
+    def gpu_score(self, view: CandidateView, alt: Alternative) -> np.ndarray:
         return _tightest(view)
 
 
@@ -173,7 +107,8 @@ class BestFitPolicy(_TightestGpuPolicy):
     name = "bestfit"
 
     def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
-                   ctx: Any) -> np.ndarray:
+                   ctx: NodeContext | None) -> np.ndarray:
+        assert ctx is not None  # capabilities.node_context
         left = (0.5 * (ctx.cpu_free - req.cpu_milli) / MAX_SPEC_CPU
                 + 0.5 * (state_free_totals(ctx.static, ctx.states) - _gpu_request(alt)) / MAX_SPEC_GPU)
         return -np.trunc((1.0 - left) * 100)
@@ -187,7 +122,8 @@ class DotProductPolicy(_TightestGpuPolicy):
     name = "dotproduct"
 
     def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
-                   ctx: Any) -> np.ndarray:
+                   ctx: NodeContext | None) -> np.ndarray:
+        assert ctx is not None  # capabilities.node_context
         dot = ((ctx.cpu_free / MAX_SPEC_CPU) * (req.cpu_milli / MAX_SPEC_CPU)
                + (state_free_totals(ctx.static, ctx.states) / MAX_SPEC_GPU) * (_gpu_request(alt) / MAX_SPEC_GPU))
         return -np.trunc((1.0 - dot / 2) * 100)
@@ -200,7 +136,7 @@ class PackingPolicy(Policy):
 
     name = "packing"
 
-    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
+    def gpu_score(self, view: CandidateView, alt: Alternative) -> np.ndarray:
         if _gpu_request(alt) <= 0:
             return np.zeros(len(view.state))
         free = view.free("before")
@@ -230,7 +166,7 @@ class ClusteringPolicy(Policy):
 
     name = "clustering"
 
-    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
+    def gpu_score(self, view: CandidateView, alt: Alternative) -> np.ndarray:
         req = _gpu_request(alt)
         if req <= 0:
             return np.zeros(len(view.state))
@@ -249,12 +185,14 @@ class SpreadPolicy(Policy):
 
     name = "spread"
 
-    def gpu_score(self, view: Any, alt: Alternative) -> np.ndarray:
+    def gpu_score(self, view: CandidateView, alt: Alternative) -> np.ndarray:
         _, after, tot = _gpu_totals(view)
         return -after / tot
 
 
 _REGISTRY: dict[str, Callable[..., Policy]] = {
+    "fgd": FgdPolicy,
+    "default": DefaultPolicy,
     "random": RandomPolicy,
     "bestfit": BestFitPolicy,
     "packing": PackingPolicy,
@@ -263,17 +201,12 @@ _REGISTRY: dict[str, Callable[..., Policy]] = {
     "clustering": ClusteringPolicy,
 }
 
-assert set(_REGISTRY) | {"fgd", "default"} == set(POLICY_NAMES), "policy registry and core POLICY_NAMES disagree"
+assert set(_REGISTRY) == set(POLICY_NAMES), "policy registry and core POLICY_NAMES disagree"
 
 
 def get_policy(name: str, **params: Any) -> Policy:
     """A policy by name; ``fgd`` and ``default`` take a ``workload`` of ((task-type...), popularity) pairs."""
-    if name in ("fgd", "default"):
-        from orchestrator.scheduling import fgd  # the FGD family lives in its own module
-
-        cls = fgd.FgdPolicy if name == "fgd" else fgd.DefaultPolicy
-        return cls(**params)
-    try:
-        return _REGISTRY[name](**params)
-    except KeyError:
-        raise InvalidRequestError("policy", name, POLICY_NAMES) from None
+    make = _REGISTRY.get(name)
+    if make is None:
+        raise InvalidRequestError("policy", name, POLICY_NAMES)
+    return make(**params)

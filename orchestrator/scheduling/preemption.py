@@ -23,23 +23,37 @@ The algorithm (Kueue's, ``pkg/scheduler/preemption``):
    to the first, re-apply each, and keep it running if the request still
    places. What remains is minimal: removing any one victim less makes the
    request not fit (under the engine's deterministic choice).
+
+Every answer carries a :class:`~orchestrator.core.reasons.Reason`: a victim's
+cause is ``victim.priority`` when its priority is lower than the requester's,
+else ``victim.reclaim`` (it was eligible only because its queue borrowed
+beyond its quota); a lease that may not be preempted says why with an
+``ineligible.*`` cause; a request no preemption helps, ``no_preemption.*``.
+
+Invariants: the snapshot is never changed (simulated removals are new
+snapshots); the victim set is minimal in the sense of step 4; no lease in
+``in_flight`` or CHECKPOINTING is ever a victim; the same inputs give the same
+plan (the victim order is total).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from orchestrator.core.lease import Lease, LeaseState
+from orchestrator.core.priorities import SchedulerConfig
+from orchestrator.core.reasons import Cause, Reason
 from orchestrator.core.request import GpuRequest
 from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot
-from orchestrator.core.priorities import SchedulerConfig
 
 
 @dataclass(frozen=True, slots=True)
 class Victim:
-    """A lease chosen for preemption and why."""
+    """A lease chosen for preemption and why (cause ``victim.priority`` or ``victim.reclaim``)."""
 
     lease_id: str
     owner: str
@@ -50,10 +64,11 @@ class Victim:
     work_lost_gpu_s: float
     restore_s: float
     started_at: float
-    reason: str
+    reason: Reason
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
+    def to_json(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__slots__ if k != "reason"}
+        return d | {"reason": self.reason.text, "cause": self.reason.cause.value}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +78,23 @@ class PreemptionPlan:
     victims: tuple[Victim, ...]
     placement: Placement
     considered: int
-    reason: str
+    reason: Reason
+
+    def to_json(self) -> dict[str, Any]:
+        return {"victims": [v.to_json() for v in self.victims], "placement": self.placement.to_json(),
+                "considered": self.considered, "reason": self.reason.text, "cause": self.reason.cause.value}
 
 
 @dataclass(frozen=True, slots=True)
 class NoPreemption:
     """Why no set of victims helps; ``ineligible`` says why each holding lease was not a candidate."""
 
-    reason: str
-    ineligible: tuple[tuple[str, str], ...] = ()
+    reason: Reason
+    ineligible: tuple[tuple[str, Reason], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason.text, "cause": self.reason.cause.value,
+                "ineligible": [{"lease_id": i, "reason": r.text, "cause": r.cause.value} for i, r in self.ineligible]}
 
 
 def work_lost_gpu_s(lease: Lease, now: float) -> float:
@@ -95,37 +118,42 @@ def queue_usage(leases: Iterable[Lease]) -> dict[str, float]:
     return usage
 
 
+def _borrowed(lease: Lease, queue: str, config: SchedulerConfig, usage: dict[str, float]) -> bool:
+    """The lease's queue (not the requester's) holds more than its quota."""
+    q = config.queues.get(lease.queue)
+    return (q is not None and q.quota_gpus is not None and usage.get(lease.queue, 0.0) > q.quota_gpus
+            and lease.queue != queue)
+
+
 def ineligibility(lease: Lease, *, priority: int, queue: str, config: SchedulerConfig, now: float,
-                  in_flight: frozenset[str], usage: dict[str, float], demand: float) -> str | None:
-    """Why ``lease`` may not be preempted for this requester; None when it may."""
+                  in_flight: frozenset[str], usage: dict[str, float], demand: float) -> Reason | None:
+    """Why ``lease`` may not be preempted for this requester (an ``ineligible.*`` cause); None when it may."""
     if lease.state is LeaseState.CHECKPOINTING or lease.lease_id in in_flight:
-        return "already being preempted"
+        return Reason(Cause.INELIGIBLE_IN_FLIGHT, "already being preempted")
     if not lease.holding or lease.allocation is None:
-        return "holds no devices"
+        return Reason(Cause.INELIGIBLE_NOT_HOLDING, "holds no devices")
     cls = config.classes.get(lease.priority_class)
     if cls is not None and not cls.preemptible:
-        return f"class {lease.priority_class} is not preemptible"
+        return Reason(Cause.INELIGIBLE_CLASS, f"class {lease.priority_class} is not preemptible")
     _, own_q = config.queue(queue) if queue in config.queues else ("", None)
-    victim_q = config.queues.get(lease.queue)
-    borrowed = (victim_q is not None and victim_q.quota_gpus is not None
-                and usage.get(lease.queue, 0.0) > victim_q.quota_gpus and lease.queue != queue)
     within_own = own_q is None or own_q.quota_gpus is None or usage.get(queue, 0.0) + demand <= own_q.quota_gpus
-    if lease.priority >= priority and not (borrowed and within_own):
-        return f"priority {lease.priority} is not lower than {priority}"
+    if lease.priority >= priority and not (_borrowed(lease, queue, config, usage) and within_own):
+        return Reason(Cause.INELIGIBLE_PRIORITY, f"priority {lease.priority} is not lower than {priority}")
     if cls is not None and cls.min_runtime_s:
         ran = now - (lease.started_at if lease.started_at is not None else now)
         if ran < cls.min_runtime_s:
-            return f"younger than the {cls.min_runtime_s:g}s minimum runtime of class {lease.priority_class}"
+            return Reason(Cause.INELIGIBLE_MIN_RUNTIME,
+                          f"younger than the {cls.min_runtime_s:g}s minimum runtime of class {lease.priority_class}")
     return None
 
 
 def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Sequence[Lease], *, priority: int,
-                    queue: str, config: SchedulerConfig, now: float, policy: Any,
+                    queue: str, config: SchedulerConfig, now: float, policy: PlacementPolicy,
                     in_flight: frozenset[str] = frozenset(), demand: float = 0.0) -> PreemptionPlan | NoPreemption:
     """Plan the minimal preemption that admits ``request``; see the module docstring."""
     usage = queue_usage(holding)
     eligible: list[Lease] = []
-    ineligible: list[tuple[str, str]] = []
+    ineligible: list[tuple[str, Reason]] = []
     for lease in holding:
         why = ineligibility(lease, priority=priority, queue=queue, config=config, now=now, in_flight=in_flight,
                             usage=usage, demand=demand)
@@ -134,7 +162,8 @@ def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Seq
         else:
             ineligible.append((lease.lease_id, why))
     if not eligible:
-        return NoPreemption("no running lease may be preempted for it" + _grouped(ineligible), tuple(ineligible))
+        return NoPreemption(Reason(Cause.NO_PREEMPTION_NONE_ELIGIBLE,
+                                   "no running lease may be preempted for it" + _grouped(ineligible)), tuple(ineligible))
     eligible.sort(key=lambda lease: victim_order_key(lease, now))
 
     sim = snapshot
@@ -148,7 +177,8 @@ def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Seq
             fits = res
             break
     if fits is None:
-        return NoPreemption(f"even preempting all {len(eligible)} eligible leases would not make room",
+        return NoPreemption(Reason(Cause.NO_PREEMPTION_NOT_ENOUGH,
+                                   f"even preempting all {len(eligible)} eligible leases would not make room"),
                             tuple(ineligible))
     # Add back, last chosen first, every victim the request does not need.
     for lease in reversed(chosen[:-1]):
@@ -161,27 +191,34 @@ def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Seq
         Victim(lease.lease_id, lease.owner, lease.priority, lease.priority_class, lease.queue, lease.gpus_held,
                work_lost_gpu_s(lease, now), lease.restore_estimate_s,
                lease.started_at if lease.started_at is not None else 0.0,
-               reason=_victim_reason(lease, request, priority, now, fits))
+               reason=_victim_reason(lease, request, priority, now, fits, config, usage))
         for lease in chosen
     )
     return PreemptionPlan(victims, fits, len(eligible),
-                          f"preempting {len(victims)} of {len(eligible)} eligible lease(s) admits "
-                          f"{request.describe()} on {fits.allocation.node_name}")
+                          Reason(Cause.WAIT_PREEMPTING, f"preempting {len(victims)} of {len(eligible)} eligible "
+                                 f"lease(s) admits {request.describe()} on {fits.allocation.node_name}"))
 
 
-def _grouped(ineligible: Sequence[tuple[str, str]]) -> str:
+def _grouped(ineligible: Sequence[tuple[str, Reason]]) -> str:
     if not ineligible:
         return ""
-    counts: dict[str, int] = {}
-    for _, why in ineligible:
-        counts[why] = counts.get(why, 0) + 1
+    counts: Counter[str] = Counter(why.text for _, why in ineligible)
     return " (" + "; ".join(f"{n} lease{'s' if n != 1 else ''}: {why}" for why, n in
                             sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) + ")"
 
 
-def _victim_reason(lease: Lease, request: GpuRequest, priority: int, now: float, fits: Placement) -> str:
+def _victim_reason(lease: Lease, request: GpuRequest, priority: int, now: float, fits: Placement,
+                   config: SchedulerConfig, usage: dict[str, float]) -> Reason:
+    """Why an eligible lease is a victim: a lower priority, or else (it was eligible only so) capacity
+    its queue borrowed beyond its quota, taken back for a requester within its own."""
     a = lease.allocation
     where = f"{a.node_name} GPU {','.join(map(str, a.gpu_indices))}" if a else "?"
-    return (f"{lease.priority_class or 'priority'} {lease.priority} < {priority}: its {where} is needed for "
-            f"{request.describe()} (would land on {fits.allocation.node_name}); "
+    need = (f"its {where} is needed for {request.describe()} (would land on {fits.allocation.node_name}); "
             f"work lost if stopped now {work_lost_gpu_s(lease, now):.0f} GPU-s")
+    if lease.priority < priority:
+        return Reason(Cause.VICTIM_PRIORITY, f"{lease.priority_class or 'priority'} {lease.priority} < {priority}: {need}")
+    quota = config.queues[lease.queue].quota_gpus
+    return Reason(Cause.VICTIM_RECLAIM,
+                  f"reclaimed: queue {lease.queue} holds {usage.get(lease.queue, 0.0):g} GPUs, beyond its quota of "
+                  f"{quota:g}, and the requester's queue is within its own (priority {lease.priority} is not lower "
+                  f"than {priority}): {need}")

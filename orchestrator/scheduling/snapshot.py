@@ -16,7 +16,9 @@ Per-GPU sharing mode (:class:`Mode`): a card without MIG starts FREE and takes
 the mode of its first lease -- WHOLE, MPS or TIMESLICE -- until its last
 lease leaves, so MPS clients and time-sliced processes never share a card
 (NVIDIA's device plugin configures one sharing strategy per card, too). A
-MIG-enabled card is always MIG.
+MIG-enabled card is always MIG. What fits on a card and what a change does
+there is :mod:`.gpufit`'s one definition; :meth:`ClusterSnapshot.apply`
+checks and applies through it.
 
 Invariants (the property tests check them after any sequence of operations):
 
@@ -34,32 +36,44 @@ Invariants (the property tests check them after any sequence of operations):
 Every node's GPU-only state is interned to a small integer (``gstate``); nodes
 in identical GPU states get the same id, which is what lets the engine score
 thousands of nodes by scoring a handful of distinct states once each.
+
+Memos have two owners, each with one small API: :meth:`SnapshotStatic.cache`
+for tables about a family's interned states (the engine's, a policy's) and
+:meth:`ClusterSnapshot.derived` for views of one snapshot. Both hold only pure
+functions of their keys, so a memo never changes an answer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
 from orchestrator.core.allocation import Allocation
+from orchestrator.core.catalogue import (
+    CATALOGUE,
+    MIG_COMPUTE_SLICES,
+    MODEL_NAMES,
+    gpu_model,
+)
 from orchestrator.core.errors import CapacityError, InvalidRequestError
-from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, MODEL_NAMES, gpu_model
 from orchestrator.core.inventory import NodeInventory
 from orchestrator.core.request import ShareKind
+from orchestrator.scheduling.gpufit import (
+    GPU_DTYPES,
+    GPU_FIELDS,
+    KIND_MODE,
+    Mode,
+    apply_change,
+    free_milli,
+    mig_fits,
+    share_fit,
+)
 
+__all__ = ["MODEL_INDEX", "Allocation", "ClusterSnapshot", "Mode", "NodeSpec", "SnapshotStatic", "StateColumn"]
 
-class Mode(IntEnum):
-    FREE = 0
-    WHOLE = 1
-    MPS = 2
-    TIMESLICE = 3
-    MIG = 4
-
-
-_KIND_MODE = {ShareKind.WHOLE: Mode.WHOLE, ShareKind.MPS: Mode.MPS, ShareKind.TIMESLICE: Mode.TIMESLICE, ShareKind.MIG: Mode.MIG}
+T = TypeVar("T")
 
 MODEL_INDEX = {name: i for i, name in enumerate(MODEL_NAMES)}
 MODEL_MEMORY = np.array([CATALOGUE[n].memory_mib for n in MODEL_NAMES], dtype=np.int64)
@@ -113,17 +127,26 @@ def _gpu_field_property(name: str) -> property:
     return property(lambda self: self._gpu_field(name), doc=f"(N, G) ``{name}`` of every GPU (read-only, derived)")
 
 
+def _memo(store: dict, key: Hashable, make: Callable[[], T]) -> T:
+    try:
+        return store[key]
+    except KeyError:
+        v = store[key] = make()
+        return v
+
+
 def _ro(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
 
 
-class _Static:
+class SnapshotStatic:
     """The part of a snapshot no placement changes, shared by derived snapshots.
 
     Also holds the intern table of GPU states: append-only, a pure function of
     the state's bytes, so sharing it between snapshots keeps them immutable in
-    every way that matters.
+    every way that matters; and the family's memo tables (:meth:`cache`), the
+    one place the engine and the policies keep what they learnt about states.
     """
 
     def __init__(self, specs: Sequence[NodeSpec], timeslice_capacity_milli: int) -> None:
@@ -193,11 +216,12 @@ class _Static:
         self.n_states = 0
         cap = max(64, n)
         self.rep_node = np.zeros(cap, dtype=np.int64)
-        self.rep_rows: dict[str, np.ndarray] = {f: np.zeros((cap, g), dtype=_DTYPES[f]) for f in _DYN_GPU_FIELDS}
+        self.rep_rows: dict[str, np.ndarray] = {f: np.zeros((cap, g), dtype=GPU_DTYPES[f]) for f in GPU_FIELDS}
+        self._caches: dict[Hashable, Any] = {}
 
     def intern(self, i: int, rows: dict[str, np.ndarray]) -> int:
         """The id of node ``i``'s GPU state ``rows``; a new id (and a stored copy) when unseen."""
-        key = self._static_key[i] + b"".join(rows[f].tobytes() for f in _DYN_GPU_FIELDS)
+        key = self._static_key[i] + b"".join(rows[f].tobytes() for f in GPU_FIELDS)
         sid = self._ids.get(key)
         if sid is None:
             sid = self.n_states
@@ -206,16 +230,39 @@ class _Static:
                 self.rep_rows = {f: np.concatenate([a, np.zeros_like(a)]) for f, a in self.rep_rows.items()}
             self._ids[key] = sid
             self.rep_node[sid] = i
-            for f in _DYN_GPU_FIELDS:
+            for f in GPU_FIELDS:
                 self.rep_rows[f][sid] = rows[f]
             self.n_states = sid + 1
         return sid
 
+    def cache(self, key: Hashable, make: Callable[[], T]) -> T:
+        """The family's memo named ``key``, made by ``make()`` on first use.
 
-# Per-GPU dynamic fields; each is an (N, G) array in the snapshot.
-_DYN_GPU_FIELDS = ("mode", "used_milli", "used_mem", "mig_mask", "mig_compute", "holders", "healthy")
-_DTYPES = {"mode": np.int8, "used_milli": np.int32, "used_mem": np.int64, "mig_mask": np.int16,
-           "mig_compute": np.int8, "holders": np.int16, "healthy": bool}
+        What is kept here must be a pure function of the static part and of
+        what it is looked up with (interned state ids; a snapshot whose arrays
+        it compares before reusing an answer), so a memo only ever saves work
+        and never changes an answer. Keys start with their owner's name
+        (``"engine"``, ``"fgd"``, ...)."""
+        return _memo(self._caches, key, make)
+
+
+class StateColumn:
+    """One value per interned GPU state of a family, ``fill`` until computed; grows with the intern table."""
+
+    __slots__ = ("_fill", "values")
+
+    def __init__(self, fill: Any, dtype: Any) -> None:
+        self._fill = fill
+        self.values = np.full(64, fill, dtype=dtype)
+
+    def at_least(self, n: int) -> np.ndarray:
+        """The values, grown (with ``fill``) to cover at least ``n`` states."""
+        v = self.values
+        if len(v) < n:
+            grown = np.full(max(n, 2 * len(v)), self._fill, dtype=v.dtype)
+            grown[: len(v)] = v
+            v = self.values = grown
+        return v
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,7 +276,7 @@ class ClusterSnapshot:
     vectors, not a cluster's worth of arrays.
     """
 
-    static: _Static
+    static: SnapshotStatic
     gstate: np.ndarray
     cpu_used: np.ndarray
     mem_used: np.ndarray
@@ -244,12 +291,12 @@ class ClusterSnapshot:
         if timeslice_capacity_milli < 1000:
             raise InvalidRequestError("timeslice_capacity_milli", timeslice_capacity_milli, ">= 1000")
         specs = [NodeSpec.from_inventory(x) if isinstance(x, NodeInventory) else x for x in nodes]
-        st = _Static(specs, timeslice_capacity_milli)
+        st = SnapshotStatic(specs, timeslice_capacity_milli)
         n, g = st.n, st.g
-        dyn = {f: np.zeros((n, g), dtype=_DTYPES[f]) for f in _DYN_GPU_FIELDS}
+        dyn = {f: np.zeros((n, g), dtype=GPU_DTYPES[f]) for f in GPU_FIELDS}
         dyn["mode"][st.mig_enabled] = Mode.MIG
         dyn["healthy"][:] = st.present & ~st.initial_unhealthy
-        gstate = np.array([st.intern(i, {f: dyn[f][i] for f in _DYN_GPU_FIELDS}) for i in range(n)], dtype=np.int32)
+        gstate = np.array([st.intern(i, {f: dyn[f][i] for f in GPU_FIELDS}) for i in range(n)], dtype=np.int32)
         return cls(st, gstate=_ro(gstate), cpu_used=_ro(np.zeros(n, dtype=np.int64)),
                    mem_used=_ro(np.zeros(n, dtype=np.int64)))
 
@@ -267,7 +314,7 @@ class ClusterSnapshot:
     def gpu_row(self, i: int) -> dict[str, np.ndarray]:
         """Node ``i``'s per-GPU rows (copies)."""
         sid = self.gstate[i]
-        return {f: self.static.rep_rows[f][sid].copy() for f in _DYN_GPU_FIELDS}
+        return {f: self.static.rep_rows[f][sid].copy() for f in GPU_FIELDS}
 
     # ---- queries ------------------------------------------------------------------------------
     @property
@@ -313,11 +360,8 @@ class ClusterSnapshot:
 
     def free_milli(self) -> np.ndarray:
         """(N, G) free compute per GPU for a new share of the card's current mode (0 where absent)."""
-        cap = np.where(self.mode == Mode.TIMESLICE, self.static.timeslice_capacity_milli, 1000)
-        free = np.where(self.mode == Mode.MIG,
-                        ((MIG_COMPUTE_SLICES - self.mig_compute.astype(np.int64)) * 1000) // MIG_COMPUTE_SLICES,
-                        cap - self.used_milli)
-        return np.where(self.static.present & self.healthy, free, 0)
+        return free_milli(self.mode, self.used_milli, self.mig_compute, self.static.present & self.healthy,
+                          self.static.timeslice_capacity_milli)
 
     def same_state(self, other: "ClusterSnapshot") -> bool:
         """True when every dynamic array equals ``other``'s (the static part must be shared)."""
@@ -366,64 +410,65 @@ class ClusterSnapshot:
             raise CapacityError(f"node {a.node_name}: releasing more CPU or memory than allocated")
         row = self.gpu_row(i)
         for j in a.gpus:
-            self._change_gpu(row, i, j, a, sign)
+            if not st.present[i, j]:
+                raise CapacityError(f"node {a.node_name}: no GPU in column {j}")
+        take = np.zeros(st.g, dtype=bool)
+        take[list(a.gpus)] = True
+        if a.kind is ShareKind.MIG:
+            self._change_mig(row, i, a, take, sign)
+        else:
+            self._change_share(row, i, a, take, sign)
         return self._with(i, row, cpu, mem)
 
-    def _change_gpu(self, row: dict[str, np.ndarray], i: int, j: int, a: Allocation, sign: int) -> None:
+    def _change_mig(self, row: dict[str, np.ndarray], i: int, a: Allocation, take: np.ndarray, sign: int) -> None:
         st = self.static
-        if not st.present[i, j]:
-            raise CapacityError(f"node {a.node_name}: no GPU in column {j}")
-        mode = Mode(int(row["mode"][j]))
-        want = _KIND_MODE[a.kind]
-        gmem = int(st.gpu_memory[i])
-        if a.kind is ShareKind.MIG:
-            if mode is not Mode.MIG:
-                raise CapacityError(f"node {a.node_name} GPU {j}: MIG is not enabled")
-            prof = gpu_model(MODEL_NAMES[st.model[i]]).profile(a.mig_profile or "")
-            mask = prof.mask(a.mig_start or 0)
-            if sign > 0:
-                if a.mig_start not in prof.placements or row["mig_mask"][j] & mask \
-                        or row["mig_compute"][j] + prof.compute_slices > MIG_COMPUTE_SLICES:
-                    raise CapacityError(f"node {a.node_name} GPU {j}: MIG {prof.name}@{a.mig_start} does not fit")
-                if st.mig_fixed[i, j]:
-                    bits = st.layout_bits.get(prof.name)
-                    if bits is None or not (int(bits[i, j]) >> int(a.mig_start)) & 1:
-                        raise CapacityError(f"node {a.node_name} GPU {j}: fixed MIG layout has no {prof.name}@{a.mig_start}")
-                row["mig_mask"][j] |= mask
-            else:
-                if (row["mig_mask"][j] & mask) != mask:
-                    raise CapacityError(f"node {a.node_name} GPU {j}: MIG {prof.name}@{a.mig_start} is not allocated")
-                row["mig_mask"][j] &= ~mask
-            row["mig_compute"][j] += sign * prof.compute_slices
-            row["used_mem"][j] += sign * prof.memory_mib
-            row["holders"][j] += sign
-            return
+        j, start = a.gpus[0], a.mig_start or 0
+        if row["mode"][j] != Mode.MIG:
+            raise CapacityError(f"node {a.node_name} GPU {j}: MIG is not enabled")
+        prof = gpu_model(MODEL_NAMES[st.model[i]]).profile(a.mig_profile or "")
+        mask = prof.mask(start)
         if sign > 0:
-            if mode is Mode.MIG:
-                raise CapacityError(f"node {a.node_name} GPU {j}: MIG-enabled cards take MIG slices only")
-            if mode is not Mode.FREE and mode is not want:
-                raise CapacityError(f"node {a.node_name} GPU {j}: card is in {mode.name} mode, not {want.name}")
-            cap = st.timeslice_capacity_milli if want is Mode.TIMESLICE else 1000
-            if row["used_milli"][j] + a.milli > cap or row["used_mem"][j] + a.memory_mib > gmem:
+            bits = st.layout_bits.get(prof.name)
+            if not mig_fits(row["mig_mask"][j], row["mig_compute"][j], st.mig_fixed[i, j],
+                            None if bits is None else bits[i, j], prof, start):
+                layout = " (the card's fixed MIG layout)" if st.mig_fixed[i, j] else ""
+                raise CapacityError(f"node {a.node_name} GPU {j}: MIG {prof.name}@{a.mig_start} does not fit{layout}")
+        elif (row["mig_mask"][j] & mask) != mask:
+            raise CapacityError(f"node {a.node_name} GPU {j}: MIG {prof.name}@{a.mig_start} is not allocated")
+        apply_change(row, take, ShareKind.MIG, mig_mask=mask, mig_slices=prof.compute_slices,
+                     memory_mib=prof.memory_mib, sign=sign)
+
+    def _change_share(self, row: dict[str, np.ndarray], i: int, a: Allocation, take: np.ndarray, sign: int) -> None:
+        st = self.static
+        want = KIND_MODE[a.kind]
+        cols = list(a.gpus)
+        mode = row["mode"][cols]
+        if sign > 0:
+            mode_ok, _, fits = share_fit(mode, row["used_milli"][cols], row["used_mem"][cols], kind=a.kind,
+                                         milli=a.milli, memory_mib=a.memory_mib, gpu_memory=int(st.gpu_memory[i]),
+                                         timeslice_capacity_milli=st.timeslice_capacity_milli)
+            if not fits.all():  # the first column that does not take it names the error
+                k = int(np.argmin(fits))
+                j, now = cols[k], Mode(int(mode[k]))
+                if now is Mode.MIG:
+                    raise CapacityError(f"node {a.node_name} GPU {j}: MIG-enabled cards take MIG slices only")
+                if not mode_ok[k]:
+                    raise CapacityError(f"node {a.node_name} GPU {j}: card is in {now.name} mode, not {want.name}")
+                # a held whole card lands here too: its compute is all used
                 raise CapacityError(f"node {a.node_name} GPU {j}: {a.kind.value} share does not fit")
-            if want is Mode.WHOLE and row["holders"][j]:
-                raise CapacityError(f"node {a.node_name} GPU {j}: whole card already held")
-            row["mode"][j] = want
-        elif mode is not want or row["holders"][j] <= 0:
-            raise CapacityError(f"node {a.node_name} GPU {j}: nothing of kind {a.kind.value} to release")
-        row["used_milli"][j] += sign * a.milli
-        row["used_mem"][j] += sign * a.memory_mib
-        row["holders"][j] += sign
-        if row["holders"][j] == 0:
-            row["mode"][j] = Mode.FREE
-            if row["used_milli"][j] or row["used_mem"][j]:
-                raise CapacityError(f"node {a.node_name} GPU {j}: release left residue (ledger inconsistent)")
+        else:
+            held = (mode == want) & (row["holders"][cols] > 0)
+            if not held.all():
+                raise CapacityError(f"node {a.node_name} GPU {cols[int(np.argmin(held))]}: "
+                                    f"nothing of kind {a.kind.value} to release")
+        apply_change(row, take, a.kind, milli=a.milli, memory_mib=a.memory_mib, sign=sign)
+        if sign < 0:
+            residue = take & (row["holders"] == 0) & ((row["used_milli"] != 0) | (row["used_mem"] != 0))
+            if residue.any():
+                raise CapacityError(f"node {a.node_name} GPU {int(np.argmax(residue))}: "
+                                    "release left residue (ledger inconsistent)")
 
     # ---- derived views (cached per snapshot; pure functions of it) -----------------------------
-    def derived(self, key: Any, compute: Any) -> Any:
+    def derived(self, key: Hashable, compute: Callable[[], T]) -> T:
         """Memoise a pure function of this snapshot (the engine's per-snapshot indexes)."""
-        try:
-            return self._derived[key]
-        except KeyError:
-            v = self._derived[key] = compute()
-            return v
+        return _memo(self._derived, key, compute)

@@ -15,11 +15,15 @@ the largest host-memory request seen for it (``default`` checks memory,
 whole card, 0 = CPU-only), GPUs, allowed models ('' = any), host memory MiB,
 pods of that shape in the list (the popularity, renormalised on use).
 Regenerate with ``typical_workload(load_pods(<openb default>), with_memory=True)``.
+
+Invariants: data only (imports only the maths of :mod:`.fragmentation`);
+``DEFAULT_WORKLOAD`` is normalised (popularities sum to 1, most popular first)
+and never changes at run time, so policies built on it share one memo key.
 """
 
 from __future__ import annotations
 
-from orchestrator.scheduling.fgd import TaskType, Workload, normalise_workload
+from orchestrator.scheduling.fragmentation import TaskType, Workload, normalise_workload
 
 _OPENB_DEFAULT_TYPICAL = (
     # cpu_milli, gpu_milli, gpu_count, models, memory_mib, pods

@@ -30,19 +30,22 @@ Same inputs and seed, same result: every random choice comes from
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from orchestrator.core.request import GpuRequest, resolve
-from orchestrator.scheduling.fgd import FragModel, Workload
-from orchestrator.scheduling.engine import Placement, place
-from orchestrator.scheduling.policies import get_policy
-from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.core.catalogue import MODEL_NAMES
-from orchestrator.sim.openb import MILLI, NodeTable, PodTable
+from orchestrator.core.request import GpuRequest, ResolvedRequest, resolve
+from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.fragmentation import FragModel, Workload
+from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.policy import PlacementPolicy
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.sim.openb import MILLI, NodeTable, PodTable, load_nodes, load_pods
 from orchestrator.sim.repack import Ledger, try_repack
 from orchestrator.sim.workload import typical_workload
 
@@ -208,7 +211,7 @@ class FragGauge:
 
 # ---- one run ----------------------------------------------------------------------------------------
 
-def make_policy(name: str, workload: Workload) -> Any:
+def make_policy(name: str, workload: Workload) -> PlacementPolicy:
     return get_policy(name, workload=workload) if name in ("fgd", "default") else get_policy(name)
 
 
@@ -225,7 +228,7 @@ class ReplaySetup:
 
     order_rng: np.random.Generator
     snapshot: ClusterSnapshot
-    policy: Any
+    policy: PlacementPolicy
     rng: np.random.Generator | None
     shape: np.ndarray
     requests: list
@@ -274,8 +277,8 @@ def replay(nodes: NodeTable, pods: PodTable, policy_name: str, seed: int, *, tar
         alloc_at.append(100.0 * allocated / capacity)
         frag_at.append(gauge.rate_pct(snap))
 
-    ledger = Ledger() if getattr(policy, "repack", False) else None
-    placed_req: dict[int, tuple[GpuRequest, Any]] = {}
+    ledger = Ledger() if policy.capabilities.repack else None
+    placed_req: dict[int, tuple[GpuRequest, ResolvedRequest]] = {}
     for k, j in enumerate(seq):
         g = int(gpu_req[j])
         while next_k < len(checkpoints) and arrived + g > checkpoints[next_k] / 100.0 * capacity:
@@ -312,9 +315,8 @@ def replay(nodes: NodeTable, pods: PodTable, policy_name: str, seed: int, *, tar
 _TRACE_CACHE: dict[tuple[str, str], tuple[NodeTable, PodTable, Workload]] = {}
 
 
-def _load(nodes_path: str, pods_path: str) -> tuple[NodeTable, PodTable, Workload]:
-    from orchestrator.sim.openb import load_nodes, load_pods
-
+def load_trace(nodes_path: str, pods_path: str) -> tuple[NodeTable, PodTable, Workload]:
+    """The node and pod lists of a trace and its typical workload, loaded once per process."""
     key = (nodes_path, pods_path)
     if key not in _TRACE_CACHE:
         pods = load_pods(pods_path)
@@ -325,7 +327,7 @@ def _load(nodes_path: str, pods_path: str) -> tuple[NodeTable, PodTable, Workloa
 
 def _run_one(args: tuple[str, str, str, int, dict[str, Any]]) -> ArrivalResult:
     nodes_path, pods_path, policy, seed, kw = args
-    nodes, pods, workload = _load(nodes_path, pods_path)
+    nodes, pods, workload = load_trace(nodes_path, pods_path)
     return replay(nodes, pods, policy, seed, workload=workload, **kw)
 
 
@@ -341,9 +343,6 @@ def run_parallel(fn: Any, jobs: list[Any], workers: int, first: Any = None) -> l
         for i in order:
             results[i] = fn(jobs[i])
         return results
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
         futs = {i: pool.submit(fn, jobs[i]) for i in order}
@@ -359,7 +358,7 @@ def run_arrival(nodes_path: str, pods_path: str, policies: list[str] | tuple[str
     The files are read (and checked) here first, so a bad row fails fast with
     its :class:`~orchestrator.sim.openb.TraceFormatError` before any worker starts.
     """
-    _load(nodes_path, pods_path)
+    load_trace(nodes_path, pods_path)
     jobs = [(nodes_path, pods_path, p, int(s), kw) for p in policies for s in seeds]
     results = run_parallel(_run_one, jobs, workers, first=lambda j: j[2] in ("fgd", "default"))
     by_policy: dict[str, list[ArrivalResult]] = {}

@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.catalogue import gpu_model
+from orchestrator.core.errors import InvalidRequestError
 
 MILLI = 1000
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")

@@ -24,14 +24,14 @@ only moved, never dropped; whole cards and CPU-only pods never move.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from orchestrator.core.allocation import Allocation
 from orchestrator.core.catalogue import MODEL_NAMES
 from orchestrator.core.request import GpuRequest, ResolvedRequest, ShareKind
 from orchestrator.scheduling.engine import Placement, place
-from orchestrator.core.allocation import Allocation
+from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, Mode
 
 
@@ -114,7 +114,7 @@ def _plans(snap: ClusterSnapshot, req: GpuRequest, ledger: Ledger, max_moves: in
     return plans
 
 
-def try_repack(snap: ClusterSnapshot, req: GpuRequest, resolved: ResolvedRequest, policy: Any, ledger: Ledger,
+def try_repack(snap: ClusterSnapshot, req: GpuRequest, resolved: ResolvedRequest, policy: PlacementPolicy, ledger: Ledger,
                requests: dict[int, tuple[GpuRequest, ResolvedRequest]], *, max_nodes: int = 3,
                max_moves: int = 4) -> tuple[ClusterSnapshot, Placement, list[tuple[int, Allocation]]] | None:
     """Make room for ``req`` by moving shares; ``(snapshot, placement, [(pod, new allocation)])`` or None.

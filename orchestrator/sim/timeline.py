@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.scheduling.fgd import Workload
 from orchestrator.scheduling.engine import Placement, place
-from orchestrator.sim.arrival import run_parallel, setup_replay
+from orchestrator.scheduling.fragmentation import Workload
+from orchestrator.sim.arrival import load_trace, run_parallel, setup_replay
 from orchestrator.sim.openb import NodeTable, PodTable, TraceFormatError
 
 PERCENTILES = (50, 90, 99)
@@ -187,19 +187,15 @@ def replay_timeline(nodes: NodeTable, pods: PodTable, policy_name: str, seed: in
 
 
 def _run_one(args: tuple[str, str, str, int, float]) -> TimelineResult:
-    from orchestrator.sim.arrival import _load
-
     nodes_path, pods_path, policy, seed, load = args
-    nodes, pods, workload = _load(nodes_path, pods_path)
+    nodes, pods, workload = load_trace(nodes_path, pods_path)
     return replay_timeline(nodes, pods, policy, seed, workload=workload, load=load)
 
 
 def run_timeline(nodes_path: str, pods_path: str, policies: list[str] | tuple[str, ...], seeds: list[int] | range, *,
                  workers: int = 2, load: float = 1.0) -> list[dict[str, Any]]:
     """Every (policy, seed) timeline replay; one summary dict per policy, in order."""
-    from orchestrator.sim.arrival import _load
-
-    _, pods, _ = _load(nodes_path, pods_path)
+    _, pods, _ = load_trace(nodes_path, pods_path)
     if not pods.has_times:
         raise TraceFormatError(pods_path, 1, 0, "creation_time", "", "a pod list with creation_time and deletion_time",
                                "timeline mode replays the trace's own times")

@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 
-from orchestrator.scheduling.fgd import TaskType, Workload
+from orchestrator.scheduling.fragmentation import TaskType, Workload
 from orchestrator.sim.openb import PodTable
 
 

@@ -7,12 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.catalogue import MODEL_NAMES
+from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.request import GpuRequest
-from orchestrator.scheduling.fgd import (DefaultPolicy, FgdPolicy, FragModel, TaskType, cpu_per_gpu_milli,
-                                      normalise_workload, paper_score)
 from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.fgd import DefaultPolicy, FgdPolicy
+from orchestrator.scheduling.fragmentation import (
+    FragModel,
+    TaskType,
+    cpu_per_gpu_milli,
+    normalise_workload,
+    paper_score,
+)
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.sim.openb import load_pods
@@ -133,8 +139,8 @@ def test_default_sends_cpu_only_pods_where_they_strand_no_gpu() -> None:
     got = place(snap, cpu_only, ours)
     assert isinstance(got, Placement) and got.allocation.node_name == "b"
     # The reason names the score's terms for the chosen node (on "a" the stranded term would be +667).
-    assert got.reason.endswith("fragmentation +0 milli, CPU-stranded GPU +0 milli)")
-    assert "fragmentation +0 milli)" in fgd.reason and "stranded" not in fgd.reason
+    assert got.reason.text.endswith("fragmentation +0 milli, CPU-stranded GPU +0 milli)")
+    assert "fragmentation +0 milli)" in fgd.reason.text and "stranded" not in fgd.reason.text
     # Turned off, default is FGD with memory: node order decides again.
     off = place(snap, cpu_only, DefaultPolicy(WL, strand_weight=0))
     assert isinstance(off, Placement) and off.allocation.node_name == "a"

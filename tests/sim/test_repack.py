@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from orchestrator.core.request import GpuRequest, resolve
-from orchestrator.scheduling.fgd import DefaultPolicy, TaskType
 from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.fgd import DefaultPolicy
+from orchestrator.scheduling.fragmentation import TaskType
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.sim.repack import Ledger, try_repack
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.scheduling.admission import check_submission
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.job import JobSpec
-from orchestrator.core.request import GpuRequest
-from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.core.priorities import SchedulerConfig
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.admission import check_submission
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 
 CFG = SchedulerConfig()
 SNAP = ClusterSnapshot.build([
@@ -65,3 +65,13 @@ def test_a_good_submission_resolves_its_class() -> None:
     name, cls = check_submission(GpuRequest.mig("1g.10gb"), "training", None, CFG, SNAP)
     assert name == "training" and cls.priority == 100
     assert check_submission(GpuRequest.whole(1), None, None, CFG, SNAP)[0] == CFG.default_class
+
+
+def test_mig_profile_missing_from_every_fixed_layout() -> None:
+    # The only MIG card has a fixed layout of 3g.40gb + 2g.20gb + 1g.10gb x2: a 7g slice never fits it,
+    # though the model offers the profile; a profile of the layout is accepted.
+    fixed = ClusterSnapshot.build([NodeSpec("a0", "A100-80GB", 2, mig_enabled=(1,), mig_layout=(
+        (1, "3g.40gb", 4, "M-4"), (1, "2g.20gb", 0, "M-0"), (1, "1g.10gb", 2, "M-2"), (1, "1g.10gb", 3, "M-3")))])
+    e = refused(lambda: check_submission(GpuRequest.mig("7g.80gb"), None, None, CFG, fixed), "gpu.profile")
+    assert "fixed layouts" in e.detail
+    assert check_submission(GpuRequest.mig("2g.20gb"), None, None, CFG, fixed)[0] == CFG.default_class

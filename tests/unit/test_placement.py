@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from orchestrator.core.priorities import POLICY_NAMES
+from orchestrator.core.reasons import Cause
 from orchestrator.core.request import GpuRequest, ShareKind
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
-from orchestrator.core.priorities import POLICY_NAMES
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 
@@ -70,8 +71,9 @@ def test_unschedulable_groups_reasons_with_counts() -> None:
     s = ClusterSnapshot.build(nodes)
     res = place(s, GpuRequest.whole(1, models="V100M16|V100M32", cpu_milli=4000), get_policy("bestfit"))
     assert isinstance(res, Unschedulable)
-    reasons = {r: c for _, r, c in res.reasons}
-    assert reasons == {"GPU model not in V100M16|V100M32": 5, "not enough free CPU": 3}
+    reasons = {(r.cause, r.text): c for _, r, c in res.reasons}
+    assert reasons == {(Cause.FIT_MODEL, "GPU model not in V100M16|V100M32"): 5, (Cause.FIT_CPU, "not enough free CPU"): 3}
+    assert [row["cause"] for row in res.to_json()["reasons"]] == ["fit.model", "fit.cpu"]
     assert "5 nodes: GPU model not in V100M16|V100M32" in res.message
     assert "3 nodes: not enough free CPU" in res.message
 
@@ -80,7 +82,7 @@ def test_unified_request_falls_back_and_says_so() -> None:
     s = ClusterSnapshot.build([NodeSpec("t", "T4", 1)])  # no MIG anywhere
     p = ok(place(s, GpuRequest(memory_mib=4096, compute=0.2, isolation="hard"), get_policy("bestfit")))
     assert p.allocation.kind is ShareKind.WHOLE
-    assert "mig did not fit" in p.reason
+    assert "mig did not fit" in p.reason.text and p.reason.cause is Cause.PLACED
 
 
 def test_modes_do_not_mix_on_a_card() -> None:

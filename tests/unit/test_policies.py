@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 
 from orchestrator.core.catalogue import MODEL_NAMES
+from orchestrator.core.priorities import POLICY_NAMES
 from orchestrator.core.request import GpuRequest
-from orchestrator.scheduling.fgd import FragModel, TaskType, normalise_workload
 from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.fragmentation import (
+    FragModel,
+    TaskType,
+    normalise_workload,
+)
 from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.policy import Capabilities, PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.scheduling.workloads import DEFAULT_WORKLOAD
 
@@ -109,3 +115,26 @@ def test_random_picks_random_gpus_with_a_seed_and_is_reproducible() -> None:
                               rng=np.random.default_rng(seed)).allocation.gpus
     assert pick(5) == pick(5)
     assert len({pick(k) for k in range(30)}) > 3
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_NAMES))
+def test_every_policy_meets_the_contract_and_declares_its_capabilities(name: str) -> None:
+    p = get_policy(name)
+    assert isinstance(p, PlacementPolicy) and isinstance(p.capabilities, Capabilities)
+    assert p.capabilities.node_context == (name in ("bestfit", "dotproduct", "fgd", "default"))
+    assert p.capabilities.random_slot == (name == "random")
+    assert not p.capabilities.repack
+    assert get_policy("default", repack=True).capabilities.repack
+
+
+def test_memos_live_in_the_family_cache_only() -> None:
+    """Engine and policies keep their tables in the snapshot family's one cache, attached nowhere else."""
+    snap = ClusterSnapshot.build([NodeSpec("a", "T4", 2), NodeSpec("b", "V100M32", 4)])
+    attrs = set(vars(snap.static))
+    for name in ("fgd", "default", "bestfit", "dotproduct"):
+        res = place(snap, GpuRequest.timeslice(0.5, cpu_milli=1000), get_policy(name))
+        assert isinstance(res, Placement)
+        snap = snap.apply(res.allocation)
+    assert set(vars(snap.static)) == attrs
+    owners = {key[0] for key in snap.static._caches}  # noqa: SLF001 - what the cache holds, by owner
+    assert owners == {"engine", "fgd", "candidates.free_totals"}

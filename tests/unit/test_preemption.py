@@ -10,12 +10,18 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.core.lease import Lease, LeaseState
+from orchestrator.core.priorities import PriorityClass, QueueConfig, SchedulerConfig
+from orchestrator.core.reasons import Cause
 from orchestrator.core.request import GpuRequest
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.policies import get_policy
-from orchestrator.scheduling.preemption import NoPreemption, PreemptionPlan, plan_preemption, victim_order_key
+from orchestrator.scheduling.preemption import (
+    NoPreemption,
+    PreemptionPlan,
+    plan_preemption,
+    victim_order_key,
+)
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
-from orchestrator.core.priorities import PriorityClass, QueueConfig, SchedulerConfig
 
 POLICY = get_policy("bestfit")
 CFG = SchedulerConfig(
@@ -88,7 +94,8 @@ def test_planner_scenarios(name, specs, request_, priority, expected) -> None:
     assert (snap.gstate == gstate).all() and snap.same_state(snap), "planning must not change the snapshot"
     if expected == "none":
         assert isinstance(plan, NoPreemption), plan
-        assert plan.ineligible and all(why for _, why in plan.ineligible)
+        assert plan.ineligible and all(why.text and why.cause.group == "ineligible" for _, why in plan.ineligible)
+        assert plan.reason.cause.group == "no_preemption"
         return
     assert isinstance(plan, PreemptionPlan), plan
     victims = {v.lease_id for v in plan.victims}
@@ -108,7 +115,7 @@ def test_planner_scenarios(name, specs, request_, priority, expected) -> None:
             assert not isinstance(place(back, request_, POLICY), Placement), f"{v.lease_id} was not needed"
     else:
         assert victims == expected
-    assert all(v.reason for v in plan.victims)
+    assert all(v.reason.text and v.reason.cause is Cause.VICTIM_PRIORITY for v in plan.victims)
 
 
 def test_in_flight_victims_are_not_chosen_again() -> None:
@@ -132,10 +139,41 @@ def test_borrowed_capacity_is_reclaimed_for_a_queue_within_quota() -> None:
     plan = plan_preemption(snap, GpuRequest.whole(1), leases, priority=100, queue="team-a", config=CFG, now=NOW,
                            policy=POLICY, demand=1.0)
     assert isinstance(plan, PreemptionPlan) and len(plan.victims) == 1
+    # the victim is taken for borrowing, not for a lower priority (100 is not < 100)
+    (v,) = plan.victims
+    assert v.reason.cause is Cause.VICTIM_RECLAIM
+    assert "100 < 100" not in v.reason.text and "< 100" not in v.reason.text
+    assert "queue team-b holds 4 GPUs, beyond its quota of 2" in v.reason.text
+    assert v.to_json()["cause"] == "victim.reclaim" and v.to_json()["reason"] == v.reason.text
     # the same request from team-b itself (over quota) may not preempt its own equal-priority work
     plan2 = plan_preemption(snap, GpuRequest.whole(1), leases, priority=100, queue="team-b", config=CFG, now=NOW,
                             policy=POLICY, demand=1.0)
     assert isinstance(plan2, NoPreemption)
+    assert plan2.reason.cause is Cause.NO_PREEMPTION_NONE_ELIGIBLE
+    assert {why.cause for _, why in plan2.ineligible} == {Cause.INELIGIBLE_PRIORITY}
+
+
+def test_a_lower_priority_victim_that_also_borrows_is_taken_for_its_priority() -> None:
+    snap, leases = holding(four_a100(), [(f"b{i}", GpuRequest.whole(1), "batch", 0, None, "team-b") for i in range(4)])
+    plan = plan_preemption(snap, GpuRequest.whole(1), leases, priority=100, queue="team-a", config=CFG, now=NOW,
+                           policy=POLICY, demand=1.0)
+    assert isinstance(plan, PreemptionPlan)
+    assert [v.reason.cause for v in plan.victims] == [Cause.VICTIM_PRIORITY]
+    assert plan.victims[0].reason.text.startswith("batch 10 < 100: ")
+
+
+def test_ineligibility_causes() -> None:
+    snap, leases = holding(four_a100(), [("young", GpuRequest.whole(1), "training", NOW - 5, None),
+                                         ("inf", GpuRequest.whole(1), "inference", 0, None)])
+    plan = plan_preemption(snap, GpuRequest.whole(4), leases, priority=5000, queue="default", config=CFG, now=NOW,
+                           policy=POLICY, in_flight=frozenset())
+    assert isinstance(plan, NoPreemption)
+    assert dict(plan.ineligible)["young"].cause is Cause.INELIGIBLE_MIN_RUNTIME
+    assert dict(plan.ineligible)["inf"].cause is Cause.INELIGIBLE_CLASS
+    flight = plan_preemption(snap, GpuRequest.whole(4), leases, priority=5000, queue="default", config=CFG, now=NOW,
+                             policy=POLICY, in_flight=frozenset({"young"}))
+    assert isinstance(flight, NoPreemption) and dict(flight.ineligible)["young"].cause is Cause.INELIGIBLE_IN_FLIGHT
+    assert [r["cause"] for r in flight.to_json()["ineligible"]] == ["ineligible.in_flight", "ineligible.class"]
 
 
 def test_order_key_is_total_and_documented() -> None:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from orchestrator.core.lease import Lease, LeaseState
+from orchestrator.core.priorities import QueueConfig, SchedulerConfig
+from orchestrator.core.reasons import Cause
 from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.cycle import (
+    PendingItem,
+    effective_priority,
+    order,
+    schedule,
+)
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
-from orchestrator.core.priorities import QueueConfig, SchedulerConfig
-from orchestrator.scheduling.cycle import PendingItem, effective_priority, order, schedule
 
 POLICY = get_policy("bestfit")
 CFG = SchedulerConfig(queues={"default": QueueConfig(), "small": QueueConfig(quota_gpus=1, borrowing=False),
@@ -40,21 +46,25 @@ def test_grants_in_order_and_never_overcommit() -> None:
     assert [g.item_id for g in plan.grants] == ["j0", "j1"]
     assert len({g.placement.allocation.gpus for g in plan.grants}) == 2
     (w,) = plan.waiting
-    assert w.item_id == "j2" and "fewer free whole GPUs" in w.reason
+    assert w.item_id == "j2" and "fewer free whole GPUs" in w.reason.text
+    assert w.reason.cause is Cause.WAIT_NO_FIT and w.unschedulable is not None
+    assert [r.cause for _, r, _ in w.unschedulable.reasons] == [Cause.FIT_WHOLE]
+    assert all(g.reason.cause is Cause.PLACED for g in plan.grants)
 
 
 def test_quota_without_borrowing_waits_with_reason() -> None:
     pending = [item("a", GpuRequest.whole(1), queue="small", t=0), item("b", GpuRequest.whole(1), queue="small", t=1)]
     plan = schedule(snap(2), pending, [], CFG, now=10, policy=POLICY)
     assert [g.item_id for g in plan.grants] == ["a"]
-    assert "quota" in plan.waiting[0].reason
+    assert "quota" in plan.waiting[0].reason.text and plan.waiting[0].reason.cause is Cause.WAIT_QUOTA
 
 
 def test_borrowing_grants_idle_capacity_and_says_so() -> None:
     pending = [item("a", GpuRequest.whole(1), queue="lender", t=0), item("b", GpuRequest.whole(1), queue="lender", t=1)]
     plan = schedule(snap(2), pending, [], CFG, now=10, policy=POLICY)
     assert [g.item_id for g in plan.grants] == ["a", "b"]
-    assert "borrowing" in plan.grants[1].reason
+    assert "borrowing" in plan.grants[1].reason.text
+    assert [g.reason.cause for g in plan.grants] == [Cause.PLACED, Cause.PLACED_BORROWING]
 
 
 def test_preemption_is_planned_once_and_then_no_churn() -> None:
@@ -70,14 +80,29 @@ def test_preemption_is_planned_once_and_then_no_churn() -> None:
     assert len(plan.preemptions) == 1 and not plan.grants
     victim = plan.preemptions[0].victim.lease_id
     assert plan.waiting[0].would_preempt == (victim,)
+    assert plan.waiting[0].reason.cause is Cause.WAIT_PREEMPTING
+    assert plan.preemptions[0].reason.cause is Cause.VICTIM_PRIORITY
     # Extra rounds while the victim checkpoints: nothing new is preempted (no churn).
     nominated = PendingItem(inf.item_id, inf.request, inf.priority, inf.priority_class, inf.submitted_at, nominated=True)
     for now in (101, 102, 103):
         again = schedule(s, [nominated], leases, CFG, now=now, policy=POLICY, in_flight=frozenset({victim}))
         assert not again.preemptions and not again.grants
+        assert again.waiting[0].reason.cause is Cause.WAIT_VICTIMS
     # Once the victim is released, the inference item is granted its card.
     released = s.release(next(lease for lease in leases if lease.lease_id == victim).allocation)
     rest = [lease for lease in leases if lease.lease_id != victim]
     final = schedule(released, [nominated], rest, CFG, now=104, policy=POLICY)
     assert [g.item_id for g in final.grants] == ["inf"] and not final.preemptions
     assert s.same_state(s)
+
+
+def test_plan_json_carries_cause_codes() -> None:
+    """What ``explain --json`` shows: every reason as its text and its stable cause code."""
+    pending = [item("a", GpuRequest.whole(1), queue="small", t=0), item("b", GpuRequest.whole(1), queue="small", t=1),
+               item("c", GpuRequest.whole(3), t=2)]
+    out = schedule(snap(2), pending, [], CFG, now=10, policy=POLICY).to_json()
+    assert [g["cause"] for g in out["grants"]] == ["placed"]
+    assert {w["item_id"]: w["cause"] for w in out["waiting"]} == {"b": "wait.quota", "c": "wait.no_fit"}
+    c = next(w for w in out["waiting"] if w["item_id"] == "c")
+    assert c["preemption_blocked_cause"] == "no_preemption.none_eligible" and c["preemption_blocked"]
+    assert [r["cause"] for r in c["unschedulable"]["reasons"]] == ["fit.whole"]
