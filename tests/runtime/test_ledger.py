@@ -1,0 +1,119 @@
+"""The ledger's stored form and the preemption rules on one entry: every field, both ways. Pure."""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.control import preempting
+from orchestrator.control.handout import Handout
+from orchestrator.control.ledger import Ledger, LedgerEntry
+from orchestrator.control.store import MemoryStore
+from orchestrator.core.allocation import Allocation
+from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
+from orchestrator.core.priorities import DEFAULT_CLASSES
+from orchestrator.core.request import GpuRequest
+from orchestrator.core.statemachine import Transition
+
+ALLOC = Allocation.from_json({"node": "n1", "kind": "mps", "gpu_indices": [1], "gpu_uuids": ["GPU-1"], "milli": 300,
+                              "memory_mib": 20480, "sm_percent": 30, "model": "A100-80GB", "cpu_milli": 1000})
+SPEC = LeaseRequest(lease_id="job-1.a1", request=GpuRequest.mps(30, 20480), owner="job:job-1", priority_class="training",
+                    queue="research", requeue_on_loss=False, enqueued_at=5.0)
+
+
+def _active(now: float = 100.0) -> LedgerEntry:
+    lease = Lease.new(SPEC.lease_id, SPEC.request, now=10.0, owner=SPEC.owner, priority=100,
+                      priority_class="training", queue="research")
+    lease = lease.grant(ALLOC, 7, now=20.0, reason="placed: best fit").transition(
+        LeaseState.ACTIVE, now=30.0, reason="activated by a1")
+    return LedgerEntry(lease, SPEC, seq=3, enqueued_at=5.0, handout=Handout("ab" * 28, "n1", 0.3, 1.0, {"A": "1"}),
+                       holder="actor-1", attempt_of="job-1.a0", requeued_as=None)
+
+
+def test_lease_new_starts_pending_with_its_defaults() -> None:
+    le = Lease.new("x", GpuRequest.whole(1), now=3.0)
+    assert (le.owner, le.priority, le.priority_class, le.queue, le.state, le.fencing_token) == (
+        "", 0, "", "default", LeaseState.PENDING, 0)
+    assert le.history == (Transition(3.0, LeaseState.PENDING, "requested"),)
+
+
+def test_an_entry_with_every_field_set_survives_its_stored_form() -> None:
+    e = preempting.ask_or_stop(_active(), DEFAULT_CLASSES["training"], for_item="inf-1.a1", why="preempted for inf-1",
+                               now=100.0)
+    e = preempting.checkpoint_reported(e, "/ck/old.pt", 90.0)
+    back = LedgerEntry.from_json(json.loads(json.dumps(e.to_json())))
+    assert back == e  # dataclass equality: every field, the history and the allocation included
+    assert back.handout == Handout("ab" * 28, "n1", 0.3, 1.0, {"A": "1"})
+    view = back.to_dict()
+    assert (view["holder"], view["attempt_of"], view["preempt_for"], view["preempt_reason"], view["preempt_deadline"]) == (
+        "actor-1", "job-1.a0", "inf-1.a1", "preempted for inf-1", 160.0)
+    assert view["handout"]["env_vars"] == {"A": "1"} and view["request_spec"]["sm_percent"] == 30
+    assert view["why_pending"] is None and view["checkpoint_path"] == "/ck/old.pt"
+
+
+def test_a_running_checkpointing_victim_is_asked_with_a_deadline() -> None:
+    e = preempting.ask_or_stop(_active(), DEFAULT_CLASSES["training"], for_item="inf-1.a1", why="preempted for inf",
+                               now=100.0)
+    assert e.state is LeaseState.CHECKPOINTING
+    assert e.lease.history[-1] == Transition(100.0, LeaseState.CHECKPOINTING,
+                                             "asked to checkpoint within 60s; preempted for inf")
+    assert (e.preempt_for, e.preempt_reason, e.preempt_deadline) == ("inf-1.a1", "preempted for inf", 160.0)
+
+
+def test_a_victim_that_does_not_checkpoint_or_never_started_is_stopped_at_once() -> None:
+    batch = preempting.ask_or_stop(_active(), DEFAULT_CLASSES["batch"], for_item="i", why="preempted for i", now=50.0)
+    assert batch.state is LeaseState.PREEMPTED and batch.lease.history[-1] == Transition(50.0, LeaseState.PREEMPTED,
+                                                                                         "preempted for i")
+    assert (batch.preempt_for, batch.preempt_reason, batch.preempt_deadline) == ("i", "preempted for i", None)
+    granted = LedgerEntry(Lease.new("g", GpuRequest.whole(1), now=1.0).grant(ALLOC, 2, now=2.0, reason="placed"),
+                          SPEC, 1, 1.0)
+    stopped = preempting.ask_or_stop(granted, DEFAULT_CLASSES["training"], for_item="i", why="why", now=9.0)
+    assert stopped.state is LeaseState.PREEMPTED
+    assert stopped.lease.history[-1].reason == "why (not started: nothing to checkpoint)"
+
+
+def test_an_acknowledged_checkpoint_ends_the_lease_with_its_path() -> None:
+    asked = preempting.ask_or_stop(_active(), DEFAULT_CLASSES["training"], for_item="i", why="for i", now=100.0)
+    done = preempting.acknowledged(asked, "/ck/new.pt", "checkpoint acknowledged", 104.0)
+    assert done.state is LeaseState.PREEMPTED
+    assert done.lease.history[-1] == Transition(104.0, LeaseState.PREEMPTED, "checkpoint acknowledged; for i")
+    assert (done.lease.checkpoint_path, done.lease.last_checkpoint_at) == ("/ck/new.pt", 104.0)
+    older = preempting.checkpoint_reported(asked, "/ck/old.pt", 95.0)
+    timed_out = preempting.acknowledged(older, None, "grace period over", 161.0)
+    assert (timed_out.lease.checkpoint_path, timed_out.lease.last_checkpoint_at) == ("/ck/old.pt", 95.0)
+
+
+def test_a_retry_keeps_the_queue_position_and_points_back() -> None:
+    e = _active()
+    r = preempting.retry_of(e, "node n1 lost", 200.0)
+    assert r.lease_id == "job-1.a2" and r.attempt_of == "job-1.a1" and r.spec.lease_id == "job-1.a2"
+    assert (r.seq, r.enqueued_at, r.lease.priority, r.lease.priority_class) == (3, 5.0, 100, "training")
+    assert r.lease.state is LeaseState.PENDING and r.lease.owner == "job:job-1"
+    assert r.lease.history == (Transition(200.0, LeaseState.PENDING, "requeued: node n1 lost"),)
+    assert r.spec.queue == "research" and r.spec.requeue_on_loss is False
+
+
+def test_restore_takes_the_largest_counters_and_latest_follows_retries() -> None:
+    store = MemoryStore()
+    ledger = Ledger(store, "ns")
+    ledger.fencing, ledger.seq = 4, 2
+    ledger.put_meta()
+    first = _active()
+    ledger.commit([preempting.retry_of(first, "lost", 1.0), LedgerEntry(
+        first.lease, first.spec, first.seq, first.enqueued_at, requeued_as="job-1.a2")])
+    again = Ledger(store, "ns")
+    assert {e.lease_id for e in again.restore()} == {"job-1.a1", "job-1.a2"}
+    assert (again.fencing, again.seq) == (7, 3)  # the token 7 and seq 3 of the entries beat the stored 4 and 2
+    assert again.latest("job-1.a1").lease_id == "job-1.a2"
+    assert store.get("ns/meta") == {"fencing": 4, "seq": 2}
+
+
+def test_restore_keeps_the_stored_counter_when_the_leases_it_covered_were_pruned() -> None:
+    """Tokens are never reissued: after pruning, the stored counter is above every remaining lease's token."""
+    store = MemoryStore()
+    ledger = Ledger(store, "ns")
+    ledger.commit([_active()])  # token 7, seq 3
+    ledger.fencing, ledger.seq = 12, 9  # leases with tokens 8..12 were granted, ended and pruned since
+    ledger.put_meta()
+    again = Ledger(store, "ns")
+    again.restore()
+    assert (again.fencing, again.seq) == (12, 9)
