@@ -212,7 +212,7 @@ class HeadService:
         self.metrics.set_inventory_disagreements(check.counts())
         return {"disagreements": len(check.disagreements), "errors": check.errors}
 
-    def metrics(self) -> Json:
+    def metric_samples(self) -> Json:
         return {"at": self.clock(), "samples": self.metrics.samples()}
 
     def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> Json:

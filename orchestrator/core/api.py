@@ -95,7 +95,7 @@ class HeadApi(Protocol):
         ``orchestrator_inventory_disagreements{node,field,severity}`` and in ``status``. The last report wins."""
         ...
 
-    def metrics(self) -> Json:
+    def metric_samples(self) -> Json:
         """The head's Prometheus samples as JSON (``{"at": time, "samples": [[name, labels, value], ...]}``)."""
         ...
 
