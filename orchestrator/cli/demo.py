@@ -124,6 +124,11 @@ class _Page:
 
         self._stop.set()
         try:
+            if out_dir is not None and self.comparison.data is None and self.comparison.error is None:
+                self.say("waiting (up to 90 s) for the schemes' comparison to finish, for the report")
+                deadline = time.monotonic() + 90
+                while self.comparison.data is None and self.comparison.error is None and time.monotonic() < deadline:
+                    time.sleep(0.5)
             if out_dir is not None and self.server.feed.latest() is not None:
                 files = write_report(out_dir, self.server.feed.history(), self.server.feed.latest(),
                                      self.comparison.to_dict() if self.comparison.data else None)

@@ -54,9 +54,9 @@ def plotly_js() -> Path:
 class Comparison:
     """The comparison of sharing schemes: computed in the background, shown once ready."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: str | None = None) -> None:
         self.data: dict[str, Any] | None = None
-        self.error: str | None = None
+        self.error: str | None = error
 
     def set(self, data: dict[str, Any]) -> None:
         self.data = data

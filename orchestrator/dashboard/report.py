@@ -31,6 +31,7 @@ class ChartSpec:
     y_label: str
     series: list[Series] = field(default_factory=list)
     kind: str = "line"  # line | step | bar
+    log_y: bool = False
     x_label: str = "seconds since the page started"
 
 
@@ -45,9 +46,9 @@ def chart_specs(history: Sequence[Mapping[str, Any]], comparison: Mapping[str, A
     out = [
         ChartSpec("throughput", "Throughput", "per second",
                   [s("grants_per_s", "leases granted / s"), s("inference_rps", "inference requests / s")]),
-        ChartSpec("latency", "Latency", "seconds",
+        ChartSpec("latency", "Latency (log scale)", "seconds",
                   [s("wait_p50_s", "time pending p50"), s("wait_p99_s", "time pending p99"),
-                   s("inference_p50_s", "inference p50"), s("inference_p99_s", "inference p99")]),
+                   s("inference_p50_s", "inference p50"), s("inference_p99_s", "inference p99")], log_y=True),
         ChartSpec("utilisation", "GPU utilisation per node", "busy fraction",
                   [Series(n, t, [(p.get("util") or {}).get(n) for p in history]) for n in nodes]),
         ChartSpec("queue", "Queue depth", "pending leases", [s("queue", "pending leases")]),
@@ -75,6 +76,8 @@ def plotly_figure(spec: ChartSpec) -> Any:
                                      line={"shape": "hv"} if spec.kind == "step" else {}))
     fig.update_layout(title=spec.title, xaxis_title=spec.x_label, yaxis_title=spec.y_label, height=360,
                       margin={"l": 60, "r": 20, "t": 50, "b": 50}, barmode="group", template="plotly_white")
+    if spec.log_y:
+        fig.update_yaxes(type="log")
     return fig
 
 
@@ -98,6 +101,8 @@ def write_png(spec: ChartSpec, path: Path) -> None:
                 pts = [(x, y) for x, y in zip(s.x, s.y) if y is not None]
                 if pts:
                     ax.plot(*zip(*pts), label=s.name, drawstyle="steps-post" if spec.kind == "step" else "default")
+        if spec.log_y and any(y for s in spec.series for y in s.y if y):
+            ax.set_yscale("log")
         ax.set_title(spec.title)
         ax.set_xlabel(spec.x_label)
         ax.set_ylabel(spec.y_label)

@@ -92,7 +92,7 @@ class DashboardServer:
         self.token = resolve_token(host, token)
         self.poll_s = poll_s
         self.feed = Feed(head)
-        self.comparison = comparison or Comparison()
+        self.comparison = comparison or Comparison("not computed by this server (orchestrator dashboard --compare)")
         self.error: str | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()

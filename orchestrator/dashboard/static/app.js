@@ -123,7 +123,8 @@ function drawCharts() {
     { ...LAYOUT, title: { text: "Throughput" }, xaxis: { title: { text: "s" } } }, CONFIG);
   Plotly.react("chart-latency", [line("wait_p50_s", "time pending p50"), line("wait_p99_s", "time pending p99"),
     line("inference_p50_s", "inference p50"), line("inference_p99_s", "inference p99")],
-    { ...LAYOUT, title: { text: "Latency (s)" }, xaxis: { title: { text: "s" } } }, CONFIG);
+    { ...LAYOUT, title: { text: "Latency (s, log scale)" }, xaxis: { title: { text: "s" } }, yaxis: { type: "log" } },
+    CONFIG);
   const nodes = [...new Set(state.history.flatMap(p => Object.keys(p.util || {})))].sort();
   Plotly.react("chart-util", nodes.map(n => ({ x: state.history.map(p => p.t), y: state.history.map(p => (p.util || {})[n] ?? null),
     name: n, mode: "lines", type: "scatter" })),
@@ -136,7 +137,13 @@ function drawCharts() {
 function drawComparison(c) {
   state.comparison = c;
   const note = document.getElementById("comparison-note");
-  if (!c || !c.ready) { note.textContent = c && c.error ? "comparison unavailable: " + c.error : "computing…"; return; }
+  const chart = document.getElementById("chart-comparison");
+  if (!c || !c.ready) {
+    note.textContent = c && c.error ? "comparison unavailable: " + c.error : "computing (an openb replay per scheme)…";
+    chart.style.display = "none";
+    return;
+  }
+  chart.style.display = "";
   document.getElementById("comparison-source").textContent = c.source || "";
   note.textContent = (c.notes || []).join(" ");
   const schemes = c.schemes || [];
