@@ -190,10 +190,10 @@ class HeadService:
             st["inventory_check"] = self.inventory_check.summary()
             for n in st["nodes"]:
                 n["k8s_inventory"] = self.inventory_check.node_line(n["name"])
-        st["endpoints"] = self.endpoints()
+        st["endpoints"] = self._endpoints()
         return st
 
-    def endpoints(self) -> Json:
+    def _endpoints(self) -> Json:
         """Where the head's metrics and a live dashboard (if one announced itself lately) answer."""
         dash = self._dashboard
         live = dash is not None and dash[1] >= self.clock()
@@ -235,7 +235,7 @@ class HeadService:
         if not (0 < float(ttl_s) <= 3600):
             raise InvalidRequestError("ttl_s", ttl_s, "seconds in (0, 3600]")
         self._dashboard = (url, self.clock() + float(ttl_s))
-        return self.endpoints()
+        return self._endpoints()
 
     # ---- agents --------------------------------------------------------------------------------
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
