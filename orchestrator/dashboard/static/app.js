@@ -153,6 +153,14 @@ function drawComparison(c) {
   { ...LAYOUT, barmode: "group", title: { text: c.title || "Sharing schemes" }, yaxis: { title: { text: "%" } } }, CONFIG);
 }
 
+// Charts redraw at most once a second: on a busy machine a redraw per frame starves the page.
+let chartsPending = false;
+function scheduleCharts() {
+  if (chartsPending) return;
+  chartsPending = true;
+  setTimeout(() => { chartsPending = false; drawCharts(); }, 1000);
+}
+
 // ---- the stream ------------------------------------------------------------------------------------
 function apply(frame) {
   if (!frame) return;
@@ -183,7 +191,7 @@ function connect() {
     const last = state.history.length ? state.history[state.history.length - 1].t : -1;
     if (frame.point.t > last) state.history.push(frame.point);
     apply(frame);
-    drawCharts();
+    scheduleCharts();
   });
   es.addEventListener("comparison", ev => drawComparison(JSON.parse(ev.data)));
   es.onerror = () => { conn.textContent = "reconnecting"; conn.className = "conn down"; };
