@@ -50,7 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--report-every", type=float, default=2.0)
+    p.add_argument("--slo-ms", type=float, default=None, help="Latency SLO: slower requests count as misses")
+    p.add_argument("--service", default=None, help="Service name in the head's metrics (default: the job id); "
+                   "under the orchestrator each interval's latencies are reported to the head")
     a = p.parse_args(argv)
+    ctx = None
+    if os.environ.get("ORCHESTRATOR_JOB_ID"):
+        from orchestrator.sdk.context import job_context  # only under the orchestrator: plain runs need numpy alone
+
+        ctx = job_context()
+    service = a.service or os.environ.get("ORCHESTRATOR_JOB_ID", "inference")
+    slo_s = a.slo_ms / 1000 if a.slo_ms else None
     stop = {"why": ""}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(why="SIGTERM"))
     print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
@@ -69,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         every.append(lat)
         now = time.perf_counter()
         if now - last >= a.report_every:
+            if ctx is not None:  # one request per sample in the batch, each with the batch's latency
+                ctx.record_inference(service, [lat for lat in window for _ in range(a.batch)], slo_s)
             print(f"{now - t0:7.1f}s  {len(window) * a.batch / (now - last):9.0f} req/s  "
                   f"p50 {percentile_ms(window, 50):6.2f} ms  p99 {percentile_ms(window, 99):6.2f} ms", flush=True)
             window, last = [], now
         if a.duration and now - t0 >= a.duration:
             stop["why"] = "duration reached"
+    if ctx is not None and window:
+        ctx.record_inference(service, [lat for lat in window for _ in range(a.batch)], slo_s)
     elapsed = time.perf_counter() - t0
     result = {"status": "stopped" if stop["why"] == "SIGTERM" else "completed", "seconds": round(elapsed, 3),
               "requests": len(every) * a.batch, "req_per_s": round(len(every) * a.batch / elapsed, 1),

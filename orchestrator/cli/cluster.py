@@ -106,6 +106,9 @@ def status(
         raise _fail(e, as_json) from None
     if state is not None:
         data["cluster"] = launcher.describe(state)
+    endpoints = data.get("endpoints") or {}
+    data["metrics_url"] = endpoints.get("metrics_url")  # where Prometheus scrapes the head (None: not served)
+    data["dashboard_url"] = endpoints.get("dashboard_url")  # a live `orchestrator dashboard`, if one runs
     if as_json:
         typer.echo(json.dumps(data, sort_keys=True))
     else:
@@ -130,6 +133,9 @@ def render_status(d: dict[str, Any]) -> str:
         where = f"{a.get('node')} gpu {a.get('gpu_indices')}" if a else "-"
         lines.append(f"  {le['lease_id']}: {le['state']}  {le['request']}  on {where}")
     lines.append(f"queue ({len(d['queue'])}):")
+    for key in ("metrics_url", "dashboard_url"):
+        if d.get(key):
+            lines.insert(0, f"{key.replace('_url', '')}: {d[key]}")
     for q in d["queue"]:
         lines.append(f"  {q['lease_id']}: {q['request']} priority {q['priority']}" + (f"  -- {q['why_pending']}" if q.get("why_pending") else ""))
     return "\n".join(lines)

@@ -1,18 +1,24 @@
 """``orchestrator demo``: the main scenario on a local cluster with simulated GPUs (``make demo``).
 
 Starts the demo cluster (``configs/cluster.demo.yaml``) in a temporary state
-folder, runs :mod:`orchestrator.scenarios.preemption` -- training fills the GPUs,
-inference arrives, training checkpoints and yields, inference finishes,
-training resumes and completes -- printing every decision with its reason,
-then a summary of the figures. It stops everything it started, also on
-Ctrl-C.
+folder, serves the live page (:mod:`orchestrator.dashboard`, ``--port``, default
+8090, any free port when that one is taken) and prints its URL, runs
+:mod:`orchestrator.scenarios.preemption` -- training fills the GPUs, inference
+arrives, training checkpoints and yields, inference finishes, training resumes
+and completes -- printing every decision with its reason under a progress line,
+then writes the static report (``report.html`` and a PNG per chart, into
+``--out``, default ``out/``) and a summary of the figures. It stops everything
+it started -- raylets, the page, the comparison's child process -- also on
+Ctrl-C, SIGTERM and SIGHUP.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -25,8 +31,14 @@ app = typer.Typer()
 
 
 def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any, *,
-                 state_dir: Path | None = None, keep: bool = False, progress: Any = None) -> dict[str, Any]:
-    """Up, scenario, down (always). Returns the figures."""
+                 state_dir: Path | None = None, keep: bool = False, progress: Any = None,
+                 dashboard_port: int | None = None, out_dir: Path | None = None,
+                 status_line: Any = None) -> dict[str, Any]:
+    """Up, page, scenario, report, down (always). Returns the figures.
+
+    ``dashboard_port`` None: no page; ``out_dir`` None: no report; ``status_line``
+    receives a one-line summary of the pipeline about once a second.
+    """
     # Ray and the cluster code load only when the demo runs (`orchestrator --help` stays quick).
     from orchestrator.core.config import DEMO_CONFIG, load_config
     from orchestrator.deploy import local as launcher
@@ -39,28 +51,95 @@ def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any
     sched = cfg.scheduler.model_copy(update={"classes": {
         **cfg.scheduler.classes,
         "training": cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 1.0})}})
-    cfg = cfg.model_copy(update={"scheduler": sched})
+    settings = cfg.settings.model_copy(update={"metrics_port": launcher.free_port()}) if dashboard_port is not None \
+        else cfg.settings
+    cfg = cfg.model_copy(update={"scheduler": sched, "settings": settings})
     sd = state_dir or Path(tempfile.mkdtemp(prefix="rgo-demo-"))
     work = sd / "work"
     started = False
+    page = None
     try:
         state = launcher.up_local(cfg, sd, progress=progress or say)
         started = True
         work.mkdir(parents=True, exist_ok=True)
         ray_api.connect(state.address, state.namespace)
         head = HeadClient(state.namespace, state.head_name)
+        if dashboard_port is not None:
+            page = _Page(head, dashboard_port, say, status_line).start()
         sc = Scenario(head, state.dashboard, work, ScenarioConfig(rounds=rounds, mode=mode, steps=steps,  # type: ignore[arg-type]
-                                                                  step_delay_s=step_delay), say=say)
+                                                                  step_delay_s=step_delay,
+                                                                  report_inference=page is not None,
+                                                                  inference_s=6.0 if page else 2.0), say=say)
         res = sc.run()
         out = res.figures()
         out["up_s"] = state.up_seconds
         return out
     finally:
+        if page is not None:
+            page.stop(out_dir)
         ray_api.disconnect()
         if started or (sd / "state.json").exists():
             launcher.down(sd, progress=progress or say, keep_logs=keep)
         if not keep and state_dir is None:
             shutil.rmtree(sd, ignore_errors=True)
+
+
+class _Page:
+    """The live page beside the scenario, its comparison, the progress line, and the report at the end."""
+
+    def __init__(self, head: Any, port: int, say: Any, status_line: Any) -> None:
+        from orchestrator.dashboard.app import Comparison
+        from orchestrator.dashboard.compare import ComparisonJob
+        from orchestrator.dashboard.server import DashboardServer
+        from orchestrator.core.errors import InvalidRequestError
+
+        self.comparison = Comparison()
+        try:
+            self.server = DashboardServer(head, port=port, poll_s=0.5, comparison=self.comparison)
+        except InvalidRequestError:  # the port is taken: any free one, and say which
+            self.server = DashboardServer(head, port=0, poll_s=0.5, comparison=self.comparison)
+        self.job = ComparisonJob(self.comparison)
+        self.say, self.status_line = say, status_line
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="demo-progress", daemon=True)
+
+    def start(self) -> "_Page":
+        self.job.start()
+        self.server.start()
+        self.say(f"live dashboard: {self.server.url}")
+        self._ticker.start()
+        return self
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            frame = self.server.feed.latest()
+            if frame is not None and self.status_line is not None:
+                p = frame["pipeline"]
+                self.status_line(f"{self.server.url}  queue {p['queue']['now']}  running {p['running']['now']}  "
+                                 f"preempting {p['preempt']['now']}  preemptions {p['preempt']['total']}  "
+                                 f"resumes {p['resume']['total']}  frame {frame['version']}")
+
+    def stop(self, out_dir: Path | None) -> None:
+        from orchestrator.dashboard.report import write_report
+
+        self._stop.set()
+        try:
+            if out_dir is not None and self.comparison.data is None and self.comparison.error is None:
+                self.say("waiting (up to 90 s) for the schemes' comparison to finish, for the report")
+                deadline = time.monotonic() + 90
+                while self.comparison.data is None and self.comparison.error is None and time.monotonic() < deadline:
+                    time.sleep(0.5)
+            if out_dir is not None and self.server.feed.latest() is not None:
+                files = write_report(out_dir, self.server.feed.history(), self.server.feed.latest(),
+                                     self.comparison.to_dict() if self.comparison.data else None)
+                self.say(f"report: {files[0]} (+ {len(files) - 2} PNGs)")
+        finally:
+            self.job.stop()
+            self.server.stop()
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @app.command()
@@ -71,6 +150,9 @@ def demo(
     step_delay: float = typer.Option(0.03, min=0.0, help="Seconds per training step"),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Keep the cluster's files here (default: a temp folder, removed)"),
+    port: int = typer.Option(8090, "--port", help="Port of the live page (a free one when taken)"),
+    headless: bool = typer.Option(False, "--headless", help="No live page and no report"),
+    out: Path = typer.Option(Path("out"), "--out", help="Folder for the static report"),
 ) -> None:
     """Run the preemption scenario on a local cluster with simulated GPUs, then stop it."""
     if mode not in ("orchestrator", "kubernetes"):
@@ -82,10 +164,15 @@ def demo(
     def say(line: str) -> None:
         console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {line}", highlight=False)
 
+    # SIGTERM and SIGHUP stop the demo as Ctrl-C does: every `finally` below runs.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
     try:
-        with console.status("running the scenario (Ctrl-C stops everything it started)"):
+        with console.status("running the scenario (Ctrl-C stops everything it started)") as line:
             figures = run_scenario(rounds, mode, steps, step_delay, say, state_dir=state_dir,
-                                   keep=state_dir is not None)
+                                   keep=state_dir is not None, dashboard_port=None if headless else port,
+                                   out_dir=None if headless else out,
+                                   status_line=lambda text: line.update(text))
     except KeyboardInterrupt:
         console.print("interrupted: everything the demo started has been stopped")
         raise typer.Exit(130) from None

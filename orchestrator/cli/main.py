@@ -38,6 +38,9 @@ def _register() -> None:
     app.add_typer(_jobs.app)  # submit, jobs, logs, cancel, explain, nodes, leases, queue at top level
 
     app.add_typer(_demo.app)  # demo at top level
+    from orchestrator.cli import dashboard as _dashboard
+
+    app.add_typer(_dashboard.app)  # dashboard at top level
 
     app.add_typer(k8s_app, name="k8s", help="Deploy on Kubernetes through KubeRay (render, apply, status, delete).")
 

@@ -202,3 +202,24 @@ def main() -> None:  # pragma: no cover
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+@app.command("schemes")
+def schemes(
+    nodes: Path = typer.Option(..., "--nodes", help="Node list CSV"),
+    pods: Path = typer.Option(..., "--pods", help="Pod list CSV"),
+    seed: int = typer.Option(0, "--seed", help="Pod and node order"),
+    target_pct: float = typer.Option(100.0, "--target-pct", min=1.0, help="Resample arrivals up to this % of GPU capacity"),
+    policy: str = typer.Option("default", "--policy", help="Placement policy for every scheme"),
+) -> None:
+    """Compare the sharing schemes (whole cards, time-slicing, MPS, MIG, ours) on one arrival replay; prints JSON."""
+    from orchestrator.core.priorities import POLICY_NAMES
+    from orchestrator.sim.schemes import compare_schemes
+
+    if policy not in POLICY_NAMES:
+        _fail(InvalidRequestError("policy", policy, POLICY_NAMES))
+    try:
+        out = compare_schemes(nodes, pods, seed=seed, target_pct=target_pct, policy=policy)
+    except InvalidRequestError as e:
+        _fail(e)
+    typer.echo(json.dumps(out))

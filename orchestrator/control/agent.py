@@ -25,7 +25,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Mapping
 
-from orchestrator.control.discovery.base import DiscoveryBackend, apply_events
+from orchestrator.control.discovery.base import DiscoveryBackend, apply_events, measured_utilization
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import InvalidRequestError
@@ -56,8 +56,12 @@ class AgentCore:
                 "inventory": self.inventory.model_dump(mode="json")}
 
     def heartbeat_payload(self) -> dict[str, Any]:
-        return {"node_name": self.node_name, "incarnation": self.incarnation, "allocated": sorted(self.allocated),
-                "rejected": dict(self.rejected), "mig_uuids": dict(self.mig_uuids)}
+        payload = {"node_name": self.node_name, "incarnation": self.incarnation, "allocated": sorted(self.allocated),
+                   "rejected": dict(self.rejected), "mig_uuids": dict(self.mig_uuids)}
+        util = measured_utilization(self.backend)
+        if util:
+            payload["utilization"] = {str(i): u for i, u in util.items()}
+        return payload
 
     def allocate(self, lease_id: str, allocation: Allocation) -> str | None:
         """Allocate: check the devices are here; make the MIG instance on demand. Returns the UUID it made, if any."""

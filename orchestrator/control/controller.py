@@ -45,6 +45,7 @@ A reconcile cycle reads as a numbered script (:meth:`reconcile`):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -77,6 +78,7 @@ class ReconcileReport:
     checkpoint_requested: list[str] = field(default_factory=list)  # victims asked to checkpoint
     preempted: list[str] = field(default_factory=list)  # victims whose holders must now be stopped
     pruned: list[str] = field(default_factory=list)  # ended leases dropped after settings.ended_retention_s
+    plan_seconds: float | None = None  # wall time of this cycle's scheduling pass, when one ran with work
 
 
 HolderProbe = Callable[[Sequence[str]], Mapping[str, bool]]
@@ -104,6 +106,8 @@ class HeadController:
         self._dirty = False  # the queue may have become schedulable (new request, freed devices, new node)
         self._last_schedule = float("-inf")
         self._last_prune = float("-inf")
+        #: Per node, GPU index -> utilisation the agent measured (NVML), from its last heartbeat. Soft state.
+        self.measured: dict[str, dict[int, float]] = {}
 
     # ---- persistence ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -213,12 +217,17 @@ class HeadController:
         return {"ok": True}
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
-                  rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None) -> dict[str, Any]:
+                  rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
+                  utilization: Mapping[str, float] | None = None) -> dict[str, Any]:
         """An agent's heartbeat: what it has handed out; the reply carries what it should hand out."""
         rec = self.nodes.current(node_name, incarnation)
         if rec is None:
             return {"ok": False, "reregister": True}
         self.nodes.touch(rec, self.clock(), tuple(allocated))
+        if utilization:
+            self.measured[node_name] = {int(i): min(1.0, max(0.0, float(u))) for i, u in utilization.items()}
+        else:
+            self.measured.pop(node_name, None)
         changed: list[LedgerEntry] = []
         for lease_id, uuid in (mig_uuids or {}).items():
             e = self.ledger.find(lease_id)
@@ -326,7 +335,9 @@ class HeadController:
         pending = self.ledger.in_state(LeaseState.PENDING)
         if not pending:
             return
+        started = time.perf_counter()
         plan = self._plan(pending, now)
+        report.plan_seconds = time.perf_counter() - started
         grants: list[LedgerEntry] = []
         snap = self._snapshot
         for g in plan.grants:

@@ -1,94 +1,298 @@
-"""The head's Prometheus metrics (``/metrics``), from its own ledger.
+"""The head's Prometheus metrics (``/metrics``), from its own ledger and node registry.
 
-Names (the Grafana dashboard in :mod:`orchestrator.deploy.k8s.dashboard` queries them):
+Names follow Prometheus' conventions: ``orchestrator_`` prefix, base units
+(seconds, bytes; GPU compute in GPUs, 1 = one card), ``_total`` on counters,
+``_ratio`` on 0..1 gauges. The Grafana dashboard
+(:mod:`orchestrator.deploy.k8s.dashboard`) and the live page
+(:mod:`orchestrator.dashboard`) query them.
 
-* ``orchestrator_gpus_total`` / ``orchestrator_gpus_allocated`` -- GPUs of the
-  registered nodes, and those allocated (MIG slices and shares in fractions);
-* ``orchestrator_queue_length{priority}`` -- pending leases by priority class;
-* ``orchestrator_leases_active{kind}`` -- holding leases by share kind;
-* ``orchestrator_preemptions_total{reason}`` -- victims asked to checkpoint
-  (``checkpoint``) or stopped at once / at their deadline (``stopped``);
-* ``orchestrator_lease_wait_seconds`` -- histogram of request-to-grant time;
-* ``orchestrator_inventory_disagreements{node,field,severity}`` -- the latest
-  Kubernetes cross-check (node labels vs the agents' NVML inventory).
+Queue and leases
 
-:class:`HeadMetrics` holds its own registry (several heads in one test
-process never collide) and is updated once per reconcile cycle; it imports
-no Ray. :meth:`HeadMetrics.serve` starts the HTTP endpoint.
+* ``orchestrator_queue_length{priority,queue}`` -- pending leases per priority class and queue;
+* ``orchestrator_lease_wait_seconds`` -- histogram of time pending (request to grant);
+* ``orchestrator_leases{kind,state}`` -- leases by share kind (``any`` while a pending
+  request names none) and state; ``orchestrator_leases_active{kind}`` -- those holding devices;
+* ``orchestrator_leases_granted_total{kind}`` -- grants (the pipeline's throughput).
+
+Capacity, per GPU (``node``, ``gpu`` = device index; sum by node for a node)
+
+* ``orchestrator_gpus_total`` / ``orchestrator_gpus_allocated`` -- cluster-wide, fractions counted;
+* ``orchestrator_gpu_compute_capacity`` / ``orchestrator_gpu_compute_committed`` -- in GPUs;
+* ``orchestrator_gpu_memory_capacity_bytes`` / ``orchestrator_gpu_memory_committed_bytes``;
+* ``orchestrator_gpu_utilization_ratio{node,gpu,source}`` and
+  ``orchestrator_lease_gpu_utilization_ratio{lease,owner,node,kind,source}`` -- busy
+  fraction of the card. ``source="model"``: the workload model on simulated GPUs (an
+  active lease keeps its share busy: a whole card 1, an MPS or time-slice share its
+  fraction, a MIG slice its compute slices / 7; a granted lease not yet started 0);
+  ``source="nvml"``: what the agent measured (``nvmlDeviceGetUtilizationRates``),
+  per GPU, shared out to its leases by their shares.
+
+Preemption and latency
+
+* ``orchestrator_preemptions_total{reason,cause}`` -- victims asked to checkpoint
+  (``reason="checkpoint"``) or stopped at once or at their deadline (``stopped``);
+  ``cause`` is why they were chosen (``victim.priority``, ``victim.reclaim``) or
+  ``deadline`` for a checkpoint that never came;
+* ``orchestrator_checkpoint_seconds`` -- a victim's checkpoint request to its yield;
+* ``orchestrator_decision_to_grant_seconds`` -- a preemption decision to the grant of
+  the lease it was made for;
+* ``orchestrator_placement_seconds`` -- one scheduling pass over the queue (the engine's
+  placement and preemption planning), per pass that had work;
+
+Agents, inventory, inference
+
+* ``orchestrator_agent_heartbeat_age_seconds{node}``;
+* ``orchestrator_inventory_disagreements{node,field,severity}`` -- the latest Kubernetes
+  cross-check (node labels vs the agents' NVML inventory, ``HeadApi.report_inventory_check``);
+  one series per severity with empty ``node`` and ``field`` (which Prometheus stores
+  without those labels) reads 0, so the panel shows 0 rather than "no data" where no
+  check runs or nothing disagrees;
+* ``orchestrator_inference_requests_total{service}``,
+  ``orchestrator_inference_latency_seconds{service}``,
+  ``orchestrator_inference_slo_misses_total{service}`` -- reported by a running service
+  through ``HeadApi.record_inference``.
+
+:class:`HeadMetrics` holds its own registry (several heads in one test process
+never collide) and is updated once per reconcile cycle; it imports no Ray.
+:meth:`HeadMetrics.serve` starts the HTTP endpoint; :meth:`HeadMetrics.samples`
+is the same data as JSON for the head's API.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
 from orchestrator.control.controller import HeadController, ReconcileReport
+from orchestrator.core.allocation import Allocation
 from orchestrator.core.lease import LeaseState
+
+MIB = 1024 * 1024
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+SEVERITIES = ("error", "warning")
+
+
+def share_of_card(a: Allocation) -> float:
+    """The fraction of each of its cards an allocation keeps busy in the workload model."""
+    return min(1.0, a.gpu_demand / max(1, len(a.gpu_indices)))
 
 
 class HeadMetrics:
+    """See the module docstring."""
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.gpus_total = Gauge("orchestrator_gpus_total", "GPUs of the registered nodes", registry=r)
         self.gpus_allocated = Gauge("orchestrator_gpus_allocated", "GPUs allocated to leases (fractions counted)",
                                     registry=r)
-        self.queue_length = Gauge("orchestrator_queue_length", "Pending leases", ["priority"], registry=r)
+        self.queue_length = Gauge("orchestrator_queue_length", "Pending leases", ["priority", "queue"], registry=r)
+        self.leases = Gauge("orchestrator_leases", "Leases by share kind and state", ["kind", "state"], registry=r)
         self.leases_active = Gauge("orchestrator_leases_active", "Leases holding devices", ["kind"], registry=r)
-        self.preemptions = Counter("orchestrator_preemptions", "Preemption victims", ["reason"], registry=r)
+        self.granted = Counter("orchestrator_leases_granted", "Leases granted", ["kind"], registry=r)
+        self.preemptions = Counter("orchestrator_preemptions", "Preemption victims", ["reason", "cause"], registry=r)
         for reason in ("checkpoint", "stopped"):  # known label values read 0 before the first event, not "no data"
-            self.preemptions.labels(reason)
-        self.lease_wait = Histogram("orchestrator_lease_wait_seconds", "Time from request to grant", registry=r,
+            self.preemptions.labels(reason, "victim.priority")
+        self.lease_wait = Histogram("orchestrator_lease_wait_seconds", "Time pending: request to grant", registry=r,
                                     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900))
+        self.checkpoint = Histogram("orchestrator_checkpoint_seconds", "A victim's checkpoint request to its yield",
+                                    registry=r, buckets=LATENCY_BUCKETS)
+        self.decision_to_grant = Histogram("orchestrator_decision_to_grant_seconds",
+                                           "A preemption decision to the grant it was made for", registry=r,
+                                           buckets=LATENCY_BUCKETS)
+        self.placement = Histogram("orchestrator_placement_seconds", "One scheduling pass (placement and planning)",
+                                   registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                        0.5, 1, 2.5))
+        gpu = ["node", "gpu"]
+        self.compute_capacity = Gauge("orchestrator_gpu_compute_capacity", "GPU compute capacity (GPUs)", gpu,
+                                      registry=r)
+        self.compute_committed = Gauge("orchestrator_gpu_compute_committed", "GPU compute committed to leases (GPUs)",
+                                       gpu, registry=r)
+        self.memory_capacity = Gauge("orchestrator_gpu_memory_capacity_bytes", "GPU memory", gpu, registry=r)
+        self.memory_committed = Gauge("orchestrator_gpu_memory_committed_bytes", "GPU memory committed to leases",
+                                      gpu, registry=r)
+        self.gpu_util = Gauge("orchestrator_gpu_utilization_ratio", "Busy fraction of the card", gpu + ["source"],
+                              registry=r)
+        self.lease_util = Gauge("orchestrator_lease_gpu_utilization_ratio", "Busy fraction of a lease's cards",
+                                ["lease", "owner", "node", "kind", "source"], registry=r)
+        self.heartbeat_age = Gauge("orchestrator_agent_heartbeat_age_seconds", "Since the agent's last heartbeat",
+                                   ["node"], registry=r)
         self.inventory_disagreements = Gauge(
             "orchestrator_inventory_disagreements",
             "Disagreements between Kubernetes node labels (GPU feature discovery) and the agents' NVML inventory",
             ["node", "field", "severity"], registry=r)
+        for s in SEVERITIES:
+            self.inventory_disagreements.labels("", "", s).set(0)
         self._inventory_keys: set[tuple[str, str, str]] = set()
-        self._observed: set[str] = set()
+        self.inference_requests = Counter("orchestrator_inference_requests", "Inference requests served",
+                                          ["service"], registry=r)
+        self.inference_latency = Histogram("orchestrator_inference_latency_seconds", "Inference request latency",
+                                           ["service"], registry=r, buckets=LATENCY_BUCKETS)
+        self.slo_misses = Counter("orchestrator_inference_slo_misses", "Inference requests slower than the SLO",
+                                  ["service"], registry=r)
+        self._holding_seen: set[str] = set()
+        self._ended_seen: set[str] = set()
         self._server: Any = None
 
-    def update(self, ctl: HeadController, report: ReconcileReport | None = None) -> None:
-        """Refresh from the controller (and count one cycle's preemptions from its report)."""
+    # ---- from the controller, once per cycle ----------------------------------------------------------
+    def update(self, ctl: HeadController, report: ReconcileReport | None = None,
+               measured: Mapping[str, Mapping[int, float]] | None = None) -> None:
+        """Refresh from the controller; count one cycle's events from its report.
+
+        ``measured``: per node, GPU index -> utilisation the agent measured (NVML); GPUs
+        without a measurement use the workload model.
+        """
         snap = ctl.snapshot()
         self.gpus_total.set(snap.capacity_milli() / 1000)
         self.gpus_allocated.set(snap.allocated_milli() / 1000)
-        queued: dict[str, int] = {}
-        active: dict[str, int] = {}
+        entries = list(ctl.ledger)
+        queued: dict[tuple[str, ...], float] = {}
+        by_state: dict[tuple[str, ...], float] = {}
+        active: dict[tuple[str, ...], float] = {}
         holding: set[str] = set()
-        for e in ctl.ledger:
+        for e in entries:
             lease = e.lease
+            kind = lease.allocation.kind.value if lease.allocation else (e.spec.request.kind or "any")
+            if not lease.terminal:
+                _inc(by_state, (str(getattr(kind, "value", kind)), lease.state.value))
             if lease.state is LeaseState.PENDING:
-                queued[lease.priority_class or "none"] = queued.get(lease.priority_class or "none", 0) + 1
+                _inc(queued, (lease.priority_class or "none", e.spec.queue or "default"))
             elif lease.holding and lease.allocation is not None:
-                kind = lease.allocation.kind.value
-                active[kind] = active.get(kind, 0) + 1
+                _inc(active, (lease.allocation.kind.value,))
                 holding.add(lease.lease_id)
-                if lease.lease_id not in self._observed:
-                    self._observed.add(lease.lease_id)
-                    granted = lease.entered(LeaseState.GRANTED)
-                    if granted is not None:
-                        self.lease_wait.observe(max(0.0, granted - lease.history[0].at))
-        self._observed &= holding  # a lease is observed once, when it first holds; ended ones can go
-        _set_all(self.queue_length, queued)
-        _set_all(self.leases_active, active)
+                if lease.lease_id not in self._holding_seen:
+                    self._first_held(ctl, e)
+        self._holding_seen &= holding  # each lease is observed once, when it first holds
+        for e in entries:
+            if e.lease.state is LeaseState.PREEMPTED and e.lease.lease_id not in self._ended_seen:
+                self._ended_seen.add(e.lease.lease_id)
+                asked, yielded = e.lease.entered(LeaseState.CHECKPOINTING), e.lease.entered(LeaseState.PREEMPTED)
+                if asked is not None and yielded is not None and e.lease.checkpoint_path:
+                    self.checkpoint.observe(max(0.0, yielded - asked))
+        self._ended_seen &= {e.lease_id for e in entries if e.lease.state is LeaseState.PREEMPTED}
+        _sync(self.queue_length, queued, keep_zero=True)
+        _sync(self.leases, by_state, keep_zero=True)
+        _sync(self.leases_active, active, keep_zero=True)
+        self._capacity(ctl, measured or {})
+        now = ctl.clock()
+        _sync(self.heartbeat_age, {(r.name,): max(0.0, now - r.last_seen) for r in ctl.nodes.registered()})
         if report is not None:
-            if report.checkpoint_requested:
-                self.preemptions.labels("checkpoint").inc(len(report.checkpoint_requested))
-            if report.preempted:
-                self.preemptions.labels("stopped").inc(len(report.preempted))
+            self._count(ctl, report)
 
-    def set_inventory_disagreements(self, counts: dict[tuple[str, str, str], int]) -> None:
-        """The latest cross-check's counts; a disagreement that went away reads 0, not its last value."""
+    def _first_held(self, ctl: HeadController, e: Any) -> None:
+        lease = e.lease
+        self._holding_seen.add(lease.lease_id)
+        granted = lease.entered(LeaseState.GRANTED)
+        if granted is None:
+            return
+        self.lease_wait.observe(max(0.0, granted - lease.history[0].at))
+        self.granted.labels(lease.allocation.kind.value).inc()
+        decided = [t.at for v in ctl.ledger if v.preempt_for == lease.lease_id for t in v.lease.history
+                   if t.state in (LeaseState.CHECKPOINTING, LeaseState.PREEMPTED)]
+        if decided:
+            self.decision_to_grant.observe(max(0.0, granted - min(decided)))
+
+    def _count(self, ctl: HeadController, report: ReconcileReport) -> None:
+        overdue = set(report.preempted) & {e.lease_id for e in ctl.ledger if e.lease.checkpoint_path is None
+                                           and e.lease.entered(LeaseState.CHECKPOINTING) is not None}
+        for lease_id in report.checkpoint_requested:
+            self.preemptions.labels("checkpoint", self._cause(ctl, lease_id)).inc()
+        for lease_id in report.preempted:
+            cause = "deadline" if lease_id in overdue else self._cause(ctl, lease_id)
+            self.preemptions.labels("stopped", cause).inc()
+        if report.plan_seconds is not None:
+            self.placement.observe(report.plan_seconds)
+
+    @staticmethod
+    def _cause(ctl: HeadController, lease_id: str) -> str:
+        e = ctl.ledger.find(lease_id)
+        text = e.preempt_reason if e else ""
+        return "victim.reclaim" if "reclaim" in (text or "") else "victim.priority"
+
+    def _capacity(self, ctl: HeadController, measured: Mapping[str, Mapping[int, float]]) -> None:
+        cap: dict[tuple[str, ...], float] = {}
+        mem_cap: dict[tuple[str, ...], float] = {}
+        for rec in ctl.nodes.registered():
+            for g in rec.inventory.gpus:
+                cap[(rec.name, str(g.index))] = 1.0
+                mem_cap[(rec.name, str(g.index))] = float(g.total_memory_mib * MIB)
+        committed = dict.fromkeys(cap, 0.0)
+        mem = dict.fromkeys(cap, 0.0)
+        busy = dict.fromkeys(cap, 0.0)
+        per_lease: list[tuple[Any, tuple[tuple[str, str], ...], float]] = []
+        for e in ctl.ledger.holding():
+            a = e.lease.allocation
+            if a is None:
+                continue
+            share = share_of_card(a)
+            keys = tuple((a.node_name, str(i)) for i in a.gpu_indices)
+            for k in keys:
+                if k in committed:
+                    committed[k] += share
+                    mem[k] += float(a.memory_mib * MIB)  # per card, as the snapshot counts it
+                    if e.lease.state is LeaseState.ACTIVE:
+                        busy[k] += share
+            per_lease.append((e, keys, share if e.lease.state is LeaseState.ACTIVE else 0.0))
+        util: dict[tuple[str, ...], float] = {}
+        source: dict[tuple[str, str], str] = {}
+        for (node, gpu), b in busy.items():
+            m = measured.get(node, {}).get(int(gpu))
+            source[(node, gpu)] = "nvml" if m is not None else "model"
+            util[(node, gpu, source[(node, gpu)])] = min(1.0, b) if m is None else m
+        lease_util: dict[tuple[str, ...], float] = {}
+        for e, keys, share in per_lease:
+            vals = []
+            for k in keys:
+                if source.get(k) == "nvml":
+                    total = busy[k] or 1.0  # measured busy time, shared out by the leases' shares
+                    vals.append(measured[k[0]][int(k[1])] * (share / total if share else 0.0))
+                else:
+                    vals.append(share)
+            src = "nvml" if keys and all(source.get(k) == "nvml" for k in keys) else "model"
+            a = e.lease.allocation
+            lease_util[(e.lease_id, e.spec.owner, a.node_name, a.kind.value, src)] = (
+                sum(vals) / len(vals) if vals else 0.0)
+        _sync(self.compute_capacity, cap)
+        _sync(self.compute_committed, committed)
+        _sync(self.memory_capacity, mem_cap)
+        _sync(self.memory_committed, {k: min(v, mem_cap[k]) for k, v in mem.items()})
+        _sync(self.gpu_util, util)
+        _sync(self.lease_util, lease_util)
+
+    # ---- from elsewhere ---------------------------------------------------------------------------------
+    def set_inventory_disagreements(self, counts: Mapping[tuple[str, str, str], int]) -> None:
+        """The latest cross-check's counts per (node, field, severity); one that went away reads 0."""
         for key in self._inventory_keys - set(counts):
             self.inventory_disagreements.labels(*key).set(0)
         for key, n in counts.items():
             self.inventory_disagreements.labels(*key).set(n)
         self._inventory_keys |= set(counts)
 
+    def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> int:
+        """Count requests a service served, with their latencies; returns how many missed the SLO."""
+        misses = 0
+        for lat in latencies_s:
+            self.inference_latency.labels(service).observe(lat)
+            if slo_s is not None and lat > slo_s:
+                misses += 1
+        self.inference_requests.labels(service).inc(len(latencies_s))
+        self.slo_misses.labels(service).inc(misses)
+        return misses
+
+    # ---- out --------------------------------------------------------------------------------------------
     def text(self) -> bytes:
         return generate_latest(self.registry)
+
+    def samples(self) -> list[list[Any]]:
+        """Every sample as ``[name, labels, value]`` (JSON-safe; NaN and infinities as strings)."""
+        out: list[list[Any]] = []
+        for family in self.registry.collect():
+            for s in family.samples:
+                v = s.value
+                out.append([s.name, dict(s.labels), v if math.isfinite(v) else str(v)])
+        return out
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` on ``host:port`` (port 0: a free one); returns the port."""
@@ -96,11 +300,27 @@ class HeadMetrics:
         self._server = server
         return int(server.server_port)
 
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
-def _set_all(gauge: Gauge, values: dict[str, int]) -> None:
-    # Labels that went to zero must read 0, not keep their last value.
+
+def _inc(d: dict[tuple[str, ...], float], key: tuple[str, ...]) -> None:
+    d[key] = d.get(key, 0) + 1
+
+
+def _sync(gauge: Gauge, values: Mapping[tuple[str, ...], float], *, keep_zero: bool = False) -> None:
+    """Set every labelled child in ``values``; children not in it read 0 (``keep_zero``) or go.
+
+    Setting before removing means a scrape never sees a series missing for a moment.
+    """
+    for labels, v in values.items():
+        gauge.labels(*labels).set(v)
     for labels in list(gauge._metrics):  # noqa: SLF001 - prometheus_client keeps children here
-        if labels[0] not in values:
-            gauge.labels(*labels).set(0)
-    for k, v in values.items():
-        gauge.labels(k).set(v)
+        if labels not in values:
+            if keep_zero:
+                gauge.labels(*labels).set(0)
+            else:
+                gauge.remove(*labels)

@@ -36,7 +36,7 @@ from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
 from orchestrator.core.api import Json
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
-from orchestrator.core.errors import LeaseTimeoutError
+from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.lease import LeaseState
 
@@ -75,6 +75,8 @@ class HeadService:
         self.metrics = metrics or HeadMetrics()
         self.metrics_port: int | None = None
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
+        self.metrics_url: str | None = None  # set by whoever serves the metrics (the head actor)
+        self._dashboard: tuple[str, float] | None = None  # (url, announced until)
         self.restored = self.ctl.restore()
         self.jobs.restore()
         self.started_at = clock()
@@ -96,7 +98,7 @@ class HeadService:
             self.ctl.agent_start_requested(start.node_name)
         for event in self.jobs.reconcile():
             log.info("%s", event)
-        self.metrics.update(self.ctl, report)
+        self.metrics.update(self.ctl, report, measured=self.ctl.measured)
         if report.lost_nodes or report.lost_leases:
             log.warning("lost nodes %s, lost leases %s, requeued %s", report.lost_nodes, report.lost_leases,
                         report.requeued)
@@ -188,7 +190,14 @@ class HeadService:
             st["inventory_check"] = self.inventory_check.summary()
             for n in st["nodes"]:
                 n["k8s_inventory"] = self.inventory_check.node_line(n["name"])
+        st["endpoints"] = self._endpoints()
         return st
+
+    def _endpoints(self) -> Json:
+        """Where the head's metrics and a live dashboard (if one announced itself lately) answer."""
+        dash = self._dashboard
+        live = dash is not None and dash[1] >= self.clock()
+        return {"metrics_url": self.metrics_url, "dashboard_url": dash[0] if live and dash else None}
 
     def ping(self) -> Json:
         return {"restored_leases": self.restored, "started_at": self.started_at, "pid": os.getpid(),
@@ -203,13 +212,39 @@ class HeadService:
         self.metrics.set_inventory_disagreements(check.counts())
         return {"disagreements": len(check.disagreements), "errors": check.errors}
 
+    def metric_samples(self) -> Json:
+        return {"at": self.clock(), "samples": self.metrics.samples()}
+
+    def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> Json:
+        if not service or not isinstance(service, str):
+            raise InvalidRequestError("service", service, "a service name")
+        try:
+            lats = [float(x) for x in latencies_s]
+        except (TypeError, ValueError):
+            raise InvalidRequestError("latencies_s", latencies_s, "a list of seconds") from None
+        if any(not (x >= 0) for x in lats):
+            raise InvalidRequestError("latencies_s", [x for x in lats if not (x >= 0)], "seconds >= 0")
+        if slo_s is not None and not (float(slo_s) > 0):
+            raise InvalidRequestError("slo_s", slo_s, "seconds > 0, or None")
+        misses = self.metrics.record_inference(service, lats, None if slo_s is None else float(slo_s))
+        return {"requests": len(lats), "slo_misses": misses}
+
+    def announce_dashboard(self, url: str, ttl_s: float = 30.0) -> Json:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise InvalidRequestError("url", url, "an http:// or https:// URL")
+        if not (0 < float(ttl_s) <= 3600):
+            raise InvalidRequestError("ttl_s", ttl_s, "seconds in (0, 3600]")
+        self._dashboard = (url, self.clock() + float(ttl_s))
+        return self._endpoints()
+
     # ---- agents --------------------------------------------------------------------------------
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         return self.ctl.register_agent(node_name, ray_node_id, incarnation, inventory)
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
-                  rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None) -> Json:
-        return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids)
+                  rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
+                  utilization: Mapping[str, float] | None = None) -> Json:
+        return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids, utilization)
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         return self.ctl.update_inventory(node_name, incarnation, inventory)

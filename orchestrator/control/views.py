@@ -80,6 +80,7 @@ def status(ledger: Ledger, nodes: NodeRegistry, *, settings: RuntimeSettings, po
         out_nodes.append({"name": rec.name, "state": rec.state.value, "reason": rec.reason,
                           "ray_node_id": rec.ray_node_id, "incarnation": rec.incarnation,
                           "heartbeat_age_s": round(now - rec.last_seen, 3), "model": rec.inventory.model,
+                          "handed_out": list(rec.allocated),  # leases the agent reports holding devices for
                           "gpus": gpus})
     entries = list(ledger)
     live = [e for e in entries if not e.lease.terminal]

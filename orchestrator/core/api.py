@@ -95,12 +95,26 @@ class HeadApi(Protocol):
         ``orchestrator_inventory_disagreements{node,field,severity}`` and in ``status``. The last report wins."""
         ...
 
+    def metric_samples(self) -> Json:
+        """The head's Prometheus samples as JSON (``{"at": time, "samples": [[name, labels, value], ...]}``)."""
+        ...
+
+    def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> Json:
+        """A running service reports requests it served and their latencies (seconds); counted in the metrics."""
+        ...
+
+    def announce_dashboard(self, url: str, ttl_s: float = 30.0) -> Json:
+        """A live dashboard serves at ``url``; ``status`` reports it for ``ttl_s`` unless announced again."""
+        ...
+
     # ---- agents (node side) ----------------------------------------------------------------------
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         ...
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
-                  rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None) -> Json:
+                  rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
+                  utilization: Mapping[str, float] | None = None) -> Json:
+        """``utilization``: GPU index (as a string) -> busy fraction, where the agent can measure it (NVML)."""
         ...
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json: ...

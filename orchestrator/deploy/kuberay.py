@@ -15,17 +15,27 @@ discovery labels of the Kubernetes Node objects
 result to the head (``report_inventory_check``), which exports it as
 ``orchestrator_inventory_disagreements`` and in ``orchestrator nodes``. A
 failed round is logged and retried; SIGTERM ends the loop.
+
+When ``ORCHESTRATOR_DASHBOARD_PORT`` is set (the rendered head pod sets it from
+``dashboard_port``, the port its container and NetworkPolicy open) it also
+serves the live dashboard there: ``orchestrator dashboard --host 0.0.0.0``, a
+child process (the dashboard sits above this layer), which requires the
+cluster's Ray token (``RAY_AUTH_TOKEN`` in the pod). It then stays running until
+SIGTERM, SIGINT or SIGHUP (or the dashboard exits), and stops the child on its way out.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.core import env
 from orchestrator.core.api import HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, load_config
 from orchestrator.core.errors import OrchestratorError, exit_code
@@ -73,20 +83,46 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return exit_code(e)
     print(f"orchestrator head up on {state.address} in {state.up_seconds}s", flush=True)
-    if a.k8s_inventory_every > 0:
-        from orchestrator.deploy.k8s.client import KubeRayClient
-        from orchestrator.sdk.connect import connect_head
+    port = os.environ.get(env.DASHBOARD_PORT)
+    if not port and a.k8s_inventory_every <= 0:
+        return 0
+    stop = threading.Event()
+    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    dash = None
+    try:
+        if port:
+            argv = dashboard_argv(port, a.address, cfg.settings.namespace)
+            print(f"serving the dashboard: {' '.join(argv[1:])}", flush=True)
+            dash = subprocess.Popen(argv)
+        if a.k8s_inventory_every > 0:
+            from orchestrator.deploy.k8s.client import KubeRayClient
+            from orchestrator.sdk.connect import connect_head
 
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda *_: stop.set())
-        try:
             head = connect_head(a.address, namespace=cfg.settings.namespace, head_name=cfg.settings.head_name)
             watch_inventory(head, KubeRayClient.from_kubeconfig().list_nodes, a.k8s_inventory_every, stop)
-        except OrchestratorError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return exit_code(e)
+        else:
+            while dash is not None and dash.poll() is None and not stop.wait(1.0):
+                pass
+    except OrchestratorError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exit_code(e)
+    finally:
+        if dash is not None and dash.poll() is None:
+            dash.terminate()
+            try:
+                dash.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                dash.kill()
+                dash.wait()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     return 0
+
+
+def dashboard_argv(port: str, address: str, namespace: str) -> list[str]:
+    """The command that serves the live page in the head pod (on every address: the pod's IP is what others reach)."""
+    return [sys.executable, "-m", "orchestrator.cli.main", "dashboard", "--host", "0.0.0.0", "--port", str(port),
+            "--address", address, "--namespace", namespace, "--no-compare"]
 
 
 if __name__ == "__main__":

@@ -75,6 +75,8 @@ class HeadActor:
             host = os.environ.get(env.METRICS_HOST, s.metrics_host)
             try:
                 self.service.metrics_port = self.service.metrics.serve(port, host)
+                reach = host if host not in ("0.0.0.0", "::", "") else ray_api.node_ip()
+                self.service.metrics_url = f"http://{reach}:{self.service.metrics_port}/metrics"
             except OSError:
                 log.exception("could not serve metrics on %s:%s", host, port)
         self._wake = asyncio.Event()

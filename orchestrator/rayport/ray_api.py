@@ -191,6 +191,11 @@ def current_actor_id() -> str | None:
     return ctx.get_actor_id()
 
 
+def node_ip() -> str:
+    """This process' node address as Ray knows it (what other nodes reach it at)."""
+    return str(ray.util.get_node_ip_address())
+
+
 def current_node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 

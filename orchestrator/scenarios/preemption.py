@@ -44,6 +44,7 @@ from orchestrator.rayport.ray_api import job_submission_client
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "jobs" / "train.py"
+INFERENCE = REPO / "jobs" / "inference.py"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 _STEP = re.compile(r"^step (\d+) ", re.M)
 _CKPT = re.compile(r"checkpointed at step (\d+) to \S+ in ([0-9.]+)s")
@@ -61,6 +62,8 @@ class ScenarioConfig:
     training: tuple[tuple[int, int], ...] = ((1, 4), (2, 2), (3, 2))  # (seed, whole cards)
     settle_s: float = 2.0  # let training pass its minimum runtime before each arrival
     poll_s: float = 0.1
+    report_inference: bool = False  # the inference job serves jobs/inference.py and reports its latencies
+    inference_slo_ms: float = 50.0
 
 
 @dataclass
@@ -146,9 +149,14 @@ class Scenario:
     def _round(self, r: int, trainings: dict[str, tuple[int, Path]]) -> list[Preemption]:
         cfg = self.cfg
         attempts = {j: self.head.get_job(j)["attempt"] for j in trainings}
-        spec = JobSpec(name=f"serve-{r + 1}", gpu=GpuRequest.whole(1), priority="inference",
-                       entrypoint=(f"{sys.executable} -c \"import os, time; time.sleep({cfg.inference_s}); "
-                                   f"print('served on', os.environ.get('CUDA_VISIBLE_DEVICES'))\""))
+        if cfg.report_inference:  # real requests, their latencies reported to the head's metrics (the page's curves)
+            entry = (f"{sys.executable} {INFERENCE} --duration {cfg.inference_s} --report-every 0.5 "
+                     f"--width 128 --slo-ms {cfg.inference_slo_ms}")
+        else:
+            entry = (f"{sys.executable} -c \"import os, time; time.sleep({cfg.inference_s}); "
+                     f"print('served on', os.environ.get('CUDA_VISIBLE_DEVICES'))\"")
+        spec = JobSpec(name=f"serve-{r + 1}", gpu=GpuRequest.whole(1), priority="inference", entrypoint=entry,
+                       runtime_env={"env_vars": {env.POLL_S: str(cfg.poll_s)}})
         inf = self.head.submit_job(spec.model_dump(mode="json"))["job_id"]
         self.say(f"round {r + 1}: inference {inf} arrives and needs one whole card")
         self._wait(inf, {"running", "succeeded"})

@@ -112,6 +112,17 @@ class JobContext:
             return None
         return self._head().job_ack_checkpoint(self.job_id, str(path), step)
 
+    def record_inference(self, service: str, latencies_s: list[float], slo_s: float | None = None) -> bool:
+        """Report requests served and their latencies to the head's metrics; False (and no error) if not managed
+        or the head does not answer -- serving never stops for a report."""
+        if not self.managed:
+            return False
+        try:
+            self._head().record_inference(service, latencies_s, slo_s)
+        except NotConnectedError:
+            return False
+        return True
+
     def _head(self) -> HeadApi:
         if self.head is None:
             self.head = connect_head(namespace=self.namespace, head_name=self.head_name)

@@ -46,6 +46,7 @@ class FakeGpu:
     mig_mode: int | None = None  # None: the card is not MIG-capable (NotSupported)
     migs: list[FakeMig] = field(default_factory=list)
     nvlink_to: list[str] = field(default_factory=list)  # remote bus ids, one per active link
+    utilization_pct: int | None = 0  # None: NotSupported (as NVML answers for a card in MIG mode)
 
 
 class FakeNvml:
@@ -92,6 +93,11 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> SimpleNamespace:
         return SimpleNamespace(total=h.memory_bytes, used=0, free=h.memory_bytes)
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> SimpleNamespace:
+        if h.utilization_pct is None:
+            raise NVMLError_NotSupported()
+        return SimpleNamespace(gpu=h.utilization_pct, memory=0)
 
     def nvmlDeviceGetPciInfo(self, h: FakeGpu) -> SimpleNamespace:
         return SimpleNamespace(busId=h.bus_id.encode())

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import re
-
 import urllib.request
 
-from orchestrator.deploy.k8s.dashboard import METRICS
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from orchestrator.control.metrics import HeadMetrics
+from orchestrator.deploy.k8s.dashboard import METRICS
 
 
-def _value(text: str, name: str, labels: str = "") -> float:
-    for line in text.splitlines():
-        if line.startswith(name + (("{" + labels + "}") if labels else " ")) or (not labels and line.startswith(name + " ")):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name}{{{labels}}} not exported:\n{text}")
+def samples(m: HeadMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every exported sample, parsed by prometheus_client's own text parser."""
+    out = {}
+    for fam in text_string_to_metric_families(m.text().decode()):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(m: HeadMetrics, name: str, **labels: str) -> float:
+    got = samples(m)
+    key = (name, frozenset(labels.items()))
+    if key not in got:
+        have = sorted(dict(k[1]) for k in got if k[0] == name) if any(k[0] == name for k in got) else "none"
+        raise AssertionError(f"{name}{labels} not exported; series of that name: {have}")
+    return got[key]
 
 
 def test_metrics_follow_the_ledger_and_serve_over_http(ctl, agents, clock) -> None:
@@ -25,27 +38,117 @@ def test_metrics_follow_the_ledger_and_serve_over_http(ctl, agents, clock) -> No
     clock.advance(0.3)
     report = ctl.reconcile()
     m.update(ctl, report)
-    text = m.text().decode()
-    assert _value(text, "orchestrator_gpus_total") == 10
-    assert abs(_value(text, "orchestrator_gpus_allocated") - (2 + 1 / 7)) < 1e-3  # a 1g slice: 1/7 in milli-GPUs
-    assert _value(text, "orchestrator_leases_active", 'kind="whole"') == 1
-    assert _value(text, "orchestrator_leases_active", 'kind="mig"') == 1
-    assert _value(text, "orchestrator_queue_length", 'priority="batch"') == 1
-    assert _value(text, "orchestrator_lease_wait_seconds_count") == 2
-    # Every metric the Grafana dashboard queries is exported with a sample (Ray's own aside).
-    m.set_inventory_disagreements({("a100-0", "gpu.model", "error"): 1})
-    text = m.text().decode()
+    assert value(m, "orchestrator_gpus_total") == 10
+    assert abs(value(m, "orchestrator_gpus_allocated") - (2 + 1 / 7)) < 1e-3  # a 1g slice: 1/7 of a card
+    assert value(m, "orchestrator_leases_active", kind="whole") == 1
+    assert value(m, "orchestrator_leases_active", kind="mig") == 1
+    assert value(m, "orchestrator_leases", kind="whole", state="granted") == 1
+    assert value(m, "orchestrator_leases", kind="whole", state="pending") == 1  # "8" names its kind
+    assert value(m, "orchestrator_queue_length", priority="batch", queue="default") == 1
+    assert value(m, "orchestrator_lease_wait_seconds_count") == 2
+    assert value(m, "orchestrator_leases_granted_total", kind="whole") == 1
+    assert value(m, "orchestrator_placement_seconds_count") == 1  # one scheduling pass had work
+    # Capacity per GPU, in base units: the 1g.10gb slice commits 1/7 of a card and 10 GiB of it.
+    a = ctl.get_lease("a")["allocation"]
+    b = ctl.get_lease("b")["allocation"]
+    node_b, gpu_b = b["node"], str(b["gpu_indices"][0])
+    assert value(m, "orchestrator_gpu_compute_capacity", node=node_b, gpu=gpu_b) == 1
+    assert abs(value(m, "orchestrator_gpu_compute_committed", node=node_b, gpu=gpu_b) - 1 / 7) < 1e-9
+    assert value(m, "orchestrator_gpu_memory_committed_bytes", node=node_b, gpu=gpu_b) == 10 * 1024**3
+    assert value(m, "orchestrator_gpu_memory_capacity_bytes", node=node_b, gpu=gpu_b) == 80 * 1024**3
+    assert value(m, "orchestrator_gpu_compute_committed", node=a["node"], gpu=str(a["gpu_indices"][0])) == 1
+    # Utilisation in the workload model: granted but not started is idle; active keeps its share busy.
+    gpu_a = str(a["gpu_indices"][0])
+    assert value(m, "orchestrator_gpu_utilization_ratio", node=a["node"], gpu=gpu_a, source="model") == 0
+    ctl.activate("a", ctl.get_lease("a")["fencing_token"], "holder-a")
+    ctl.activate("b", ctl.get_lease("b")["fencing_token"], "holder-b")
+    m.update(ctl)
+    assert value(m, "orchestrator_gpu_utilization_ratio", node=a["node"], gpu=gpu_a, source="model") == 1
+    assert abs(value(m, "orchestrator_lease_gpu_utilization_ratio", lease="b", owner="t", node=node_b, kind="mig",
+                     source="model") - 1 / 7) < 1e-9
+    # Heartbeat age follows the clock.
+    clock.advance(2.0)
+    m.update(ctl)
+    assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0") == pytest.approx(2.3)
+    # Inventory disagreements: a zero baseline per severity until a cross-check reports some; one that
+    # went away reads 0.
+    assert value(m, "orchestrator_inventory_disagreements", node="", field="", severity="error") == 0
+    m.set_inventory_disagreements({("a100-0", "gpu.model", "error"): 1, ("a100-1", "gpu.count", "warning"): 2})
+    assert value(m, "orchestrator_inventory_disagreements", node="a100-1", field="gpu.count", severity="warning") == 2
+    m.set_inventory_disagreements({})
+    assert value(m, "orchestrator_inventory_disagreements", node="a100-0", field="gpu.model", severity="error") == 0
+    # Every metric the Grafana dashboard queries is declared (labelled counters have no sample before
+    # their first event: tests/integration/test_dashboard.py checks every panel has data in a real run).
+    families = {f.name for f in text_string_to_metric_families(m.text().decode())}
     for name in METRICS:
-        if name.startswith("orchestrator_"):
-            assert re.search(rf"^{name}(_count|_total)?(\{{.*\}})? ", text, re.M), name
-    # Released leases leave the gauges.
+        assert name in families or re.sub(r"_(total|bucket)$", "", name) in families, name
+    # Released leases leave the gauges; their per-lease series go.
     ctl.release("a", ctl.get_lease("a")["fencing_token"])
     m.update(ctl)
-    assert _value(m.text().decode(), "orchestrator_leases_active", 'kind="whole"') == 0
-    # It was observed once, when it first held; ended, it is forgotten (no set growing forever) ...
-    assert "a" not in m._observed and "b" in m._observed  # noqa: SLF001
-    m.update(ctl)  # ... and not observed again.
-    assert _value(m.text().decode(), "orchestrator_lease_wait_seconds_count") == 2
+    assert value(m, "orchestrator_leases_active", kind="whole") == 0
+    assert not [k for k in samples(m) if k[0] == "orchestrator_lease_gpu_utilization_ratio" and ("lease", "a") in k[1]]
+    assert "a" not in m._holding_seen and "b" in m._holding_seen  # noqa: SLF001 - observed once, then forgotten
+    m.update(ctl)
+    assert value(m, "orchestrator_lease_wait_seconds_count") == 2  # not observed twice
     port = m.serve(0, "127.0.0.1")
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        m.close()
     assert "orchestrator_gpus_total 10.0" in body
+
+
+def test_preemption_counts_its_cause_the_checkpoint_and_the_decision_to_grant(ctl, agents, clock) -> None:
+    m = HeadMetrics()
+    for lease_id, cards in (("t1", "4"), ("t2", "2"), ("t3", "2")):
+        ctl.request_lease({"lease_id": lease_id, "request": cards, "owner": lease_id, "priority_class": "training"})
+    m.update(ctl, ctl.reconcile())
+    for lease_id in ("t1", "t2", "t3"):
+        ctl.activate(lease_id, ctl.get_lease(lease_id)["fencing_token"], f"holder-{lease_id}")
+    clock.advance(31)  # past training's minimum runtime
+    for agent in agents.values():
+        agent.beat()
+    ctl.request_lease({"lease_id": "inf", "request": "1", "owner": "serve", "priority_class": "inference"})
+    m.update(ctl, ctl.reconcile())
+    victims = [x for x in ("t1", "t2", "t3") if ctl.get_lease(x)["state"] == "checkpointing"]
+    assert len(victims) == 1
+    assert value(m, "orchestrator_preemptions_total", reason="checkpoint", cause="victim.priority") == 1
+    clock.advance(1.5)  # the victim takes 1.5 s to checkpoint and yield
+    ctl.ack_preemption(victims[0], "/ck/step-10")
+    clock.advance(0.5)
+    m.update(ctl, ctl.reconcile())
+    assert ctl.get_lease("inf")["state"] == "granted"
+    assert value(m, "orchestrator_checkpoint_seconds_count") == 1
+    assert value(m, "orchestrator_checkpoint_seconds_sum") == pytest.approx(1.5)
+    assert value(m, "orchestrator_decision_to_grant_seconds_sum") == pytest.approx(2.0)
+    m.update(ctl, ctl.reconcile())  # nothing is counted twice
+    assert value(m, "orchestrator_checkpoint_seconds_count") == 1
+    assert value(m, "orchestrator_decision_to_grant_seconds_count") == 1
+
+
+def test_measured_utilisation_replaces_the_model_and_is_shared_by_leases(ctl, agents, clock) -> None:
+    m = HeadMetrics()
+    ctl.request_lease({"lease_id": "x", "request": "timeslice:0.5", "owner": "o", "priority_class": "batch"})
+    m.update(ctl, ctl.reconcile())
+    ctl.activate("x", ctl.get_lease("x")["fencing_token"], "hx")
+    a = ctl.get_lease("x")["allocation"]
+    gpu = str(a["gpu_indices"][0])
+    agents[a["node"]].beat(utilization={gpu: 0.8})
+    m.update(ctl, measured=ctl.measured)
+    assert value(m, "orchestrator_gpu_utilization_ratio", node=a["node"], gpu=gpu, source="nvml") == 0.8
+    assert value(m, "orchestrator_lease_gpu_utilization_ratio", lease="x", owner="o", node=a["node"],
+                 kind="timeslice", source="nvml") == pytest.approx(0.8)
+    agents[a["node"]].beat()  # no measurement any more: back to the model, and the nvml series goes
+    m.update(ctl, measured=ctl.measured)
+    assert value(m, "orchestrator_gpu_utilization_ratio", node=a["node"], gpu=gpu, source="model") == 0.5
+    assert not [k for k in samples(m) if k[0] == "orchestrator_gpu_utilization_ratio" and ("source", "nvml") in k[1]]
+
+
+def test_inference_reports_count_requests_latency_and_slo_misses() -> None:
+    m = HeadMetrics()
+    assert m.record_inference("svc", [0.01, 0.02, 0.3], slo_s=0.1) == 1
+    assert value(m, "orchestrator_inference_requests_total", service="svc") == 3
+    assert value(m, "orchestrator_inference_slo_misses_total", service="svc") == 1
+    assert value(m, "orchestrator_inference_latency_seconds_count", service="svc") == 3
+    got = {s[0] for s in m.samples()}
+    assert "orchestrator_inference_requests_total" in got

@@ -50,6 +50,12 @@ class DiscoveryBackend(Protocol):
     def close(self) -> None: ...
 
 
+def measured_utilization(backend: DiscoveryBackend) -> dict[int, float]:
+    """The backend's measured GPU utilisation (index -> busy fraction); {} when it measures none (simulated)."""
+    measure = getattr(backend, "utilization", None)
+    return dict(measure()) if measure is not None else {}
+
+
 def apply_events(inv: NodeInventory, events: list[HealthEvent]) -> NodeInventory:
     """``inv`` with the events' health applied and a higher generation (unchanged if no GPU changed). Pure."""
     by_index = {e.gpu_index: e for e in events}

@@ -105,6 +105,20 @@ class NvmlBackend:
             kw["memory_mib"] = self._memory_mib
         return NodeInventory(name=self.node_name, gpus=tuple(gpus), **kw)
 
+    def utilization(self) -> dict[int, float]:
+        """Busy fraction of each GPU over NVML's last sample period (``nvmlDeviceGetUtilizationRates().gpu``).
+
+        A card that cannot say (MIG mode reports NotSupported) is left out: the head models it instead.
+        """
+        n = self.nvml
+        out: dict[int, float] = {}
+        for h in self._handles:
+            try:
+                out[int(n.nvmlDeviceGetIndex(h))] = float(n.nvmlDeviceGetUtilizationRates(h).gpu) / 100.0
+            except n.NVMLError:
+                continue
+        return out
+
     def _mig_enabled(self, h: Any) -> bool:
         n = self.nvml
         try:

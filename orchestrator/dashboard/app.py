@@ -1,0 +1,167 @@
+"""The live page's web app (Starlette): the page, its script, Plotly's, and the data it is fed.
+
+Routes:
+
+* ``GET /`` -- the page (``static/index.html``); ``/static/*`` its script and style,
+  ``/static/plotly.min.js`` the copy of Plotly shipped inside the ``plotly`` package
+  (the page works offline);
+* ``GET /api/events`` -- server-sent events: ``init`` (the latest frame, the curves'
+  history and the schemes' comparison) once, then ``frame`` whenever the feed has a
+  new one; a comment line every 15 s keeps proxies from closing the stream;
+* ``GET /api/frame`` -- the same as one JSON document (for scripts and tests);
+* ``GET /api/explain/{job_id}`` -- the head's ``explain_job``;
+* ``GET /api/comparison`` -- the comparison of sharing schemes, once computed;
+* ``GET /healthz``.
+
+Access: with a ``token`` every route but ``/healthz`` needs it -- ``Authorization:
+Bearer TOKEN``, or ``?token=TOKEN`` once (which sets an HttpOnly cookie, so the
+page's own requests and its event stream carry it). The command binds to
+127.0.0.1 without a token, and refuses any other address without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from orchestrator.core.errors import OrchestratorError, UnknownObjectError
+from orchestrator.dashboard.feed import CURVES, STAGES, Feed
+
+STATIC = Path(str(resources.files("orchestrator.dashboard") / "static"))
+COOKIE = "rgo_dashboard_token"
+KEEPALIVE_S = 15.0
+
+
+def plotly_js() -> Path:
+    """Plotly's JavaScript as the ``plotly`` package ships it."""
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+class Comparison:
+    """The comparison of sharing schemes: computed in the background, shown once ready."""
+
+    def __init__(self, error: str | None = None) -> None:
+        self.data: dict[str, Any] | None = None
+        self.error: str | None = error
+
+    def set(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def fail(self, why: str) -> None:
+        self.error = why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ready": self.data is not None, "error": self.error, **(self.data or {})}
+
+
+def create_app(feed: Feed, explain: Callable[[str], dict[str, Any]], *, comparison: Comparison | None = None,
+               token: str | None = None, stop: threading.Event | None = None, tick_s: float = 0.25) -> Starlette:
+    """The app over a feed; ``explain`` answers a job id (the head's ``explain_job``)."""
+    comparison = comparison or Comparison()
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    async def plotly(request: Request) -> Response:
+        return FileResponse(plotly_js(), media_type="application/javascript",
+                            headers={"Cache-Control": "max-age=86400"})
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        path = (STATIC / name).resolve()
+        if path.parent != STATIC.resolve() or not path.is_file():
+            return PlainTextResponse("not found", status_code=404)
+        return FileResponse(path)
+
+    def init() -> dict[str, Any]:
+        return {"frame": feed.latest(), "history": feed.history(), "comparison": comparison.to_dict(),
+                "stages": STAGES, "curves": CURVES}
+
+    async def frame(request: Request) -> Response:
+        return JSONResponse(init())
+
+    async def events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            seen = feed.version()
+            yield _sse("init", init())
+            comparison_ready = comparison.data is not None
+            idle = 0.0
+            while not (stop is not None and stop.is_set()):
+                await asyncio.sleep(tick_s)
+                idle += tick_s
+                v = feed.version()
+                if v != seen:
+                    seen, idle = v, 0.0
+                    yield _sse("frame", feed.latest())
+                if not comparison_ready and comparison.data is not None:
+                    comparison_ready = True
+                    yield _sse("comparison", comparison.to_dict())
+                if idle >= KEEPALIVE_S:
+                    idle = 0.0
+                    yield ": keep-alive\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def explain_route(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        try:
+            return JSONResponse(await run_in_threadpool(explain, job_id))
+        except UnknownObjectError as e:
+            return JSONResponse(e.to_dict(), status_code=404)
+        except OrchestratorError as e:
+            return JSONResponse(e.to_dict(), status_code=503)
+
+    async def comparison_route(request: Request) -> Response:
+        return JSONResponse(comparison.to_dict())
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[
+        Route("/", page), Route("/static/plotly.min.js", plotly), Route("/static/{name}", static),
+        Route("/api/events", events), Route("/api/frame", frame), Route("/api/explain/{job_id:path}", explain_route),
+        Route("/api/comparison", comparison_route), Route("/healthz", healthz),
+    ])
+    if token:
+        app.add_middleware(BaseHTTPMiddleware, dispatch=_require(token))
+    return app
+
+
+def _sse(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _require(token: str) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
+    def ok(given: str | None) -> bool:
+        return bool(given) and hmac.compare_digest(str(given).encode(), token.encode())
+
+    async def dispatch(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path == "/healthz":
+            return await call_next(request)
+        auth = request.headers.get("authorization", "")
+        bearer = auth[7:] if auth.lower().startswith("bearer ") else None
+        if ok(bearer) or ok(request.cookies.get(COOKIE)):
+            return await call_next(request)
+        if ok(request.query_params.get("token")):
+            response = await call_next(request)
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+            return response
+        return PlainTextResponse("this dashboard needs the cluster's token: open it with ?token=TOKEN "
+                                 "or send Authorization: Bearer TOKEN", status_code=401)
+
+    return dispatch

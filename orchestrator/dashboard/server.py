@@ -1,0 +1,207 @@
+"""Serving the live page: a poller thread over the head, uvicorn in another, one stop for both.
+
+:class:`DashboardServer` owns what it starts -- the listening socket, uvicorn's
+thread, the poller's thread -- and :meth:`DashboardServer.stop` ends all three
+(idempotent; open event streams are told to end first, so uvicorn's graceful
+shutdown does not wait on them). The poller reads the head every ``poll_s``
+(:class:`~orchestrator.dashboard.feed.Feed`) and, every ``ANNOUNCE_S``, tells the
+head where the page is (``announce_dashboard``), which ``orchestrator status
+--json`` reports as ``dashboard_url``. A head that does not answer leaves the
+last frame in place and says so in ``error``; the next poll tries again.
+
+Binding: 127.0.0.1 by default. Any other address needs a token
+(:func:`resolve_token`: the one given, else the cluster's Ray auth token), or
+the server refuses to start with an :class:`~orchestrator.core.errors.InvalidRequestError`
+naming ``host``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from orchestrator.core import env
+from orchestrator.core.errors import InvalidRequestError
+from orchestrator.dashboard.app import Comparison, create_app
+from orchestrator.dashboard.feed import Feed
+
+log = logging.getLogger(__name__)
+
+#: How often the poller tells the head where the page is (it reports it for twice as long).
+ANNOUNCE_S = 10.0
+DEFAULT_PORT = 8090
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cluster_token(environ: dict[str, str] | None = None, home: Path | None = None) -> str | None:
+    """The cluster's Ray auth token, as Ray finds it: ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``."""
+    e = os.environ if environ is None else environ
+    if e.get(env.RAY_AUTH_TOKEN):
+        return e[env.RAY_AUTH_TOKEN].strip()
+    for path in (e.get(env.RAY_AUTH_TOKEN_PATH), (home or Path.home()) / ".ray" / "auth_token"):
+        if path and Path(path).is_file():
+            text = Path(path).read_text().strip()
+            if text:
+                return text
+    return None
+
+
+def resolve_token(host: str, token: str | None, environ: dict[str, str] | None = None,
+                  home: Path | None = None) -> str | None:
+    """The token the page requires: none on loopback unless one is given; the cluster's elsewhere."""
+    if token:
+        return token
+    if is_loopback(host):
+        return None
+    found = cluster_token(environ, home)
+    if not found:
+        raise InvalidRequestError("host", host, "127.0.0.1 (or another loopback address)",
+                                  detail="serving beyond this machine needs the cluster's token "
+                                         "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) or --token")
+    return found
+
+
+class DashboardServer:
+    """See the module docstring. ``head`` is any :class:`~orchestrator.core.api.HeadApi`."""
+
+    def __init__(self, head: Any, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None,
+                 poll_s: float = 1.0, comparison: Comparison | None = None, public_host: str | None = None) -> None:
+        if not (0 <= int(port) <= 65535):
+            raise InvalidRequestError("port", port, "0..65535 (0: any free port)")
+        if not (poll_s > 0):
+            raise InvalidRequestError("poll_s", poll_s, "seconds > 0")
+        self.head = head
+        self.host = host
+        self.token = resolve_token(host, token)
+        self.poll_s = poll_s
+        self.feed = Feed(head)
+        self.comparison = comparison or Comparison("not computed by this server (orchestrator dashboard --compare)")
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._sock = _bind(host, int(port))
+        self.port = int(self._sock.getsockname()[1])
+        self.public_host = public_host or (host if host not in ("0.0.0.0", "::") else socket.gethostname())
+        app = create_app(self.feed, self._explain, comparison=self.comparison, token=self.token, stop=self._stop)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2,
+                                access_log=False)
+        self._uvicorn = uvicorn.Server(config)
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    @property
+    def url(self) -> str:
+        """The page's address (``?token=`` left off: say it separately)."""
+        host = self.public_host
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/"
+
+    # ---- life -----------------------------------------------------------------------------------------
+    def start(self, first_poll_timeout_s: float = 30.0) -> "DashboardServer":
+        """Start polling and serving; returns once the first frame is in (or the timeout passed)."""
+        if self._started:
+            return self
+        self._started = True
+        web = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._sock]}, name="dashboard-http",
+                               daemon=True)
+        poller = threading.Thread(target=self._poll_loop, name="dashboard-poll", daemon=True)
+        self._threads = [web, poller]
+        web.start()
+        poller.start()
+        deadline = time.monotonic() + first_poll_timeout_s
+        while self.feed.latest() is None and time.monotonic() < deadline and poller.is_alive():
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        """End the event streams, the HTTP server and the poller; close the socket. Idempotent."""
+        self._stop.set()
+        self._uvicorn.should_exit = True
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads = []
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "DashboardServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- the poller -------------------------------------------------------------------------------------
+    def _poll_loop(self) -> None:
+        announced = float("-inf")
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                with self._lock:
+                    self.feed.poll()
+                self.error = None
+                if started - announced >= ANNOUNCE_S:
+                    announced = started
+                    self.head.announce_dashboard(self.url, ANNOUNCE_S * 3)
+            except Exception as e:  # the head is a boundary: keep the last frame and try again
+                self.error = f"{type(e).__name__}: {e}"
+                log.warning("dashboard poll failed: %s", self.error)
+            self._stop.wait(max(0.0, self.poll_s - (time.monotonic() - started)))
+
+    def _explain(self, job_id: str) -> dict[str, Any]:
+        with self._lock:
+            return dict(self.head.explain_job(job_id))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise InvalidRequestError("port", port, "a free port (0: any)", detail=f"cannot listen on {host}:{port}: "
+                                  f"{e.strerror or e}") from None
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def wait_for_signal(until: threading.Event | None = None) -> int | None:
+    """Block until SIGINT, SIGTERM or SIGHUP (returns it) or ``until`` is set (returns None).
+
+    Main thread only (Python delivers signals there); the previous handlers come back after.
+    """
+    got = threading.Event()
+    which: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        which.append(signum)
+        got.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while not got.wait(0.2):
+            if until is not None and until.is_set():
+                return None
+        return which[0]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
