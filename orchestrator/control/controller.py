@@ -23,24 +23,14 @@ Contract (as the Ray Serve controller states its own):
   heartbeats and receive the desired set in the reply (pull, so a lost
   message is repaired by the next heartbeat).
 
-A reconcile cycle reads as a numbered script (:meth:`reconcile`):
-
-1. **expire agents** silent for longer than the TTL: their nodes become
-   *lost*, the leases on them *lost*, and those asked to be requeued get a
-   new pending attempt (``<id>.a<n>``, :mod:`orchestrator.core.ids`) that keeps its place in the queue;
-2. **release dead holders**: an active lease whose holder actor died is lost
-   and its devices freed;
-3. **expire grants** never activated within ``grant_ttl_s``;
-4. **end overdue checkpoints**: a preemption victim that has not yielded by
-   its deadline is stopped;
-5. **schedule** the queue over a snapshot of the registered nodes
-   (:meth:`_plan`, the one call site of :func:`orchestrator.scheduling.cycle.schedule`)
-   and grant what fits;
-6. **desired agents**: every live Ray node without a registered agent gets
-   one started (unless a start is already in flight);
-7. **prune** (every 10 s) ended leases ``ended_retention_s`` after they ended,
-   from the store first; one stays while the attempt it was requeued as is
-   live. Until then a retried ``request_lease`` with the same id returns it.
+A reconcile cycle (:meth:`reconcile`) is a numbered script: (1) expire agents silent past the TTL --
+their nodes and leases are *lost*, and leases asked to be requeued get a new attempt
+(:func:`~orchestrator.core.ids.next_attempt`) at the same queue position; (2) lose the leases
+of dead holders; (3) expire grants never activated within ``grant_ttl_s``; (4) stop preemption
+victims past their grace deadline; (5) schedule the queue over the snapshot (:meth:`_plan`, the
+one call site of :func:`orchestrator.scheduling.cycle.schedule`) and grant what fits; (6) ask for
+an agent on every live Ray node without one; (7) every 10 s, prune leases ended
+``ended_retention_s`` ago, from the store first, keeping one while its retry lives.
 """
 
 from __future__ import annotations
@@ -84,15 +74,11 @@ class ReconcileReport:
 HolderProbe = Callable[[Sequence[str]], Mapping[str, bool]]
 
 
-def _all_alive(holders: Sequence[str]) -> Mapping[str, bool]:
-    return {h: True for h in holders}
-
-
 class HeadController:
     """The head's state and decisions; see the module docstring for the contract."""
 
     def __init__(self, settings: RuntimeSettings, store: StateStore, *, clock: Callable[[], float],
-                 holder_probe: HolderProbe = _all_alive, sched_config: SchedulerConfig | None = None) -> None:
+                 holder_probe: HolderProbe = lambda hs: {h: True for h in hs}, sched_config: SchedulerConfig | None = None) -> None:
         self.settings = settings
         self.sched_config = sched_config or SchedulerConfig()
         self.store = store
@@ -106,8 +92,6 @@ class HeadController:
         self._dirty = False  # the queue may have become schedulable (new request, freed devices, new node)
         self._last_schedule = float("-inf")
         self._last_prune = float("-inf")
-        #: Per node, GPU index -> utilisation the agent measured (NVML), from its last heartbeat. Soft state.
-        self.measured: dict[str, dict[int, float]] = {}
 
     # ---- persistence ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -224,10 +208,7 @@ class HeadController:
         if rec is None:
             return {"ok": False, "reregister": True}
         self.nodes.touch(rec, self.clock(), tuple(allocated))
-        if utilization:
-            self.measured[node_name] = {int(i): min(1.0, max(0.0, float(u))) for i, u in utilization.items()}
-        else:
-            self.measured.pop(node_name, None)
+        self.nodes.measure(node_name, utilization)
         changed: list[LedgerEntry] = []
         for lease_id, uuid in (mig_uuids or {}).items():
             e = self.ledger.find(lease_id)
@@ -250,7 +231,7 @@ class HeadController:
 
     # ---- the reconcile cycle -------------------------------------------------------------------
     def reconcile(self) -> ReconcileReport:
-        """One cycle; see the module docstring for its seven steps."""
+        """One cycle; see the module docstring."""
         now = self.clock()
         report = ReconcileReport()
         self._expire_agents(now, report)        # 1
@@ -385,7 +366,7 @@ class HeadController:
             _, pclass = self.sched_config.priority_class(e.lease.priority_class or None)
             by = self.ledger.find(p.for_item)
             for_owner = (by.spec.owner if by else p.for_item).removeprefix("job:")
-            new = preempting.ask_or_stop(e, pclass, for_item=p.for_item, now=now,
+            new = preempting.ask_or_stop(e, pclass, for_item=p.for_item, now=now, cause=p.reason.cause.value,
                                          why=f"preempted for {for_owner or p.for_item}: {p.reason}")
             if new.state is LeaseState.CHECKPOINTING:
                 asked.append(new)
@@ -430,6 +411,11 @@ class HeadController:
                 report.preempted.append(e.lease_id)
 
     # ---- read views ------------------------------------------------------------------------------
+    @property
+    def measured(self) -> dict[str, dict[int, float]]:
+        """Per node, GPU index -> utilisation its agent measured (NVML) in its last heartbeat."""
+        return self.nodes.measured
+
     def explain_lease(self, lease_id: str) -> dict[str, Any]:
         """Why a lease is where it is (:func:`orchestrator.control.views.explain_lease`)."""
         return views.explain_lease(self.ledger, lease_id)

@@ -47,6 +47,7 @@ class LedgerEntry:
     why_pending: str = ""
     preempt_for: str | None = None
     preempt_reason: str = ""
+    preempt_cause: str = ""  # the victim's cause code (victim.priority, victim.reclaim): why it was chosen
     preempt_deadline: float | None = None
     waiting: Waiting | None = None  # soft state: the scheduler's answer for a pending lease, this cycle
 
@@ -79,7 +80,7 @@ class LedgerEntry:
             "handout": self.handout.to_dict() if self.handout else None, "holder": self.holder,
             "attempt_of": self.attempt_of, "requeued_as": self.requeued_as,
             "checkpoint_path": self.lease.checkpoint_path, "last_checkpoint_at": self.lease.last_checkpoint_at,
-            "preempt_for": self.preempt_for, "preempt_reason": self.preempt_reason,
+            "preempt_for": self.preempt_for, "preempt_reason": self.preempt_reason, "preempt_cause": self.preempt_cause,
             "preempt_deadline": self.preempt_deadline,
         }
 
@@ -96,6 +97,7 @@ class LedgerEntry:
                    handout=Handout.from_dict(d["handout"]) if d.get("handout") else None,
                    holder=d.get("holder"), attempt_of=d.get("attempt_of"), requeued_as=d.get("requeued_as"),
                    preempt_for=d.get("preempt_for"), preempt_reason=d.get("preempt_reason", ""),
+                   preempt_cause=d.get("preempt_cause", ""),
                    preempt_deadline=d.get("preempt_deadline"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,6 +107,7 @@ class LedgerEntry:
                  handout=self.handout.to_dict() if self.handout else None, holder=self.holder,
                  attempt_of=self.attempt_of, requeued_as=self.requeued_as, why_pending=self.why_pending or None,
                  preempt_for=self.preempt_for, preempt_reason=self.preempt_reason or None,
+                 preempt_cause=self.preempt_cause or None,
                  preempt_deadline=self.preempt_deadline)
         return d
 

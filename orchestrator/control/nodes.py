@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from orchestrator.control.store import StateStore
 from orchestrator.core.inventory import NodeInventory
@@ -82,6 +82,14 @@ class NodeRegistry:
         self.records: dict[str, NodeRecord] = {}
         self.ray_nodes: dict[str, RayNodeInfo] = {}
         self.starts: dict[str, float] = {}
+        self.measured: dict[str, dict[int, float]] = {}  # soft: per node, GPU index -> NVML utilisation
+
+    def measure(self, name: str, utilization: Mapping[str, float] | None) -> None:
+        """The utilisation an agent measured per GPU in its last heartbeat (clamped to 0..1); none: forget."""
+        if utilization:
+            self.measured[name] = {int(i): min(1.0, max(0.0, float(u))) for i, u in utilization.items()}
+        else:
+            self.measured.pop(name, None)
 
     def restore(self, now: float) -> None:
         for key in self.store.keys(self.prefix):

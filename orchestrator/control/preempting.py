@@ -25,16 +25,19 @@ from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import PriorityClass
 
 
-def ask_or_stop(e: LedgerEntry, pclass: PriorityClass, *, for_item: str, why: str, now: float) -> LedgerEntry:
-    """The victim's next entry: CHECKPOINTING if it runs and its class checkpoints, else PREEMPTED."""
+def ask_or_stop(e: LedgerEntry, pclass: PriorityClass, *, for_item: str, why: str, now: float,
+                cause: str = "") -> LedgerEntry:
+    """The victim's next entry: CHECKPOINTING if it runs and its class checkpoints, else PREEMPTED.
+
+    ``cause`` is the scheduler's code for choosing it (``victim.priority`` or ``victim.reclaim``)."""
     if e.lease.state is LeaseState.ACTIVE and pclass.checkpoint:
         return replace(e, lease=e.lease.transition(
             LeaseState.CHECKPOINTING, now=now, reason=f"asked to checkpoint within {pclass.grace_period_s:g}s; {why}"),
-            preempt_for=for_item, preempt_reason=why, preempt_deadline=now + pclass.grace_period_s)
+            preempt_for=for_item, preempt_reason=why, preempt_cause=cause, preempt_deadline=now + pclass.grace_period_s)
     return replace(e, lease=e.lease.transition(
         LeaseState.PREEMPTED, now=now,
         reason=why + ("" if e.lease.state is LeaseState.ACTIVE else " (not started: nothing to checkpoint)")),
-        preempt_for=for_item, preempt_reason=why)
+        preempt_for=for_item, preempt_reason=why, preempt_cause=cause)
 
 
 def acknowledged(e: LedgerEntry, checkpoint_path: str | None, reason: str, now: float) -> LedgerEntry:

@@ -17,12 +17,6 @@ from orchestrator.core.lease import LeaseState
 from orchestrator.core.request import ShareKind
 
 
-def _cause(reason: Any) -> str | None:
-    """The cause code of a structured reason, None for a plain string."""
-    cause = getattr(reason, "cause", None)
-    return getattr(cause, "value", None)
-
-
 def explain_lease(ledger: Ledger, lease_id: str) -> dict[str, Any]:
     """Why a lease is where it is: pending reasons and would-be victims, or its placement reason."""
     e = ledger.get(lease_id)
@@ -30,14 +24,13 @@ def explain_lease(ledger: Ledger, lease_id: str) -> dict[str, Any]:
     w = e.waiting
     if e.lease.state is LeaseState.PENDING and w is not None:
         out["pending"] = {
-            "position": w.position, "reason": str(w.reason), "cause": _cause(w.reason),
-            "reasons": [{"alternative": a, "reason": str(r), "cause": _cause(r), "nodes": c} for a, r, c in
-                        (w.unschedulable.reasons if w.unschedulable else ())],
+            "position": w.position, "reason": w.reason.text, "cause": w.reason.cause.value,
+            "reasons": w.unschedulable.to_json()["reasons"] if w.unschedulable else [],
             "would_preempt": [{"lease_id": v, "owner": _owner(ledger, v)} for v in w.would_preempt],
             "being_preempted": [{"lease_id": x.lease_id, "owner": x.spec.owner} for x in ledger
                                 if x.preempt_for == e.lease_id and x.lease.state is LeaseState.CHECKPOINTING],
-            "preemption_blocked": str(w.preemption_blocked) if w.preemption_blocked else "",
-            "preemption_blocked_cause": _cause(w.preemption_blocked),
+            "preemption_blocked": w.preemption_blocked.text if w.preemption_blocked else "",
+            "preemption_blocked_cause": w.preemption_blocked.cause.value if w.preemption_blocked else None,
         }
     if e.grant_reason() and e.lease.allocation is not None:
         a = e.lease.allocation
@@ -45,7 +38,8 @@ def explain_lease(ledger: Ledger, lease_id: str) -> dict[str, Any]:
                             "reason": e.grant_reason()}
     if e.preempt_for:
         out["preempted"] = {"for": e.preempt_for, "for_owner": _owner(ledger, e.preempt_for),
-                            "reason": e.preempt_reason, "checkpoint_path": e.lease.checkpoint_path}
+                            "reason": e.preempt_reason, "cause": e.preempt_cause or None,
+                            "checkpoint_path": e.lease.checkpoint_path}
     return out
 
 
@@ -99,4 +93,4 @@ def status(ledger: Ledger, nodes: NodeRegistry, *, settings: RuntimeSettings, po
 def _queue_row(e: LedgerEntry) -> dict[str, Any]:
     return {"lease_id": e.lease_id, "request": e.spec.request.describe(), "priority": e.lease.priority,
             "owner": e.spec.owner, "why_pending": e.why_pending or None,
-            "cause": _cause(e.waiting.reason) if e.waiting else None}
+            "cause": e.waiting.reason.cause.value if e.waiting else None}

@@ -1,7 +1,7 @@
 """Leases: a workload's claim on concrete GPU devices.
 
 A lease binds one :class:`~orchestrator.core.request.GpuRequest` to an
-:class:`~orchestrator.scheduling.snapshot.Allocation` (node, GPU indices and
+:class:`~orchestrator.core.allocation.Allocation` (node, GPU indices and
 UUIDs, MIG slot or MPS/time-slice share). Nomenclature:
 
 * **granted**: the head has reserved the devices in its ledger; nothing runs yet.

@@ -47,6 +47,11 @@ class Mode(IntEnum):
 KIND_MODE = {ShareKind.WHOLE: Mode.WHOLE, ShareKind.MPS: Mode.MPS, ShareKind.TIMESLICE: Mode.TIMESLICE,
              ShareKind.MIG: Mode.MIG}
 
+# Plain ints for numpy: comparing an array with an IntEnum member makes numpy look special
+# attributes up on the enum class, which costs more than the comparison on a card's row.
+_FREE, _TIMESLICE, _MIG = int(Mode.FREE), int(Mode.TIMESLICE), int(Mode.MIG)
+_KIND_CODE = {kind: int(mode) for kind, mode in KIND_MODE.items()}
+
 #: Per-GPU dynamic fields and their dtypes; each is an (N, G) array of a snapshot.
 GPU_FIELDS = ("mode", "used_milli", "used_mem", "mig_mask", "mig_compute", "holders", "healthy")
 GPU_DTYPES = {"mode": np.int8, "used_milli": np.int32, "used_mem": np.int64, "mig_mask": np.int16,
@@ -68,8 +73,8 @@ def free_milli(mode: np.ndarray, used_milli: np.ndarray, mig_compute: np.ndarray
                timeslice_capacity_milli: int) -> np.ndarray:
     """Free compute per GPU for a new share of the card's current mode (MIG cards: by free compute
     slices); 0 where not ``usable`` (absent or unhealthy)."""
-    cap = np.where(mode == Mode.TIMESLICE, timeslice_capacity_milli, 1000)
-    free = np.where(mode == Mode.MIG, ((MIG_COMPUTE_SLICES - mig_compute.astype(np.int64)) * 1000) // MIG_COMPUTE_SLICES,
+    cap = np.where(mode == _TIMESLICE, timeslice_capacity_milli, 1000)
+    free = np.where(mode == _MIG, ((MIG_COMPUTE_SLICES - mig_compute.astype(np.int64)) * 1000) // MIG_COMPUTE_SLICES,
                     cap - used_milli)
     return np.where(usable, free, 0)
 
@@ -83,7 +88,7 @@ def share_fit(mode: np.ndarray, used_milli: np.ndarray, used_mem: np.ndarray, *,
     A whole card is the share (1000 milli, all the card's memory): by the FREE-card invariant it fits
     exactly the FREE cards. Health and MIG mode are the caller's to check (a MIG card's mode is MIG,
     which admits no share)."""
-    mode_ok = (mode == Mode.FREE) | (mode == KIND_MODE[kind])
+    mode_ok = (mode == _FREE) | (mode == _KIND_CODE[kind])
     compute_ok = mode_ok & (used_milli + milli <= share_capacity(kind, timeslice_capacity_milli))
     memory_ok = compute_ok & (used_mem + memory_mib <= gpu_memory)
     return mode_ok, compute_ok, memory_ok
@@ -110,22 +115,30 @@ def apply_change(rows: Mapping[str, np.ndarray], take: np.ndarray, kind: ShareKi
     memory slices and add ``mig_slices`` compute slices and ``memory_mib``. Per-row amounts broadcast
     (an (M, 1) column for M candidates). The caller has checked that it fits (or is held)."""
     if kind is ShareKind.MIG:
-        bits = np.where(take, mig_mask, 0)
         if sign > 0:
-            rows["mig_mask"][...] |= bits
+            _apply(np.bitwise_or, rows["mig_mask"], take, mig_mask)
         else:
-            rows["mig_mask"][...] &= ~bits
-        rows["mig_compute"][...] += np.where(take, sign * np.asarray(mig_slices), 0)
+            _apply(np.bitwise_and, rows["mig_mask"], take, np.invert(mig_mask), identity=-1)
+        _apply(np.add, rows["mig_compute"], take, sign * np.asarray(mig_slices))
     else:
-        rows["used_milli"][...] += np.where(take, sign * milli, 0)
-    rows["used_mem"][...] += np.where(take, sign * np.asarray(memory_mib), 0)
-    rows["holders"][...] += np.where(take, sign, 0)
+        _apply(np.add, rows["used_milli"], take, sign * milli)
+    _apply(np.add, rows["used_mem"], take, sign * np.asarray(memory_mib))
+    _apply(np.add, rows["holders"], take, sign)
     if kind is not ShareKind.MIG:
         mode = rows["mode"]
         if sign > 0:
-            mode[take] = KIND_MODE[kind]
+            mode[take] = _KIND_CODE[kind]
         else:
-            mode[take & (rows["holders"] == 0)] = Mode.FREE
+            mode[take & (rows["holders"] == 0)] = _FREE
+
+
+def _apply(op: np.ufunc, a: np.ndarray, take: np.ndarray, amount: np.ndarray | int, identity: int = 0) -> None:
+    """``a = op(a, amount)`` where ``take``, in place: a scalar amount on the taken cells only, a per-row
+    one through ``identity`` elsewhere (0 for add and or, all bits for and)."""
+    if np.ndim(amount) == 0:
+        a[take] = op(a[take], amount)
+    else:
+        op(a, np.where(take, amount, identity), out=a, casting="same_kind")
 
 
 def with_change(rows: Mapping[str, np.ndarray], take: np.ndarray, kind: ShareKind, **change: object) -> dict[str, np.ndarray]:

@@ -74,6 +74,7 @@ from orchestrator.scheduling.gpufit import (
 __all__ = ["MODEL_INDEX", "Allocation", "ClusterSnapshot", "Mode", "NodeSpec", "SnapshotStatic", "StateColumn"]
 
 T = TypeVar("T")
+_MIG = int(Mode.MIG)
 
 MODEL_INDEX = {name: i for i, name in enumerate(MODEL_NAMES)}
 MODEL_MEMORY = np.array([CATALOGUE[n].memory_mib for n in MODEL_NAMES], dtype=np.int64)
@@ -423,7 +424,7 @@ class ClusterSnapshot:
     def _change_mig(self, row: dict[str, np.ndarray], i: int, a: Allocation, take: np.ndarray, sign: int) -> None:
         st = self.static
         j, start = a.gpus[0], a.mig_start or 0
-        if row["mode"][j] != Mode.MIG:
+        if row["mode"][j] != _MIG:
             raise CapacityError(f"node {a.node_name} GPU {j}: MIG is not enabled")
         prof = gpu_model(MODEL_NAMES[st.model[i]]).profile(a.mig_profile or "")
         mask = prof.mask(start)
@@ -457,7 +458,7 @@ class ClusterSnapshot:
                 # a held whole card lands here too: its compute is all used
                 raise CapacityError(f"node {a.node_name} GPU {j}: {a.kind.value} share does not fit")
         else:
-            held = (mode == want) & (row["holders"][cols] > 0)
+            held = (mode == int(want)) & (row["holders"][cols] > 0)
             if not held.all():
                 raise CapacityError(f"node {a.node_name} GPU {cols[int(np.argmin(held))]}: "
                                     f"nothing of kind {a.kind.value} to release")

@@ -8,7 +8,8 @@ from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.request import GpuRequest, ShareKind
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.policies import get_policy
-from orchestrator.scheduling.snapshot import Allocation, ClusterSnapshot
+from orchestrator.core.allocation import Allocation
+from orchestrator.scheduling.snapshot import ClusterSnapshot
 from orchestrator.core.config import ClusterConfig
 from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES, device_env, make_handout, ray_num_gpus
 

@@ -38,7 +38,7 @@ def test_lease_new_starts_pending_with_its_defaults() -> None:
 
 def test_an_entry_with_every_field_set_survives_its_stored_form() -> None:
     e = preempting.ask_or_stop(_active(), DEFAULT_CLASSES["training"], for_item="inf-1.a1", why="preempted for inf-1",
-                               now=100.0)
+                               now=100.0, cause="victim.reclaim")
     e = preempting.checkpoint_reported(e, "/ck/old.pt", 90.0)
     back = LedgerEntry.from_json(json.loads(json.dumps(e.to_json())))
     assert back == e  # dataclass equality: every field, the history and the allocation included
@@ -48,6 +48,7 @@ def test_an_entry_with_every_field_set_survives_its_stored_form() -> None:
         "actor-1", "job-1.a0", "inf-1.a1", "preempted for inf-1", 160.0)
     assert view["handout"]["env_vars"] == {"A": "1"} and view["request_spec"]["sm_percent"] == 30
     assert view["why_pending"] is None and view["checkpoint_path"] == "/ck/old.pt"
+    assert view["preempt_cause"] == "victim.reclaim"
 
 
 def test_a_running_checkpointing_victim_is_asked_with_a_deadline() -> None:
