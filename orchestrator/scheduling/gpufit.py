@@ -3,9 +3,10 @@
 A card's usage is a handful of per-GPU *rows* (``mode``, ``used_milli``,
 ``used_mem``, ``mig_mask``, ``mig_compute``, ``holders``, ``healthy``: the
 fields of :data:`GPU_FIELDS`). Every function here is elementwise over numpy
-arrays of any shape, so the same code serves the engine, which asks about
-thousands of candidate cards at once ((M, G) arrays), and the snapshot, which
-checks and applies one allocation (one node's (G,) rows).
+arrays of any shape, numpy scalars included, so the same code serves the
+engine, which asks about thousands of candidate cards at once ((M, G)
+arrays), and the snapshot, which checks and applies one allocation card by
+card (one column of a node's rows: scalars, much cheaper than tiny arrays).
 
 Sharing modes (:class:`Mode`): a card without MIG is FREE until its first
 lease and then takes that lease's mode -- WHOLE, MPS or TIMESLICE -- until its
@@ -106,39 +107,41 @@ def mig_fits(mig_mask: np.ndarray, mig_compute: np.ndarray, fixed: np.ndarray, l
     return ok & (~fixed if layout_bits is None else (~fixed | ((layout_bits >> start) & 1).astype(bool)))
 
 
-def apply_change(rows: Mapping[str, np.ndarray], take: np.ndarray, kind: ShareKind, *, milli: int = 0,
+def apply_change(rows: Mapping[str, np.ndarray], take: np.ndarray | int, kind: ShareKind, *, milli: int = 0,
                  memory_mib: np.ndarray | int = 0, mig_mask: np.ndarray | int = 0, mig_slices: np.ndarray | int = 0,
                  sign: int = 1) -> None:
     """Add (``sign=+1``) or remove (``-1``) one placement of ``kind`` on the ``take`` GPUs, in place.
 
-    Shares (whole cards included) add ``milli`` and ``memory_mib``; MIG instances set ``mig_mask``'s
-    memory slices and add ``mig_slices`` compute slices and ``memory_mib``. Per-row amounts broadcast
-    (an (M, 1) column for M candidates). The caller has checked that it fits (or is held)."""
+    ``take`` is a mask of the GPUs (the engine's candidates) or one column (the snapshot applies an
+    allocation card by card). Shares (whole cards included) add ``milli`` and ``memory_mib``; MIG
+    instances set ``mig_mask``'s memory slices and add ``mig_slices`` compute slices and
+    ``memory_mib``. Amounts are scalars or per-row columns ((M, 1) for M candidates). The caller
+    has checked that it fits (or is held)."""
     if kind is ShareKind.MIG:
         if sign > 0:
-            _apply(np.bitwise_or, rows["mig_mask"], take, mig_mask)
+            _apply(np.bitwise_or, rows["mig_mask"], take, mig_mask, 0)
         else:
-            _apply(np.bitwise_and, rows["mig_mask"], take, np.invert(mig_mask), identity=-1)
-        _apply(np.add, rows["mig_compute"], take, sign * np.asarray(mig_slices))
+            _apply(np.bitwise_and, rows["mig_mask"], take, np.invert(mig_mask), -1)
+        _apply(np.add, rows["mig_compute"], take, sign * mig_slices, 0)
     else:
-        _apply(np.add, rows["used_milli"], take, sign * milli)
-    _apply(np.add, rows["used_mem"], take, sign * np.asarray(memory_mib))
-    _apply(np.add, rows["holders"], take, sign)
+        _apply(np.add, rows["used_milli"], take, sign * milli, 0)
+    _apply(np.add, rows["used_mem"], take, sign * memory_mib, 0)
+    _apply(np.add, rows["holders"], take, sign, 0)
     if kind is not ShareKind.MIG:
         mode = rows["mode"]
         if sign > 0:
             mode[take] = _KIND_CODE[kind]
         else:
-            mode[take & (rows["holders"] == 0)] = _FREE
+            mode[take] = np.where(rows["holders"][take] == 0, _FREE, mode[take])
 
 
-def _apply(op: np.ufunc, a: np.ndarray, take: np.ndarray, amount: np.ndarray | int, identity: int = 0) -> None:
-    """``a = op(a, amount)`` where ``take``, in place: a scalar amount on the taken cells only, a per-row
-    one through ``identity`` elsewhere (0 for add and or, all bits for and)."""
-    if np.ndim(amount) == 0:
-        a[take] = op(a[take], amount)
-    else:
+def _apply(op: np.ufunc, a: np.ndarray, take: np.ndarray | int, amount: np.ndarray | int, identity: int) -> None:
+    """``a = op(a, amount)`` on the ``take`` cells, in place: a scalar amount on those cells only,
+    a per-row column through ``identity`` elsewhere (0 for add and or, all bits for and)."""
+    if isinstance(amount, np.ndarray) and amount.ndim:
         op(a, np.where(take, amount, identity), out=a, casting="same_kind")
+    else:
+        a[take] = op(a[take], amount)
 
 
 def with_change(rows: Mapping[str, np.ndarray], take: np.ndarray, kind: ShareKind, **change: object) -> dict[str, np.ndarray]:

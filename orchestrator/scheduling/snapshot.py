@@ -413,17 +413,15 @@ class ClusterSnapshot:
         for j in a.gpus:
             if not st.present[i, j]:
                 raise CapacityError(f"node {a.node_name}: no GPU in column {j}")
-        take = np.zeros(st.g, dtype=bool)
-        take[list(a.gpus)] = True
-        if a.kind is ShareKind.MIG:
-            self._change_mig(row, i, a, take, sign)
-        else:
-            self._change_share(row, i, a, take, sign)
+            if a.kind is ShareKind.MIG:
+                self._change_mig(row, i, j, a, sign)
+            else:
+                self._change_share(row, i, j, a, sign)
         return self._with(i, row, cpu, mem)
 
-    def _change_mig(self, row: dict[str, np.ndarray], i: int, a: Allocation, take: np.ndarray, sign: int) -> None:
+    def _change_mig(self, row: dict[str, np.ndarray], i: int, j: int, a: Allocation, sign: int) -> None:
         st = self.static
-        j, start = a.gpus[0], a.mig_start or 0
+        start = a.mig_start or 0
         if row["mode"][j] != _MIG:
             raise CapacityError(f"node {a.node_name} GPU {j}: MIG is not enabled")
         prof = gpu_model(MODEL_NAMES[st.model[i]]).profile(a.mig_profile or "")
@@ -436,38 +434,28 @@ class ClusterSnapshot:
                 raise CapacityError(f"node {a.node_name} GPU {j}: MIG {prof.name}@{a.mig_start} does not fit{layout}")
         elif (row["mig_mask"][j] & mask) != mask:
             raise CapacityError(f"node {a.node_name} GPU {j}: MIG {prof.name}@{a.mig_start} is not allocated")
-        apply_change(row, take, ShareKind.MIG, mig_mask=mask, mig_slices=prof.compute_slices,
+        apply_change(row, j, ShareKind.MIG, mig_mask=mask, mig_slices=prof.compute_slices,
                      memory_mib=prof.memory_mib, sign=sign)
 
-    def _change_share(self, row: dict[str, np.ndarray], i: int, a: Allocation, take: np.ndarray, sign: int) -> None:
+    def _change_share(self, row: dict[str, np.ndarray], i: int, j: int, a: Allocation, sign: int) -> None:
         st = self.static
         want = KIND_MODE[a.kind]
-        cols = list(a.gpus)
-        mode = row["mode"][cols]
+        mode = Mode(int(row["mode"][j]))
         if sign > 0:
-            mode_ok, _, fits = share_fit(mode, row["used_milli"][cols], row["used_mem"][cols], kind=a.kind,
+            mode_ok, _, fits = share_fit(row["mode"][j], row["used_milli"][j], row["used_mem"][j], kind=a.kind,
                                          milli=a.milli, memory_mib=a.memory_mib, gpu_memory=int(st.gpu_memory[i]),
                                          timeslice_capacity_milli=st.timeslice_capacity_milli)
-            if not fits.all():  # the first column that does not take it names the error
-                k = int(np.argmin(fits))
-                j, now = cols[k], Mode(int(mode[k]))
-                if now is Mode.MIG:
-                    raise CapacityError(f"node {a.node_name} GPU {j}: MIG-enabled cards take MIG slices only")
-                if not mode_ok[k]:
-                    raise CapacityError(f"node {a.node_name} GPU {j}: card is in {now.name} mode, not {want.name}")
-                # a held whole card lands here too: its compute is all used
+            if mode is Mode.MIG:
+                raise CapacityError(f"node {a.node_name} GPU {j}: MIG-enabled cards take MIG slices only")
+            if not mode_ok:
+                raise CapacityError(f"node {a.node_name} GPU {j}: card is in {mode.name} mode, not {want.name}")
+            if not fits:  # a held whole card, too: its compute is all used
                 raise CapacityError(f"node {a.node_name} GPU {j}: {a.kind.value} share does not fit")
-        else:
-            held = (mode == int(want)) & (row["holders"][cols] > 0)
-            if not held.all():
-                raise CapacityError(f"node {a.node_name} GPU {cols[int(np.argmin(held))]}: "
-                                    f"nothing of kind {a.kind.value} to release")
-        apply_change(row, take, a.kind, milli=a.milli, memory_mib=a.memory_mib, sign=sign)
-        if sign < 0:
-            residue = take & (row["holders"] == 0) & ((row["used_milli"] != 0) | (row["used_mem"] != 0))
-            if residue.any():
-                raise CapacityError(f"node {a.node_name} GPU {int(np.argmax(residue))}: "
-                                    "release left residue (ledger inconsistent)")
+        elif mode is not want or row["holders"][j] <= 0:
+            raise CapacityError(f"node {a.node_name} GPU {j}: nothing of kind {a.kind.value} to release")
+        apply_change(row, j, a.kind, milli=a.milli, memory_mib=a.memory_mib, sign=sign)
+        if sign < 0 and row["holders"][j] == 0 and (row["used_milli"][j] or row["used_mem"][j]):
+            raise CapacityError(f"node {a.node_name} GPU {j}: release left residue (ledger inconsistent)")
 
     # ---- derived views (cached per snapshot; pure functions of it) -----------------------------
     def derived(self, key: Hashable, compute: Callable[[], T]) -> T:
