@@ -38,6 +38,7 @@ import numpy as np
 
 from orchestrator.core import env
 from orchestrator.core.api import HeadApi
+from orchestrator.core.ids import attempt_id
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
 from orchestrator.rayport.ray_api import job_submission_client
@@ -185,7 +186,7 @@ class Scenario:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return str(self.ray_jobs.get_job_logs(f"{job_id}-{attempt}"))
+                return str(self.ray_jobs.get_job_logs(attempt_id(job_id, attempt)))
             except Exception:
                 if time.monotonic() > deadline:
                     return ""
