@@ -176,8 +176,13 @@ def demo(
     except KeyboardInterrupt:
         console.print("interrupted: everything the demo started has been stopped")
         raise typer.Exit(130) from None
+    # The scenario exists to show a preemption: inference arrives while every card trains. None means the
+    # story did not happen (a regression, or training ended before the arrival) -- say so, exit 1.
+    failed = figures.get("resumed_bit_identical") is False or figures.get("preemptions") != rounds
     if as_json:
         typer.echo(json.dumps(figures))
+        if failed:
+            raise typer.Exit(1)
         return
     t = Table(title=f"preemption scenario ({mode})")
     t.add_column("figure")
@@ -185,5 +190,7 @@ def demo(
     for k, v in figures.items():
         t.add_row(k, str(v))
     console.print(t)
-    if figures.get("resumed_bit_identical") is False:
+    if figures.get("preemptions") != rounds:
+        console.print(f"[bold red]expected {rounds} preemption(s), saw {figures.get('preemptions')}[/bold red]")
+    if failed:
         raise typer.Exit(1)
