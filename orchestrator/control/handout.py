@@ -27,7 +27,7 @@ from typing import Any
 
 from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
-from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, gpu_model
+from orchestrator.core.catalogue import gpu_model
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.request import ShareKind
 
@@ -55,7 +55,7 @@ def ray_num_gpus(a: Allocation, *, timeslice_capacity_milli: int = 1000) -> floa
         return float(len(a.gpu_indices))
     if a.kind is ShareKind.MIG:
         prof = gpu_model(a.model or "").profile(a.mig_profile or "")
-        return _floor_grid(prof.compute_slices / MIG_COMPUTE_SLICES)
+        return _floor_grid(prof.compute_fraction)
     if a.kind is ShareKind.MPS:
         return _floor_grid((a.sm_percent or a.milli // 10) / 100)
     return _floor_grid(a.milli / timeslice_capacity_milli)
