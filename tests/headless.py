@@ -180,13 +180,13 @@ class InProcessHead:
                 raise AssertionError(f"timed out after {timeout:g}s waiting for: {what}")
             time.sleep(0.01)
 
-    def wait_lease(self, lease_id: str, timeout: float) -> dict[str, Any]:
+    def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> dict[str, Any]:
         """As the actor answers it: poll the service between cycles of the background thread."""
         self._record("wait_lease", (lease_id, timeout))
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
-                d = self.service.lease_settled(lease_id)
+                d = self.service.lease_settled(lease_id, key)
                 if d is not None:
                     return d
                 if time.monotonic() >= deadline:

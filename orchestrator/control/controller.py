@@ -47,7 +47,7 @@ from orchestrator.control.store import StateStore
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import CapacityError, InvalidRequestError, StaleFencingTokenError
 from orchestrator.core.inventory import NodeInventory
-from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
+from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.request import ShareKind
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
@@ -141,8 +141,10 @@ class HeadController:
         self._dirty = True
         return spec.lease_id
 
-    def get_lease(self, lease_id: str) -> dict[str, Any]:
-        return self.ledger.get(lease_id).to_dict()
+    def get_lease(self, lease_id: str, key: str | None = None) -> dict[str, Any]:
+        """The lease's view; its fencing token only for the requester's ``key``."""
+        e = self.ledger.get(lease_id)
+        return e.to_dict(reveal=key_matches(e.spec.requester_digest, key))
 
     def current_attempt(self, lease_id: str) -> str:
         """Follow ``requeued_as`` from ``lease_id`` to its latest attempt."""
@@ -154,11 +156,11 @@ class HeadController:
         if e.lease.state is LeaseState.ACTIVE:
             if holder and e.holder != holder:
                 self.ledger.commit([replace(e, holder=holder)])
-            return self.ledger.get(lease_id).to_dict()
+            return self.ledger.get(lease_id).to_dict(reveal=True)
         new = replace(e, lease=e.lease.transition(LeaseState.ACTIVE, now=self.clock(),
                                                   reason=f"activated by {holder or 'its holder'}"), holder=holder)
         self.ledger.commit([new])
-        return new.to_dict()
+        return new.to_dict(reveal=True)
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> dict[str, Any]:
         e = self.ledger.get(lease_id)
@@ -169,7 +171,7 @@ class HeadController:
         new = self._end(e, LeaseState.RELEASED, reason)
         self.ledger.commit([new])
         self._free(e)
-        return new.to_dict()
+        return new.to_dict(reveal=token is not None)
 
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str,
                        inventory: NodeInventory | Mapping[str, Any]) -> dict[str, Any]:
@@ -432,6 +434,10 @@ class HeadController:
         return [r.name for r in self.nodes.registered()]
 
     # ---- helpers -------------------------------------------------------------------------------
+    def check_token(self, e: LedgerEntry, token: int | None) -> None:
+        """Raise ``StaleFencingTokenError`` unless ``token`` is the lease's (None never is)."""
+        self._check_token(e, token)
+
     def _check_token(self, e: LedgerEntry, token: int | None) -> None:
         if token is None or int(token) != e.lease.fencing_token:
             raise StaleFencingTokenError(e.lease_id, -1 if token is None else int(token), e.lease.fencing_token)

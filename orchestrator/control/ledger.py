@@ -27,7 +27,8 @@ from orchestrator.control.handout import Handout
 from orchestrator.control.store import StateStore
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import UnknownObjectError
-from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
+from orchestrator.core import env as E
+from orchestrator.core.lease import REDACTED, Lease, LeaseRequest, LeaseState
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.cycle import Waiting
 
@@ -100,11 +101,18 @@ class LedgerEntry:
                    preempt_cause=d.get("preempt_cause", ""),
                    preempt_deadline=d.get("preempt_deadline"))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The public view (``get_lease``, ``status``)."""
+    def to_dict(self, *, reveal: bool = False) -> dict[str, Any]:
+        """The public view (``get_lease``, ``status``): the fencing token redacted unless ``reveal``
+        (the caller proved it is the requester, or already holds the token)."""
         d = self.lease.to_dict()
+        handout = self.handout.to_dict() if self.handout else None
+        if not reveal:
+            d["fencing_token"] = None
+            d["token_redacted"] = True
+            if handout is not None and E.FENCING_TOKEN in handout.get("env_vars", {}):
+                handout["env_vars"] = {**handout["env_vars"], E.FENCING_TOKEN: REDACTED}
         d.update(request_spec=self.spec.request.model_dump(mode="json", exclude_defaults=True),
-                 handout=self.handout.to_dict() if self.handout else None, holder=self.holder,
+                 handout=handout, holder=self.holder,
                  attempt_of=self.attempt_of, requeued_as=self.requeued_as, why_pending=self.why_pending or None,
                  preempt_for=self.preempt_for, preempt_reason=self.preempt_reason or None,
                  preempt_cause=self.preempt_cause or None,

@@ -31,12 +31,13 @@ class HeadApi(Protocol):
         """Queue a :class:`~orchestrator.core.lease.LeaseRequest`; returns its id (a retry with the same id and request too)."""
         ...
 
-    def get_lease(self, lease_id: str) -> Json:
-        """The lease's public view."""
+    def get_lease(self, lease_id: str, key: str | None = None) -> Json:
+        """The lease's public view; the fencing token only with the requester's ``key`` (else redacted)."""
         ...
 
-    def wait_lease(self, lease_id: str, timeout: float) -> Json:
-        """Wait until the lease (or its latest attempt) is handed out or has ended; ``LeaseTimeoutError`` after ``timeout``."""
+    def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> Json:
+        """Wait until the lease (or its latest attempt) is handed out or has ended; ``LeaseTimeoutError`` after ``timeout``.
+        The token is in the answer only with the requester's ``key``."""
         ...
 
     def activate(self, lease_id: str, token: int, holder: str | None = None) -> Json:
@@ -72,8 +73,9 @@ class HeadApi(Protocol):
         """Asked by a running job between steps: whether it must checkpoint now, and by when."""
         ...
 
-    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> Json:
-        """The job wrote the checkpoint at ``path``: while preempting it is stopped and requeued to resume."""
+    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None, token: int | None = None) -> Json:
+        """The job wrote the checkpoint at ``path``: while preempting it is stopped and requeued to resume.
+        ``token`` is its lease's fencing token (``ORCHESTRATOR_FENCING_TOKEN``); a wrong one is refused."""
         ...
 
     # ---- the cluster ---------------------------------------------------------------------------

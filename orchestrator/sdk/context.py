@@ -11,6 +11,7 @@ lease's ``CUDA_VISIBLE_DEVICES`` and friends:
 ``ORCHESTRATOR_CHECKPOINT_DIR`` where the job writes checkpoints (training)
 ``ORCHESTRATOR_RESUME_FROM``    the checkpoint to resume from (a later attempt)
 ``ORCHESTRATOR_LEASE_ID``       the lease this attempt runs on
+``ORCHESTRATOR_FENCING_TOKEN``  its fencing token: acknowledging a checkpoint needs it
 ``ORCHESTRATOR_ATTEMPT``        1 for the first run, +1 per resume
 =============================== =================================================
 
@@ -87,6 +88,7 @@ class JobContext:
     checkpoint_dir: str | None = None
     resume_from: str | None = None
     lease_id: str | None = None
+    fencing_token: int | None = None
     attempt: int = 1
     min_interval_s: float = DEFAULT_POLL_S
     head: HeadApi | None = field(default=None, repr=False)
@@ -110,7 +112,7 @@ class JobContext:
         """Tell the head the checkpoint at ``path`` (after ``step`` steps) is written; it then stops and requeues us."""
         if not self.managed:
             return None
-        return self._head().job_ack_checkpoint(self.job_id, str(path), step)
+        return self._head().job_ack_checkpoint(self.job_id, str(path), step, self.fencing_token)
 
     def record_inference(self, service: str, latencies_s: list[float], slo_s: float | None = None) -> bool:
         """Report requests served and their latencies to the head's metrics; False (and no error) if not managed
@@ -141,8 +143,12 @@ def job_context(environ: Mapping[str, str] | None = None, *, head: HeadApi | Non
         attempt = int(env.get(E.ATTEMPT, "1"))
     except ValueError:
         attempt = 1
+    try:
+        token: int | None = int(env[E.FENCING_TOKEN])
+    except (KeyError, ValueError):
+        token = None
     return JobContext(job_id=env.get(E.JOB_ID) or None, namespace=env.get(E.NAMESPACE) or DEFAULT_NAMESPACE,
                       head_name=env.get(E.HEAD_NAME) or DEFAULT_HEAD_NAME,
                       checkpoint_dir=env.get(E.CHECKPOINT_DIR) or None, resume_from=env.get(E.RESUME_FROM) or None,
-                      lease_id=env.get(E.LEASE_ID) or None, attempt=attempt, min_interval_s=interval, head=head,
+                      lease_id=env.get(E.LEASE_ID) or None, fencing_token=token, attempt=attempt, min_interval_s=interval, head=head,
                       clock=clock)

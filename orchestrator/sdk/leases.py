@@ -5,6 +5,11 @@
 devices; leaving the block releases them. It works in a notebook, a script
 started with plain ``ray job submit``, or a job the head started.
 
+**Who may touch it.** The requester makes a random key and sends only its
+digest with the request; ``wait_lease`` and ``get_lease`` with the key return
+the fencing token, which release, activate and acknowledge need. Any other
+driver (``orchestrator leases --json``, ``status``) sees the token redacted.
+
 **Fate sharing.** A lease is activated with a small holder actor owned by the
 calling driver (:meth:`orchestrator.sdk.connect.Connection.start_holder`);
 when the driver dies without leaving the block, Ray kills that actor and the
@@ -14,6 +19,7 @@ head's dead-holder check frees the devices.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import time
 from contextlib import contextmanager
@@ -22,6 +28,7 @@ from typing import Any, Callable, Iterator, Mapping
 from orchestrator.core import env as E
 from orchestrator.core.api import HeadApi
 from orchestrator.core.errors import LeaseTimeoutError, OrchestratorError
+from orchestrator.core.lease import key_digest
 from orchestrator.core.request import GpuRequest
 from orchestrator.sdk.connect import Connection, open_connection
 from orchestrator.sdk.context import Poll
@@ -44,9 +51,10 @@ class LeaseHandle:
     """
 
     def __init__(self, head: HeadApi, info: dict[str, Any], *, poll_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, key: str | None = None) -> None:
         self.head = head
         self.info = info
+        self._key = key
         self.released = False
         self._poll = Poll(self._checkpoint_asked, poll_s, what=f"lease {self.lease_id}", clock=clock)
 
@@ -90,7 +98,10 @@ class LeaseHandle:
         return out
 
     def refresh(self) -> dict[str, Any]:
-        self.info = self.head.get_lease(self.lease_id)
+        token = self.info.get("fencing_token")
+        self.info = self.head.get_lease(self.lease_id, self._key)
+        if self.info.get("fencing_token") is None and token is not None:
+            self.info["fencing_token"] = token  # ours, whatever the view shows
         return self.info
 
     def preemption_requested(self) -> bool:
@@ -127,6 +138,7 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
         conn = open_connection(address, namespace=namespace, head_name=head_name, state_dir=state_dir)
         head = conn.head
     lid = lease_id or new_lease_id()
+    key = secrets.token_hex(16)  # stays here: the head keeps only its digest
     holder: Any = None
     handle: LeaseHandle | None = None
     requested = failed = False
@@ -134,9 +146,9 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
     try:
         head.request_lease({"lease_id": lid, "request": req.model_dump(mode="json"),
                             "owner": owner or _default_owner(), "priority_class": priority or "", "queue": queue,
-                            "requeue_on_loss": False})
+                            "requeue_on_loss": False, "requester_digest": key_digest(key)})
         requested = True
-        info = head.wait_lease(lid, timeout)
+        info = head.wait_lease(lid, timeout, key)
         if info.get("state") not in ("granted", "active") or not info.get("handout"):
             last = (info.get("history") or [{}])[-1].get("reason", "")
             raise OrchestratorError(f"lease {lid} ended before it was handed out: {info.get('state')} ({last})")
@@ -144,7 +156,7 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
         if fate_share and conn is not None:
             holder, holder_id = conn.start_holder()
         info = {**info, **head.activate(lid, int(info["fencing_token"]), holder_id)}
-        handle = LeaseHandle(head, info, poll_s=poll_s)
+        handle = LeaseHandle(head, info, poll_s=poll_s, key=key)
         yield handle
     except LeaseTimeoutError:
         why, failed = f"not granted within {timeout:g}s; withdrawn by its requester", True
@@ -158,7 +170,7 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
                 if not handle.released:
                     handle.release(why)
             elif requested:
-                _withdraw(head, lid, why)
+                _withdraw(head, lid, why, key)
         except OrchestratorError:
             if not failed:
                 raise  # otherwise the error that ended the block matters more
@@ -172,9 +184,9 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
                 conn.close()
 
 
-def _withdraw(head: HeadApi, lease_id: str, reason: str) -> None:
+def _withdraw(head: HeadApi, lease_id: str, reason: str, key: str) -> None:
     """Release a lease in whatever live state it is (pending needs no token); ended ones are left alone."""
-    d = head.get_lease(lease_id)
+    d = head.get_lease(lease_id, key)
     if d["state"] in _LIVE_LEASE:
         head.release(lease_id, d.get("fencing_token") if d["state"] != "pending" else None, reason)
 

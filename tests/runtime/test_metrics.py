@@ -83,7 +83,7 @@ def test_metrics_follow_the_ledger_and_serve_over_http(ctl, agents, clock) -> No
     for name in METRICS:
         assert name in families or re.sub(r"_(total|bucket)$", "", name) in families, name
     # Released leases leave the gauges; their per-lease series go.
-    ctl.release("a", ctl.get_lease("a")["fencing_token"])
+    ctl.release("a", ctl.ledger.get("a").lease.fencing_token)
     m.update(ctl)
     assert value(m, "orchestrator_leases_active", kind="whole") == 0
     assert not [k for k in samples(m) if k[0] == "orchestrator_lease_gpu_utilization_ratio" and ("lease", "a") in k[1]]

@@ -10,6 +10,7 @@ from typing import Iterator
 from headless import InProcessHead
 
 from orchestrator.core.config import DEMO_CONFIG, load_config
+from orchestrator.core.errors import StaleFencingTokenError
 from orchestrator.sdk.context import job_context
 
 from .fakes import FakeClock
@@ -73,9 +74,26 @@ def test_a_head_that_does_not_answer_is_no_reason_to_stop(head: InProcessHead, c
     assert capsys.readouterr().err.count("head not reachable") == 1
 
 
+def _job_token(head: InProcessHead, job_id: str) -> int:
+    """The fencing token the head put in the job's environment (it reads it in-process; no view shows it)."""
+    lease_id = head.service.get_job(job_id)["lease"]["lease_id"]
+    assert head.service.get_job(job_id)["lease"]["fencing_token"] is None  # the job view redacts it
+    return head.service.ctl.ledger.get(lease_id).lease.fencing_token
+
+
 def test_acknowledge_checkpoint_tells_the_head_path_and_step(head: InProcessHead) -> None:
-    ctx = job_context(ENV, head=head)
+    token = _job_token(head, "train-1")
+    ctx = job_context({**ENV, "ORCHESTRATOR_FENCING_TOKEN": str(token)}, head=head)
     d = ctx.acknowledge_checkpoint("/ck/checkpoint.pt", 120)
-    assert head.calls == [("job_ack_checkpoint", ("train-1", "/ck/checkpoint.pt", 120))] and d["job_id"] == "train-1"
+    assert head.calls == [("job_ack_checkpoint", ("train-1", "/ck/checkpoint.pt", 120, token))]
+    assert d["job_id"] == "train-1"
     # while running, an ack is a periodic checkpoint: the lease records it, the job keeps running
     assert d["state"] == "running" and d["lease"]["checkpoint_path"] == "/ck/checkpoint.pt"
+
+
+def test_an_acknowledgement_without_the_lease_token_is_refused(head: InProcessHead) -> None:
+    token = _job_token(head, "train-1")
+    for env in (ENV, {**ENV, "ORCHESTRATOR_FENCING_TOKEN": str(token + 1)}):
+        with pytest.raises(StaleFencingTokenError):
+            job_context(env, head=head).acknowledge_checkpoint("/elsewhere/ck.pt", 1)
+    assert head.service.get_job("train-1")["lease"]["checkpoint_path"] is None
