@@ -124,13 +124,14 @@ class SimulatedCluster:
             if name in self.down:
                 continue
             if name not in self.registered:
-                core.apply_assignments(head.register_agent(**core.registration())["assignments"])
+                ack = head.register_agent(**core.registration())
+                core.apply_assignments(ack["assignments"], ack.get("revocations"))
                 self.registered.add(name)
             reply = head.heartbeat(**core.heartbeat_payload())
             if reply.get("reregister"):
                 self.registered.discard(name)
                 continue
-            core.apply_assignments(reply.get("assignments", {}))
+            core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"))
 
 
 class InProcessHead:

@@ -297,7 +297,7 @@ class JobManager:
                 self._commit(job.transition(JobState.FAILED, now=self.clock(), reason=f"Ray refused the submission: {e}",
                                             message=str(e)))
                 return f"{job.job_id}: Ray refused the submission: {e}"
-        self.ctl.activate(lease.lease_id, lease.lease.fencing_token, None)
+        self.ctl.activate(lease.lease_id, lease.lease.fencing_token, None, f"job:{sub_id}")
         self._commit(job.transition(JobState.RUNNING, now=self.clock(),
                                     reason=f"submitted to Ray as {sub_id} on {node} ({a.kind.value})"))
         return f"{job.job_id}: running as {sub_id} on {node}"

@@ -150,8 +150,8 @@ class HeadService:
             time.sleep(min(0.05, self.settings.reconcile_interval_s))
         return d
 
-    def activate(self, lease_id: str, token: int, holder: str | None = None) -> Json:
-        return self.ctl.activate(lease_id, token, holder)
+    def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
+        return self.ctl.activate(lease_id, token, holder, workload)
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
         return self.ctl.release(lease_id, token, reason)
@@ -244,8 +244,10 @@ class HeadService:
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
-                  utilization: Mapping[str, float] | None = None) -> Json:
-        return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids, utilization)
+                  utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
+                  checkpointed: Mapping[str, str] | None = None) -> Json:
+        return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids, utilization,
+                                  revoked or (), checkpointed)
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         return self.ctl.update_inventory(node_name, incarnation, inventory)

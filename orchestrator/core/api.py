@@ -40,8 +40,9 @@ class HeadApi(Protocol):
         The token is in the answer only with the requester's ``key``."""
         ...
 
-    def activate(self, lease_id: str, token: int, holder: str | None = None) -> Json:
-        """The holder started on the devices (a stale token is refused)."""
+    def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
+        """The holder started on the devices (a stale token is refused). ``workload`` names what runs on them
+        (``actor:<ns>/<name>``, ``job:<id>``, ``pid:<n>``) so the node's agent can stop it when it is revoked."""
         ...
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
@@ -115,8 +116,11 @@ class HeadApi(Protocol):
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
-                  utilization: Mapping[str, float] | None = None) -> Json:
-        """``utilization``: GPU index (as a string) -> busy fraction, where the agent can measure it (NVML)."""
+                  utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
+                  checkpointed: Mapping[str, str] | None = None) -> Json:
+        """``utilization``: GPU index (as a string) -> busy fraction, where the agent can measure it (NVML);
+        ``revoked``: leases whose workload the agent stopped; ``checkpointed``: lease -> path its actor wrote.
+        The reply: what to hold (``assignments``) and what to stop (``revocations``)."""
         ...
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json: ...

@@ -74,6 +74,12 @@ class LeaseRequest(BaseModel):
     queue: str = Field(default="default", description="Queue (quota group) the lease counts against")
     enqueued_at: float | None = Field(default=None, description="Keep this queue position (a resumed job keeps "
                                       "its original submission time); None = now")
+    requeue_on_preempt: bool = Field(default=False, description="When preempted, queue a new attempt that "
+                                     "resumes from the checkpoint (resume_from); the requester waits for it")
+    checkpoint_dir: str | None = Field(default=None, description="Where the holder writes its checkpoint when "
+                                       "asked (a preemptible actor's checkpoint(dir) receives it)")
+    resume_from: str | None = Field(default=None, description="Set by the head on a requeued attempt: the "
+                                    "checkpoint its holder starts from")
     requester_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                          description="key_digest() of the requester's secret key: get_lease and "
                                          "wait_lease with that key return the fencing token; no one else sees it")

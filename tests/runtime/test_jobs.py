@@ -143,7 +143,8 @@ def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp
 def test_grace_period_over_stops_and_requeues(ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
     victim = one_victim(ctl, jm, agents, clock, tmp_path)
     clock.advance(61)  # the training class's grace period is 60 s
-    cycle(ctl, jm, agents, 2)
+    # 3 cycles: preempted (fenced), the agent stops the Ray job, its confirmation frees the cards
+    cycle(ctl, jm, agents, 3)
     v = jm.get(victim)
     assert v["state"] == "queued" and v["resume_from"] is None and v["attempt"] == 2
     first = ctl.get_lease(f"{victim}.a1")  # the attempt that was asked to checkpoint and never did
@@ -157,9 +158,12 @@ def test_batch_is_stopped_at_once_without_checkpoint(ctl, jm, agents, clock, ray
         jm.submit(spec(f"b{i}", priority="batch"))
     cycle(ctl, jm, agents, 2)
     jm.submit(spec("urgent", priority="inference"))
-    cycle(ctl, jm, agents, 2)
+    cycle(ctl, jm, agents, 3)  # preempted (fenced), stopped by the agent, confirmed: then granted
     assert jm.get("urgent-1")["state"] == "running"
     assert sum(1 for j in jm.list() if j["state"] == "queued" and j["preemptions"]) == 1
+    (victim,) = [j for j in jm.list() if j["preemptions"]]
+    stopped = [w for a in agents.values() for w in a.core.workloads.stopped]  # type: ignore[attr-defined]
+    assert len(stopped) == 1 and stopped[0].startswith(f"job:{victim['job_id']}")
 
 
 def test_cancel_and_success_release_the_lease(ctl, jm, agents, ray_jobs) -> None:

@@ -232,9 +232,13 @@ def test_lease_grants_activates_yields_and_releases(head: InProcessHead) -> None
         assert 0 < opts["num_gpus"] < 1 and opts["num_cpus"] == 1
         assert opts["runtime_env"]["env_vars"]["X"] == "1" and opts["scheduling_strategy"].soft is False
         assert head.get_lease("l-a")["state"] == "active"
+        # the holder actor is named and registered as the lease's workload: the agent can reach it
+        assert (opts["name"], opts["namespace"]) == ("rgo-lease-l-a", "rgo")
+        assert head.get_lease("l-a")["workload"] == "actor:rgo/rgo-lease-l-a"
     req = head.calls[0][1][0]
     assert req["priority_class"] == "training" and req["owner"] == "me" and GpuRequest(**req["request"]) == GpuRequest.mig("1g.10gb")
-    assert [m for m in head.methods() if m != "get_lease"] == ["request_lease", "wait_lease", "activate", "release"]
+    assert [m for m in head.methods() if m != "get_lease"] == ["request_lease", "wait_lease", "activate", "activate",
+                                                               "release"]
     final = head.get_lease("l-a")
     assert final["state"] == "released" and final["history"][-1]["reason"] == "holder left the lease block"
 
