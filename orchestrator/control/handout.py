@@ -96,6 +96,8 @@ def device_env(a: Allocation, *, lease_id: str, fencing_token: int, mps_pipe_roo
             env[E.MPS_CLIENT_PRIORITY] = str(a.client_priority)
     elif a.kind is ShareKind.TIMESLICE:
         env[E.TIMESLICE_MILLI] = str(a.milli)
+    if a.memory_mib and a.kind in (ShareKind.MPS, ShareKind.TIMESLICE):
+        env[E.MEMORY_LIMIT_MIB] = str(a.memory_mib)  # sdk.context.apply_limits turns it into a memory fraction
     return env
 
 
