@@ -124,13 +124,14 @@ class SimulatedCluster:
             if name in self.down:
                 continue
             if name not in self.registered:
-                core.apply_assignments(head.register_agent(**core.registration())["assignments"])
+                ack = head.register_agent(**core.registration())
+                core.apply_assignments(ack["assignments"], ack.get("revocations"))
                 self.registered.add(name)
             reply = head.heartbeat(**core.heartbeat_payload())
             if reply.get("reregister"):
                 self.registered.discard(name)
                 continue
-            core.apply_assignments(reply.get("assignments", {}))
+            core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"))
 
 
 class InProcessHead:
@@ -180,13 +181,13 @@ class InProcessHead:
                 raise AssertionError(f"timed out after {timeout:g}s waiting for: {what}")
             time.sleep(0.01)
 
-    def wait_lease(self, lease_id: str, timeout: float) -> dict[str, Any]:
+    def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> dict[str, Any]:
         """As the actor answers it: poll the service between cycles of the background thread."""
         self._record("wait_lease", (lease_id, timeout))
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
-                d = self.service.lease_settled(lease_id)
+                d = self.service.lease_settled(lease_id, key)
                 if d is not None:
                     return d
                 if time.monotonic() >= deadline:

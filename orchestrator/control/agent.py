@@ -18,26 +18,83 @@ Invariant: the head builds a lease's device environment, once
 (:mod:`orchestrator.control.handout`); the agent checks the devices are its
 own, creates an on-demand MIG instance and reports its UUID, and keeps the
 environment the head sent -- it never builds one of its own.
+
+It also **holds** the node's leases (:mod:`orchestrator.control.revocation`):
+
+* it prepares MPS shares: a control daemon runs for every GPU with an MPS
+  lease, and only for those (:class:`~orchestrator.control.mps.MpsDaemons`);
+* it asks a checkpointing lease's actor to ``checkpoint(dir)`` and reports the
+  path it answers (``checkpointed``);
+* it carries out revocations: stops the lease's workload through its
+  :class:`WorkloadPort` (``ray.kill`` of the actor, stop of the Ray job, kill
+  of the process), then confirms (``revoked``);
+* it knows each held lease's token and refuses any other
+  (:meth:`AgentCore.check_holder`): a revoked or stale holder cannot come back.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import uuid
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from orchestrator.control.discovery.base import DiscoveryBackend, apply_events, measured_utilization
+from orchestrator.control.mps import MpsDaemons, RecordingPort, SubprocessPort
+from orchestrator.control.revocation import parse_workload
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.config import RuntimeSettings
-from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.errors import InvalidRequestError, StaleFencingTokenError
 from orchestrator.core.inventory import K8S_NODE_LABEL, NodeInventory
 from orchestrator.core.request import ShareKind
+
+log = logging.getLogger(__name__)
+
+#: A pending checkpoint: returns the path once written, None meanwhile; raises when the holder failed.
+CheckpointPoll = Callable[[], "str | None"]
+
+
+class WorkloadPort(Protocol):
+    """How an agent reaches what runs on its leases (``rayport.agent.RayWorkloads`` is the real one)."""
+
+    def stop(self, workload: str) -> bool:
+        """Stop ``workload`` (idempotent); True once nothing of it runs any more."""
+        ...
+
+    def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
+        """Ask a preemptible actor to ``checkpoint(directory)``; a poll for the path it writes."""
+        ...
+
+
+class LocalWorkloads:
+    """The port without Ray: processes (``pid:``) are killed; actors and Ray jobs, which only exist on a
+    Ray cluster, are recorded as stopped. What a simulated node and the unit tests use."""
+
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    def stop(self, workload: str) -> bool:
+        kind, ref = parse_workload(workload)
+        self.stopped.append(workload)
+        if kind != "pid":
+            return True
+        try:
+            os.kill(int(ref), signal.SIGKILL)
+        except ProcessLookupError:
+            return True
+        return False  # confirmed on a later beat, once the process is gone
+
+    def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
+        raise InvalidRequestError("workload", workload, "a Ray actor (checkpoints are asked through Ray)")
 
 
 class AgentCore:
     """An agent's state and decisions; no Ray."""
 
-    def __init__(self, node_name: str, ray_node_id: str, backend: DiscoveryBackend, settings: RuntimeSettings,
-                 *, k8s_node: str | None = None) -> None:
+    def __init__(self, node_name: str, ray_node_id: str, backend: DiscoveryBackend, settings: RuntimeSettings, *,
+                 k8s_node: str | None = None, workloads: WorkloadPort | None = None,
+                 mps: MpsDaemons | None = None) -> None:
         self.node_name = node_name
         self.ray_node_id = ray_node_id
         self.backend = backend
@@ -50,6 +107,13 @@ class AgentCore:
         self.allocated: dict[str, dict[str, str]] = {}  # lease id -> the env the head built for it
         self.rejected: dict[str, str] = {}
         self.mig_uuids: dict[str, str] = {}
+        self.workloads: WorkloadPort = workloads or LocalWorkloads()
+        port = RecordingPort() if backend.name == "simulated" else SubprocessPort()
+        self.mps = mps or MpsDaemons(settings.mps_pipe_root, port)
+        self.tokens: dict[str, int] = {}  # lease id -> the token of the lease this agent holds
+        self.revoked: set[str] = set()  # stopped and confirmed; reported until the head stops asking
+        self.checkpointed: dict[str, str] = {}  # lease id -> the path its actor wrote
+        self._checkpoints: dict[str, CheckpointPoll] = {}
 
     def registration(self) -> dict[str, Any]:
         return {"node_name": self.node_name, "ray_node_id": self.ray_node_id, "incarnation": self.incarnation,
@@ -57,11 +121,17 @@ class AgentCore:
 
     def heartbeat_payload(self) -> dict[str, Any]:
         payload = {"node_name": self.node_name, "incarnation": self.incarnation, "allocated": sorted(self.allocated),
-                   "rejected": dict(self.rejected), "mig_uuids": dict(self.mig_uuids)}
+                   "rejected": dict(self.rejected), "mig_uuids": dict(self.mig_uuids), "revoked": sorted(self.revoked),
+                   "checkpointed": dict(self.checkpointed)}
         util = measured_utilization(self.backend)
         if util:
             payload["utilization"] = {str(i): u for i, u in util.items()}
         return payload
+
+    def check_holder(self, lease_id: str, token: int) -> None:
+        """A holder on this node presents its token: refused unless it is the token of a lease held here."""
+        if self.tokens.get(lease_id) != int(token):
+            raise StaleFencingTokenError(lease_id, int(token), self.tokens.get(lease_id, -1))
 
     def allocate(self, lease_id: str, allocation: Allocation) -> str | None:
         """Allocate: check the devices are here; make the MIG instance on demand. Returns the UUID it made, if any."""
@@ -78,16 +148,20 @@ class AgentCore:
             return made
         return None
 
-    def apply_assignments(self, assignments: Mapping[str, Mapping[str, Any]]) -> None:
-        """Make what this agent holds equal the head's desired set (idempotent).
+    def apply_assignments(self, assignments: Mapping[str, Mapping[str, Any]],
+                          revocations: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Make what this agent holds equal the head's desired set, and stop what it revokes (idempotent).
 
-        Each assignment is ``{"allocation": <Allocation JSON>, "fencing_token": n, "env": {...} | None}``;
-        ``env`` is None while the head waits for the UUID of a MIG instance made here."""
+        Each assignment is ``{"allocation": <Allocation JSON>, "fencing_token": n, "env": {...} | None,
+        "state": ..., "workload": ..., "checkpoint_dir": ...}``; ``env`` is None while the head waits for
+        the UUID of a MIG instance made here. Each revocation is ``{"fencing_token", "workload", "reason"}``."""
+        revocations = revocations or {}
         for lease_id in [k for k in self.allocated if k not in assignments]:
             del self.allocated[lease_id]
             self.mig_uuids.pop(lease_id, None)
         for lease_id in [k for k in self.rejected if k not in assignments]:
             del self.rejected[lease_id]
+        self.tokens = {k: int(v["fencing_token"]) for k, v in assignments.items()}
         for lease_id, want in assignments.items():
             if lease_id in self.rejected:
                 continue
@@ -98,6 +172,60 @@ class AgentCore:
                     self.rejected[lease_id] = str(e)
                     continue
             self.allocated[lease_id] = dict(want.get("env") or {})
+        self._sync_mps(assignments)
+        self._ask_checkpoints(assignments)
+        self._revoke(revocations)
+
+    def _sync_mps(self, assignments: Mapping[str, Mapping[str, Any]]) -> None:
+        """A control daemon on exactly the GPUs that hold MPS leases; a lease whose daemon failed is refused."""
+        wanted: dict[int, list[str]] = {}
+        for lease_id, want in assignments.items():
+            a = Allocation.from_json(want["allocation"])
+            if a.kind is ShareKind.MPS and lease_id in self.allocated:
+                wanted.setdefault(a.gpu_indices[0], []).append(lease_id)
+        uuids = {g.index: g.uuid for g in self.inventory.gpus}
+        for idx, why in self.mps.sync((i, uuids[i]) for i in wanted).items():
+            for lease_id in wanted[idx]:
+                self.rejected[lease_id] = why
+                self.allocated.pop(lease_id, None)
+
+    def _ask_checkpoints(self, assignments: Mapping[str, Mapping[str, Any]]) -> None:
+        """Ask each checkpointing actor once; report the path it writes."""
+        for lease_id in [k for k in self._checkpoints if k not in assignments]:
+            del self._checkpoints[lease_id]
+        self.checkpointed = {k: v for k, v in self.checkpointed.items() if k in assignments}
+        for lease_id, want in assignments.items():
+            workload = want.get("workload") or ""
+            if want.get("state") != "checkpointing" or not workload.startswith("actor:") or lease_id in self.checkpointed:
+                continue
+            try:
+                if lease_id not in self._checkpoints:
+                    directory = want.get("checkpoint_dir") or os.path.join(self.settings.mps_pipe_root, "checkpoints")
+                    self._checkpoints[lease_id] = self.workloads.checkpoint(workload, os.path.join(directory, lease_id))
+                path = self._checkpoints[lease_id]()
+            except Exception as e:  # the holder failed or ignores us: its grace deadline decides
+                log.warning("agent %s: checkpoint of %s failed: %s", self.node_name, lease_id, e)
+                self._checkpoints[lease_id] = lambda: None
+                continue
+            if path:
+                self.checkpointed[lease_id] = str(path)
+
+    def _revoke(self, revocations: Mapping[str, Mapping[str, Any]]) -> None:
+        """Stop each revoked lease's workload; confirm once it is gone. Its token is refused from now on."""
+        self.revoked &= set(revocations)
+        for lease_id, r in revocations.items():
+            self.tokens.pop(lease_id, None)
+            self.allocated.pop(lease_id, None)
+            if lease_id in self.revoked:
+                continue
+            workload = r.get("workload")
+            try:
+                gone = True if not workload else self.workloads.stop(workload)
+            except Exception as e:  # not confirmed: the next beat tries again
+                log.warning("agent %s: could not stop %s of %s: %s", self.node_name, workload, lease_id, e)
+                gone = False
+            if gone:
+                self.revoked.add(lease_id)
 
     def poll_health(self, timeout_s: float = 0.0) -> NodeInventory | None:
         """Apply pending health events; the new inventory if any GPU changed, else None."""

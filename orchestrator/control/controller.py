@@ -39,17 +39,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from orchestrator.control import preempting, views
-from orchestrator.control.handout import Handout, make_handout
+from orchestrator.control import preempting, revocation, views
+from orchestrator.control.handout import lease_handout
 from orchestrator.control.ledger import Ledger, LedgerEntry
 from orchestrator.control.nodes import AgentStart, NodeRecord, NodeRegistry, NodeState, RayNodeInfo
 from orchestrator.control.store import StateStore
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import CapacityError, InvalidRequestError, StaleFencingTokenError
 from orchestrator.core.inventory import NodeInventory
-from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
+from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
-from orchestrator.core.request import ShareKind
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot
@@ -141,24 +140,30 @@ class HeadController:
         self._dirty = True
         return spec.lease_id
 
-    def get_lease(self, lease_id: str) -> dict[str, Any]:
-        return self.ledger.get(lease_id).to_dict()
+    def get_lease(self, lease_id: str, key: str | None = None) -> dict[str, Any]:
+        """The lease's view; its fencing token only for the requester's ``key``."""
+        e = self.ledger.get(lease_id)
+        return e.to_dict(reveal=key_matches(e.spec.requester_digest, key))
 
     def current_attempt(self, lease_id: str) -> str:
         """Follow ``requeued_as`` from ``lease_id`` to its latest attempt."""
         return self.ledger.latest(lease_id).lease_id
 
-    def activate(self, lease_id: str, token: int, holder: str | None = None) -> dict[str, Any]:
+    def activate(self, lease_id: str, token: int, holder: str | None = None,
+                 workload: str | None = None) -> dict[str, Any]:
         e = self.ledger.get(lease_id)
         self._check_token(e, token)
+        if workload is not None:
+            revocation.parse_workload(workload)
         if e.lease.state is LeaseState.ACTIVE:
-            if holder and e.holder != holder:
-                self.ledger.commit([replace(e, holder=holder)])
-            return self.ledger.get(lease_id).to_dict()
+            if (holder and e.holder != holder) or (workload and e.workload != workload):
+                self.ledger.commit([replace(e, holder=holder or e.holder, workload=workload or e.workload)])
+            return self.ledger.get(lease_id).to_dict(reveal=True)
         new = replace(e, lease=e.lease.transition(LeaseState.ACTIVE, now=self.clock(),
-                                                  reason=f"activated by {holder or 'its holder'}"), holder=holder)
+                                                  reason=f"activated by {holder or workload or 'its holder'}"),
+                      holder=holder, workload=workload or e.workload)
         self.ledger.commit([new])
-        return new.to_dict()
+        return new.to_dict(reveal=True)
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> dict[str, Any]:
         e = self.ledger.get(lease_id)
@@ -169,7 +174,7 @@ class HeadController:
         new = self._end(e, LeaseState.RELEASED, reason)
         self.ledger.commit([new])
         self._free(e)
-        return new.to_dict()
+        return new.to_dict(reveal=token is not None)
 
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str,
                        inventory: NodeInventory | Mapping[str, Any]) -> dict[str, Any]:
@@ -202,25 +207,34 @@ class HeadController:
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
-                  utilization: Mapping[str, float] | None = None) -> dict[str, Any]:
-        """An agent's heartbeat: what it has handed out; the reply carries what it should hand out."""
+                  utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
+                  checkpointed: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """An agent's heartbeat: what it holds, stopped and checkpointed; the reply carries what it should
+        hold and what it must stop (:mod:`.revocation`)."""
         rec = self.nodes.current(node_name, incarnation)
         if rec is None:
             return {"ok": False, "reregister": True}
         self.nodes.touch(rec, self.clock(), tuple(allocated))
         self.nodes.measure(node_name, utilization)
+        for e in revocation.confirm(self.ledger, node_name, revoked):  # the agent stopped them: free now
+            self._free(e)
+        for lease_id, path in (checkpointed or {}).items():
+            e = self.ledger.find(lease_id)
+            if e is not None and e.lease.state is LeaseState.CHECKPOINTING:
+                self.ack_preemption(lease_id, path, reason=f"checkpoint written through the agent of {node_name}")
         changed: list[LedgerEntry] = []
         for lease_id, uuid in (mig_uuids or {}).items():
             e = self.ledger.find(lease_id)
             if e is not None and e.lease.holding and e.handout is None and e.lease.allocation is not None:
-                changed.append(replace(e, handout=self._handout(e.lease, rec, mig_uuid=uuid)))
+                changed.append(replace(e, handout=lease_handout(e.lease, rec.ray_node_id, self.settings, mig_uuid=uuid)))
         if changed:
             self.ledger.commit(changed)
         for lease_id, why in (rejected or {}).items():
             e = self.ledger.find(lease_id)
             if e is not None and e.lease.holding:
                 self._lose([e], f"agent on {node_name} refused the devices: {why}", ReconcileReport())
-        return {"ok": True, "assignments": self._assignments(node_name)}
+        return {"ok": True, "assignments": revocation.node_assignments(self.ledger, node_name),
+                "revocations": revocation.node_revocations(self.ledger, node_name)}
 
     def observe_ray_nodes(self, nodes: Iterable[RayNodeInfo]) -> None:
         """The live Ray nodes (the wrapper reads the GCS node table); used to decide where agents go."""
@@ -250,29 +264,17 @@ class HeadController:
         return report
 
     def _prune_ended(self, now: float, report: ReconcileReport) -> None:
-        """Drop ended leases ``ended_retention_s`` after they ended, from the store first.
-
-        A lease stays while a later attempt it was requeued as is still live, so
-        ``current_attempt`` keeps leading a client holding the first id to the
-        running one. 0 keeps everything."""
-        keep = self.settings.ended_retention_s
-        if not keep:
-            return
-        cutoff = now - keep
-        for e in self.ledger:
-            if not e.lease.terminal or e.lease.history[-1].at > cutoff:
-                continue
-            if not self.ledger.latest(e.lease_id).lease.terminal:
-                continue
-            self.ledger.drop(e.lease_id)
-            report.pruned.append(e.lease_id)
+        """Drop ended leases ``ended_retention_s`` after they ended (0 keeps them; :meth:`Ledger.prune_ended`)."""
+        if self.settings.ended_retention_s:
+            report.pruned.extend(self.ledger.prune_ended(now - self.settings.ended_retention_s))
 
     def _expire_agents(self, now: float, report: ReconcileReport) -> None:
         for rec, why in self.nodes.silent(now, self.settings.agent_ttl_s):
             self.nodes.commit(replace(rec, state=NodeState.LOST, reason=why))
             report.lost_nodes.append(rec.name)
-            on_node = [e for e in self.ledger.holding() if e.lease.allocation and e.lease.allocation.node_name == rec.name]
-            self._lose(on_node, f"node {rec.name} lost: {why}", report)
+            for e in revocation.confirm(self.ledger, rec.name):  # a lost node frees what it was stopping
+                self._free(e)
+            self._lose(revocation.on_node(self.ledger.holding(), rec.name), f"node {rec.name} lost: {why}", report)
             self._rebuild_snapshot()
 
     def _lose(self, entries: list[LedgerEntry], reason: str, report: ReconcileReport, *, requeue: bool = True) -> None:
@@ -330,7 +332,7 @@ class HeadController:
             self.ledger.fencing += 1
             lease = e.lease.grant(g.placement.allocation, self.ledger.fencing, now=now, reason=str(g.reason))
             rec = self.nodes.records[g.placement.allocation.node_name]
-            grants.append(replace(e, lease=lease, handout=self._handout(lease, rec), why_pending="", waiting=None))
+            grants.append(replace(e, lease=lease, handout=lease_handout(lease, rec.ray_node_id, self.settings), why_pending="", waiting=None))
         if grants:
             self.ledger.put_meta()  # the counter first: a restore never reissues a token
             self.ledger.commit(grants)
@@ -344,7 +346,7 @@ class HeadController:
     def _plan(self, pending: Sequence[LedgerEntry], now: float) -> Plan:
         """The one call site of the scheduler (``orchestrator.scheduling.cycle.schedule``)."""
         checkpointing = self.ledger.in_state(LeaseState.CHECKPOINTING)
-        nominated = {e.preempt_for for e in checkpointing if e.preempt_for}
+        nominated = revocation.nominated(self.ledger)
         items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at,
                              queue=e.spec.queue, nominated=e.lease_id in nominated)
                  for e in pending]
@@ -357,8 +359,7 @@ class HeadController:
         """Carry out the plan's preemptions: ask checkpointing victims to checkpoint (grace period),
         stop the others at once. Written to the store before anyone is told."""
         asked: list[LedgerEntry] = []
-        stopped: list[LedgerEntry] = []
-        freed: list[LedgerEntry] = []
+        stopped: list[tuple[LedgerEntry, LedgerEntry]] = []
         for p in plan.preemptions:
             e = self.ledger.find(p.victim.lease_id)
             if e is None or not e.lease.holding or e.lease.state is LeaseState.CHECKPOINTING:
@@ -371,13 +372,12 @@ class HeadController:
             if new.state is LeaseState.CHECKPOINTING:
                 asked.append(new)
             else:
-                stopped.append(new)
-                freed.append(e)
-        self.ledger.commit(asked + stopped)
-        for e in freed:
-            self._free(e)
+                stopped.append((e, new))
+        self.ledger.commit(asked)
+        for e, new in stopped:
+            self._settle_preempted(e, new)
         report.checkpoint_requested.extend(e.lease_id for e in asked)
-        report.preempted.extend(e.lease_id for e in stopped)
+        report.preempted.extend(e.lease_id for e, _ in stopped)
 
     def ack_preemption(self, lease_id: str, checkpoint_path: str | None, token: int | None = None,
                        reason: str = "checkpoint acknowledged") -> dict[str, Any]:
@@ -390,10 +390,21 @@ class HeadController:
         if e.lease.state is not LeaseState.CHECKPOINTING:
             raise InvalidRequestError("lease_id", lease_id, "a lease being preempted (checkpointing)",
                                       detail=f"lease is {e.lease.state.value}")
-        new = preempting.acknowledged(e, checkpoint_path, reason, self.clock())
-        self.ledger.commit([new])
-        self._free(e)
-        return new.to_dict()
+        new = self._settle_preempted(e, preempting.acknowledged(e, checkpoint_path, reason, self.clock()))
+        return new.to_dict(reveal=token is not None)
+
+    def _settle_preempted(self, e: LedgerEntry, new: LedgerEntry) -> LedgerEntry:
+        """Write a victim's PREEMPTED entry: requeued to resume if it asked, and its devices freed now
+        or fenced until its agent confirms (:func:`.revocation.must_confirm`)."""
+        node = e.lease.allocation.node_name if e.lease.allocation else ""
+        fenced = revocation.must_confirm(e, node in self.registered_nodes())
+        out = preempting.requeued_if_asked(replace(new, revoking=fenced), self.clock())
+        self.ledger.commit(out)  # the retry first: it is written before the entry that points to it
+        new = out[-1]
+        if not fenced:
+            self._free(e)
+        self._dirty = True
+        return new
 
     def report_checkpoint(self, lease_id: str, checkpoint_path: str, at: float | None = None) -> dict[str, Any]:
         """A holder wrote a checkpoint (periodic or not): less work is lost if it is preempted now."""
@@ -432,9 +443,12 @@ class HeadController:
         return [r.name for r in self.nodes.registered()]
 
     # ---- helpers -------------------------------------------------------------------------------
-    def _check_token(self, e: LedgerEntry, token: int | None) -> None:
+    def check_token(self, e: LedgerEntry, token: int | None) -> None:
+        """Raise ``StaleFencingTokenError`` unless ``token`` is the lease's (None never is)."""
         if token is None or int(token) != e.lease.fencing_token:
             raise StaleFencingTokenError(e.lease_id, -1 if token is None else int(token), e.lease.fencing_token)
+
+    _check_token = check_token
 
     def _end(self, e: LedgerEntry, state: LeaseState, reason: str) -> LedgerEntry:
         return replace(e, lease=e.lease.transition(state, now=self.clock(), reason=reason))
@@ -442,32 +456,14 @@ class HeadController:
     def _free(self, e: LedgerEntry) -> None:
         """Give a formerly holding lease's devices back to the snapshot (no-op if it held none)."""
         a = e.lease.allocation
-        if e.lease.holding and a is not None and a.node_name in self._snapshot.static.index:
+        if (e.lease.holding or e.revoking) and a is not None and a.node_name in self._snapshot.static.index:
             self._snapshot = self._snapshot.release(a)
             self._dirty = True
 
-    def _handout(self, lease: Lease, rec: NodeRecord, *, mig_uuid: str | None = None) -> Handout | None:
-        """The one place a lease's device environment is built (the agent receives it, never rebuilds it)."""
-        a = lease.allocation
-        assert a is not None
-        if a.kind is ShareKind.MIG and not (mig_uuid or a.mig_uuid):
-            return None  # made on demand: the agent creates the instance and reports its UUID
-        return make_handout(a, ray_node_id=rec.ray_node_id, lease_id=lease.lease_id, fencing_token=lease.fencing_token,
-                            mps_pipe_root=self.settings.mps_pipe_root,
-                            timeslice_capacity_milli=self.settings.timeslice_capacity_milli, mig_uuid=mig_uuid)
-
-    def _assignments(self, node_name: str) -> dict[str, Any]:
-        out = {}
-        for e in self.ledger.holding():
-            a = e.lease.allocation
-            if a is not None and a.node_name == node_name:
-                out[e.lease_id] = {"allocation": a.to_json(), "fencing_token": e.lease.fencing_token,
-                                   "env": e.handout.env_vars if e.handout else None}
-        return out
-
     def _ack(self, node_name: str) -> dict[str, Any]:
         return {"ok": True, "heartbeat_interval_s": self.settings.heartbeat_interval_s,
-                "agent_ttl_s": self.settings.agent_ttl_s, "assignments": self._assignments(node_name)}
+                "agent_ttl_s": self.settings.agent_ttl_s, "assignments": revocation.node_assignments(self.ledger, node_name),
+                "revocations": revocation.node_revocations(self.ledger, node_name)}
 
     def _rebuild_snapshot(self) -> None:
         """A fresh snapshot of the registered nodes with every holding lease applied again.
@@ -479,7 +475,7 @@ class HeadController:
         invs = [r.inventory for r in self.nodes.registered()]
         snap = ClusterSnapshot.build(invs, timeslice_capacity_milli=self.settings.timeslice_capacity_milli)
         misfits: list[LedgerEntry] = []
-        for e in sorted(self.ledger.holding(), key=lambda e: e.lease.fencing_token):
+        for e in sorted(self.ledger.occupying(), key=lambda e: e.lease.fencing_token):
             a = e.lease.allocation
             if a is None or a.node_name not in snap.static.index:
                 continue
@@ -492,6 +488,7 @@ class HeadController:
             if moved != a:  # column positions change when nodes come and go
                 self.ledger.soft(e, lease=replace(e.lease, allocation=moved))
         self._snapshot = snap
-        if misfits:
-            self.ledger.commit([self._end(e, LeaseState.LOST, "its devices are no longer in the node's inventory")
+        if misfits:  # a revoking one has ended already: it just stops occupying
+            self.ledger.commit([revocation.confirmed(e) if e.revoking else
+                                self._end(e, LeaseState.LOST, "its devices are no longer in the node's inventory")
                                 for e in misfits])

@@ -27,8 +27,10 @@ from typing import Any
 
 from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
-from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, gpu_model
+from orchestrator.core.catalogue import gpu_model
+from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.lease import Lease
 from orchestrator.core.request import ShareKind
 
 NOSET_CUDA_VISIBLE_DEVICES = E.RAY_NOSET_CUDA_VISIBLE_DEVICES
@@ -55,7 +57,7 @@ def ray_num_gpus(a: Allocation, *, timeslice_capacity_milli: int = 1000) -> floa
         return float(len(a.gpu_indices))
     if a.kind is ShareKind.MIG:
         prof = gpu_model(a.model or "").profile(a.mig_profile or "")
-        return _floor_grid(prof.compute_slices / MIG_COMPUTE_SLICES)
+        return _floor_grid(prof.compute_fraction)
     if a.kind is ShareKind.MPS:
         return _floor_grid((a.sm_percent or a.milli // 10) / 100)
     return _floor_grid(a.milli / timeslice_capacity_milli)
@@ -94,6 +96,8 @@ def device_env(a: Allocation, *, lease_id: str, fencing_token: int, mps_pipe_roo
             env[E.MPS_CLIENT_PRIORITY] = str(a.client_priority)
     elif a.kind is ShareKind.TIMESLICE:
         env[E.TIMESLICE_MILLI] = str(a.milli)
+    if a.memory_mib and a.kind in (ShareKind.MPS, ShareKind.TIMESLICE):
+        env[E.MEMORY_LIMIT_MIB] = str(a.memory_mib)  # sdk.context.apply_limits turns it into a memory fraction
     return env
 
 
@@ -126,3 +130,16 @@ def make_handout(a: Allocation, *, ray_node_id: str, lease_id: str, fencing_toke
         env_vars=device_env(a, lease_id=lease_id, fencing_token=fencing_token, mps_pipe_root=mps_pipe_root,
                             mig_uuid=mig_uuid),
     )
+
+
+def lease_handout(lease: Lease, ray_node_id: str, settings: RuntimeSettings, *,
+                  mig_uuid: str | None = None) -> Handout | None:
+    """The one place a lease's device environment is built (the agent receives it, never rebuilds it);
+    None for an on-demand MIG slice until the agent reports the instance it made."""
+    a = lease.allocation
+    assert a is not None
+    if a.kind is ShareKind.MIG and not (mig_uuid or a.mig_uuid):
+        return None
+    return make_handout(a, ray_node_id=ray_node_id, lease_id=lease.lease_id, fencing_token=lease.fencing_token,
+                        mps_pipe_root=settings.mps_pipe_root,
+                        timeslice_capacity_milli=settings.timeslice_capacity_milli, mig_uuid=mig_uuid)

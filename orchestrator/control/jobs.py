@@ -188,9 +188,17 @@ class JobManager:
         return {"requested": job.state is JobState.PREEMPTING, "lease_id": job.lease_id,
                 "deadline": e.preempt_deadline if e else None, "reason": (e.preempt_reason or None) if e else None}
 
-    def ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> dict[str, Any]:
-        """The job checkpointed because it was asked to; its lease ends as PREEMPTED now."""
+    def ack_checkpoint(self, job_id: str, path: str, step: int | None = None,
+                       token: int | None = None) -> dict[str, Any]:
+        """The job checkpointed because it was asked to; its lease ends as PREEMPTED now.
+
+        ``token`` must be the fencing token of the job's current lease while it holds
+        devices (the job has it in ``ORCHESTRATOR_FENCING_TOKEN``): a stale attempt or
+        another driver cannot end the lease."""
         job = self._job(job_id)
+        lease = self._lease(job)
+        if lease is not None and lease.lease.holding:
+            self.ctl.check_token(lease, token)
         now = self.clock()
         self._acks[job_id] = (path, step, now)
         if job.state is JobState.PREEMPTING and job.lease_id:
@@ -289,7 +297,7 @@ class JobManager:
                 self._commit(job.transition(JobState.FAILED, now=self.clock(), reason=f"Ray refused the submission: {e}",
                                             message=str(e)))
                 return f"{job.job_id}: Ray refused the submission: {e}"
-        self.ctl.activate(lease.lease_id, lease.lease.fencing_token, None)
+        self.ctl.activate(lease.lease_id, lease.lease.fencing_token, None, f"job:{sub_id}")
         self._commit(job.transition(JobState.RUNNING, now=self.clock(),
                                     reason=f"submitted to Ray as {sub_id} on {node} ({a.kind.value})"))
         return f"{job.job_id}: running as {sub_id} on {node}"

@@ -27,7 +27,8 @@ from orchestrator.control.handout import Handout
 from orchestrator.control.store import StateStore
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import UnknownObjectError
-from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
+from orchestrator.core import env as E
+from orchestrator.core.lease import REDACTED, Lease, LeaseRequest, LeaseState
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.cycle import Waiting
 
@@ -49,6 +50,8 @@ class LedgerEntry:
     preempt_reason: str = ""
     preempt_cause: str = ""  # the victim's cause code (victim.priority, victim.reclaim): why it was chosen
     preempt_deadline: float | None = None
+    workload: str | None = None  # what runs on the devices: actor:<ns>/<name>, job:<submission id>, pid:<n>
+    revoking: bool = False  # ended, but its devices stay fenced off until the node's agent confirms them free
     waiting: Waiting | None = None  # soft state: the scheduler's answer for a pending lease, this cycle
 
     @property
@@ -81,7 +84,7 @@ class LedgerEntry:
             "attempt_of": self.attempt_of, "requeued_as": self.requeued_as,
             "checkpoint_path": self.lease.checkpoint_path, "last_checkpoint_at": self.lease.last_checkpoint_at,
             "preempt_for": self.preempt_for, "preempt_reason": self.preempt_reason, "preempt_cause": self.preempt_cause,
-            "preempt_deadline": self.preempt_deadline,
+            "preempt_deadline": self.preempt_deadline, "workload": self.workload, "revoking": self.revoking,
         }
 
     @classmethod
@@ -98,17 +101,26 @@ class LedgerEntry:
                    holder=d.get("holder"), attempt_of=d.get("attempt_of"), requeued_as=d.get("requeued_as"),
                    preempt_for=d.get("preempt_for"), preempt_reason=d.get("preempt_reason", ""),
                    preempt_cause=d.get("preempt_cause", ""),
-                   preempt_deadline=d.get("preempt_deadline"))
+                   preempt_deadline=d.get("preempt_deadline"), workload=d.get("workload"),
+                   revoking=bool(d.get("revoking", False)))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The public view (``get_lease``, ``status``)."""
+    def to_dict(self, *, reveal: bool = False) -> dict[str, Any]:
+        """The public view (``get_lease``, ``status``): the fencing token redacted unless ``reveal``
+        (the caller proved it is the requester, or already holds the token)."""
         d = self.lease.to_dict()
+        handout = self.handout.to_dict() if self.handout else None
+        if not reveal:
+            d["fencing_token"] = None
+            d["token_redacted"] = True
+            if handout is not None and E.FENCING_TOKEN in handout.get("env_vars", {}):
+                handout["env_vars"] = {**handout["env_vars"], E.FENCING_TOKEN: REDACTED}
         d.update(request_spec=self.spec.request.model_dump(mode="json", exclude_defaults=True),
-                 handout=self.handout.to_dict() if self.handout else None, holder=self.holder,
+                 handout=handout, holder=self.holder,
                  attempt_of=self.attempt_of, requeued_as=self.requeued_as, why_pending=self.why_pending or None,
                  preempt_for=self.preempt_for, preempt_reason=self.preempt_reason or None,
                  preempt_cause=self.preempt_cause or None,
-                 preempt_deadline=self.preempt_deadline)
+                 preempt_deadline=self.preempt_deadline, workload=self.workload, revoking=self.revoking,
+                 resume_from=self.spec.resume_from)
         return d
 
 
@@ -154,6 +166,22 @@ class Ledger:
         """Change soft state only (never persisted: ``waiting``, ``why_pending``, a moved column position)."""
         self.entries[e.lease_id] = replace(e, **changes)
 
+    def prune_ended(self, cutoff: float) -> list[str]:
+        """Drop leases that ended before ``cutoff``, from the store first; returns their ids.
+
+        A lease stays while a later attempt it was requeued as is still live (so
+        ``latest`` keeps leading a client holding the first id to the running one),
+        and while its devices await the agent's confirmation."""
+        out = []
+        for e in self:
+            if not e.lease.terminal or e.revoking or e.lease.history[-1].at > cutoff:
+                continue
+            if not self.latest(e.lease_id).lease.terminal:
+                continue
+            self.drop(e.lease_id)
+            out.append(e.lease_id)
+        return out
+
     def drop(self, lease_id: str) -> None:
         """Forget an ended lease, from the store first."""
         self.store.delete(self.prefix + lease_id)
@@ -183,3 +211,7 @@ class Ledger:
 
     def holding(self) -> list[LedgerEntry]:
         return [e for e in self.entries.values() if e.lease.holding]
+
+    def occupying(self) -> list[LedgerEntry]:
+        """Entries whose devices are taken: holding ones, and ended ones awaiting their agent's confirmation."""
+        return [e for e in self.entries.values() if e.lease.holding or e.revoking]

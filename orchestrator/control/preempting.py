@@ -53,10 +53,20 @@ def checkpoint_reported(e: LedgerEntry, checkpoint_path: str, at: float) -> Ledg
     return replace(e, lease=replace(e.lease, checkpoint_path=checkpoint_path, last_checkpoint_at=at))
 
 
-def retry_of(e: LedgerEntry, reason: str, now: float) -> LedgerEntry:
-    """A new pending attempt of a lost lease, at the same queue position (sequence and submission time)."""
+def retry_of(e: LedgerEntry, reason: str, now: float, *, resume_from: str | None = None) -> LedgerEntry:
+    """A new pending attempt of a lost (or preempted, asked to requeue) lease, at the same queue position
+    (sequence and submission time); ``resume_from`` is the checkpoint its holder starts from."""
     new_id = next_attempt(e.lease_id)
-    spec = e.spec.model_copy(update={"lease_id": new_id})
+    spec = e.spec.model_copy(update={"lease_id": new_id, "resume_from": resume_from or e.spec.resume_from})
     return LedgerEntry(Lease.new(new_id, spec.request, now=now, owner=spec.owner, priority=e.lease.priority,
                                  priority_class=e.lease.priority_class, reason=f"requeued: {reason}"),
                        spec, e.seq, e.enqueued_at, attempt_of=e.lease_id)
+
+
+def requeued_if_asked(new: LedgerEntry, now: float) -> list[LedgerEntry]:
+    """A preempted entry, preceded by its resuming attempt when its request asked to be requeued."""
+    if not new.spec.requeue_on_preempt:
+        return [new]
+    path = new.lease.checkpoint_path
+    retry = retry_of(new, f"preempted; resumes from {path or 'the start'}", now, resume_from=path)
+    return [retry, replace(new, requeued_as=retry.lease_id)]

@@ -38,7 +38,7 @@ from orchestrator.core.api import Json
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError
 from orchestrator.core.job import JobSpec
-from orchestrator.core.lease import LeaseState
+from orchestrator.core.lease import LeaseState, key_matches
 
 log = logging.getLogger(__name__)
 
@@ -123,34 +123,35 @@ class HeadService:
     def request_lease(self, lease_request: Mapping[str, Any]) -> str:
         return self.ctl.request_lease(lease_request)
 
-    def get_lease(self, lease_id: str) -> Json:
-        return self.ctl.get_lease(lease_id)
+    def get_lease(self, lease_id: str, key: str | None = None) -> Json:
+        return self.ctl.get_lease(lease_id, key)
 
-    def lease_settled(self, lease_id: str) -> Json | None:
-        """The lease's latest attempt once handed out or ended for good; None while it is on its way."""
+    def lease_settled(self, lease_id: str, key: str | None = None) -> Json | None:
+        """The lease's latest attempt once handed out or ended for good; None while it is on its way.
+        The fencing token is in it only for the requester's ``key``."""
         e = self.ctl.ledger.latest(lease_id)
         state = e.lease.state
         if (state is not LeaseState.PENDING and e.handout is not None) or state in (
                 LeaseState.RELEASED, LeaseState.PREEMPTED, LeaseState.EXPIRED) or (
                 state is LeaseState.LOST and not e.requeued_as):
-            return e.to_dict()
+            return e.to_dict(reveal=key_matches(e.spec.requester_digest, key))
         return None
 
     def lease_timeout(self, lease_id: str, timeout: float) -> LeaseTimeoutError:
         e = self.ctl.ledger.latest(lease_id)
         return LeaseTimeoutError(e.spec.request.describe(), timeout, e.why_pending or f"lease is {e.lease.state.value}")
 
-    def wait_lease(self, lease_id: str, timeout: float) -> Json:
+    def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> Json:
         deadline = time.monotonic() + timeout
-        while (d := self.lease_settled(lease_id)) is None:
+        while (d := self.lease_settled(lease_id, key)) is None:
             if time.monotonic() >= deadline:
                 raise self.lease_timeout(lease_id, timeout)
             self.cycle()
             time.sleep(min(0.05, self.settings.reconcile_interval_s))
         return d
 
-    def activate(self, lease_id: str, token: int, holder: str | None = None) -> Json:
-        return self.ctl.activate(lease_id, token, holder)
+    def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
+        return self.ctl.activate(lease_id, token, holder, workload)
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
         return self.ctl.release(lease_id, token, reason)
@@ -180,8 +181,8 @@ class HeadService:
     def job_preemption_requested(self, job_id: str) -> Json:
         return self.jobs.preemption_requested(job_id)
 
-    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> Json:
-        return self.jobs.ack_checkpoint(job_id, path, step)
+    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None, token: int | None = None) -> Json:
+        return self.jobs.ack_checkpoint(job_id, path, step, token)
 
     # ---- the cluster ---------------------------------------------------------------------------
     def status(self) -> Json:
@@ -243,8 +244,10 @@ class HeadService:
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
-                  utilization: Mapping[str, float] | None = None) -> Json:
-        return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids, utilization)
+                  utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
+                  checkpointed: Mapping[str, str] | None = None) -> Json:
+        return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids, utilization,
+                                  revoked or (), checkpointed)
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         return self.ctl.update_inventory(node_name, incarnation, inventory)

@@ -31,16 +31,18 @@ class HeadApi(Protocol):
         """Queue a :class:`~orchestrator.core.lease.LeaseRequest`; returns its id (a retry with the same id and request too)."""
         ...
 
-    def get_lease(self, lease_id: str) -> Json:
-        """The lease's public view."""
+    def get_lease(self, lease_id: str, key: str | None = None) -> Json:
+        """The lease's public view; the fencing token only with the requester's ``key`` (else redacted)."""
         ...
 
-    def wait_lease(self, lease_id: str, timeout: float) -> Json:
-        """Wait until the lease (or its latest attempt) is handed out or has ended; ``LeaseTimeoutError`` after ``timeout``."""
+    def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> Json:
+        """Wait until the lease (or its latest attempt) is handed out or has ended; ``LeaseTimeoutError`` after ``timeout``.
+        The token is in the answer only with the requester's ``key``."""
         ...
 
-    def activate(self, lease_id: str, token: int, holder: str | None = None) -> Json:
-        """The holder started on the devices (a stale token is refused)."""
+    def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
+        """The holder started on the devices (a stale token is refused). ``workload`` names what runs on them
+        (``actor:<ns>/<name>``, ``job:<id>``, ``pid:<n>``) so the node's agent can stop it when it is revoked."""
         ...
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
@@ -72,8 +74,9 @@ class HeadApi(Protocol):
         """Asked by a running job between steps: whether it must checkpoint now, and by when."""
         ...
 
-    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None) -> Json:
-        """The job wrote the checkpoint at ``path``: while preempting it is stopped and requeued to resume."""
+    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None, token: int | None = None) -> Json:
+        """The job wrote the checkpoint at ``path``: while preempting it is stopped and requeued to resume.
+        ``token`` is its lease's fencing token (``ORCHESTRATOR_FENCING_TOKEN``); a wrong one is refused."""
         ...
 
     # ---- the cluster ---------------------------------------------------------------------------
@@ -113,8 +116,11 @@ class HeadApi(Protocol):
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
-                  utilization: Mapping[str, float] | None = None) -> Json:
-        """``utilization``: GPU index (as a string) -> busy fraction, where the agent can measure it (NVML)."""
+                  utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
+                  checkpointed: Mapping[str, str] | None = None) -> Json:
+        """``utilization``: GPU index (as a string) -> busy fraction, where the agent can measure it (NVML);
+        ``revoked``: leases whose workload the agent stopped; ``checkpointed``: lease -> path its actor wrote.
+        The reply: what to hold (``assignments``) and what to stop (``revocations``)."""
         ...
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json: ...

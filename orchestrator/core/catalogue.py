@@ -15,19 +15,37 @@ inside the 8 memory slices; a profile name is unique within a model.
 The openb models ``G1``, ``G2``, ``G3`` are undisclosed internal codes in
 Alibaba's trace: we give them plausible sizes and no MIG, which is all the
 trace needs (it counts GPUs in milli-units, not bytes).
+
+The A30 is the one card with a smaller MIG grid: 4 memory slices and 4 compute
+slices (NVIDIA's 1g.6gb at 0-3, 2g.12gb at 0 or 2, 4g.24gb at 0). Its profiles
+keep NVML's placements; ``GpuModel.mig_compute_total`` says a slice is 1/4 of
+the card there, not 1/7 (the snapshot still counts MIG compute in sevenths, so
+an A30 MIG card reads as at most 4/7 busy in utilisation figures; placement is
+exact, as it goes by the memory-slice mask).
+
+**Generic models.** A card NVML names but the catalogue does not know (GH200,
+a new SKU) must not stop its agent: :func:`generic_model` registers a
+``generic:<NVML name>`` entry with the memory NVML reports, MPS allowed, no
+NVLink and no MIG table, and the discovery backend warns. The registry grows
+only through that call (``CATALOGUE``, ``MODEL_NAMES`` and ``MODEL_INDEX`` are
+live read-only views of it, so a model index never changes once given); an
+inventory naming a ``generic:`` model with its memory registers it on the
+head too, so head and agent agree without sharing a process.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Iterator, Mapping, Sequence
 
 from orchestrator.core.errors import InvalidRequestError
 
 MIG_MEMORY_SLICES = 8
 MIG_COMPUTE_SLICES = 7
+GENERIC_PREFIX = "generic:"
 _PROFILE_SLICES = re.compile(r"^([1-7])g\.")
 
 
@@ -48,6 +66,7 @@ class MigProfile:
     memory_slices: int
     memory_mib: int
     placements: tuple[int, ...]
+    card_compute_slices: int = MIG_COMPUTE_SLICES
 
     def mask(self, start: int) -> int:
         """Bit mask of the memory slices an instance at ``start`` occupies."""
@@ -55,7 +74,8 @@ class MigProfile:
 
     @property
     def compute_fraction(self) -> float:
-        return self.compute_slices / MIG_COMPUTE_SLICES
+        """Share of the card's SMs (1/7 per slice on most cards, 1/4 on an A30)."""
+        return self.compute_slices / self.card_compute_slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +94,7 @@ class GpuModel:
     nvlink: bool = False
     mig_profiles: tuple[MigProfile, ...] = ()
     aliases: tuple[str, ...] = field(default=())
+    generic: bool = False
 
     @property
     def mig_capable(self) -> bool:
@@ -89,11 +110,13 @@ class GpuModel:
         )
 
 
-def _mig(card_mib: int, table: list[tuple[str, int, int, tuple[int, ...]]]) -> tuple[MigProfile, ...]:
+def _mig(card_mib: int, table: list[tuple[str, int, int, tuple[int, ...]]], *,
+         memory_slices: int = MIG_MEMORY_SLICES, compute_slices: int = MIG_COMPUTE_SLICES) -> tuple[MigProfile, ...]:
     # Memory of a profile: its share of the card's memory slices. NVML reports
     # slightly less (firmware reserve); placement only needs the proportion.
     return tuple(
-        MigProfile(name, c, m, card_mib * m // MIG_MEMORY_SLICES, placements) for name, c, m, placements in table
+        MigProfile(name, c, m, card_mib * m // memory_slices, placements, compute_slices)
+        for name, c, m, placements in table
     )
 
 
@@ -134,34 +157,112 @@ _MODELS: tuple[GpuModel, ...] = (
     GpuModel("V100M16", 16384, 80, nvlink=True, aliases=("Tesla V100-SXM2-16GB",)),
     GpuModel("V100M32", 32768, 80, nvlink=True, aliases=("Tesla V100-SXM2-32GB",)),
     GpuModel("A10", 23028, 72, aliases=("NVIDIA A10",)),
+    # Ada and Ampere inference cards (NVML names as nvidia-smi prints them). No MIG on L4/L40S.
+    GpuModel("L4", 23034, 58, aliases=("NVIDIA L4",)),
+    GpuModel("L40S", 46068, 142, aliases=("NVIDIA L40S",)),
+    # A30: MIG on a 4 x 4 grid (MIG user guide, "A30 MIG Profiles"); 1g.6gb x4, 2g.12gb x2, 4g.24gb x1.
+    GpuModel("A30-24GB", 24576, 56,
+             mig_profiles=_mig(24576, [("1g.6gb", 1, 1, (0, 1, 2, 3)), ("2g.12gb", 2, 2, (0, 2)),
+                                       ("4g.24gb", 4, 4, (0,))], memory_slices=4, compute_slices=4),
+             aliases=("NVIDIA A30", "A30")),
+    # B200 180GB: the standard 8 x 7 layout (MIG user guide, "B200 MIG Profiles").
+    GpuModel("B200-180GB", 184320, 148, nvlink=True,
+             mig_profiles=_mig(184320, _standard_table("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb")),
+             aliases=("NVIDIA B200", "B200")),
 )
 
-CATALOGUE: Mapping[str, GpuModel] = MappingProxyType({m.name: m for m in _MODELS})
-_BY_ALIAS: Mapping[str, GpuModel] = MappingProxyType(
-    {a.lower(): m for m in _MODELS for a in (m.name, *m.aliases)}
-)
+_REGISTRY: dict[str, GpuModel] = {m.name: m for m in _MODELS}
+_ALIASES: dict[str, GpuModel] = {a.lower(): m for m in _MODELS for a in (m.name, *m.aliases)}
+_NAMES: list[str] = list(_REGISTRY)
+_LOCK = threading.Lock()
+#: Every model by catalogue name (a live read-only view: generic models appear as they register).
+CATALOGUE: Mapping[str, GpuModel] = MappingProxyType(_REGISTRY)
+
+
+class _LiveNames(Sequence[str]):
+    """Model names in index order; grows (never reorders) as generic models register."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return _NAMES[i]
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(_NAMES))
+
+    def index(self, value: object, start: int = 0, stop: int | None = None) -> int:  # type: ignore[override]
+        return _NAMES.index(value, start, len(_NAMES) if stop is None else stop)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"MODEL_NAMES{tuple(_NAMES)!r}"
+
+
+class _LiveIndex(Mapping[str, int]):
+    """Model name -> its index in ``MODEL_NAMES``."""
+
+    def __getitem__(self, name: str) -> int:
+        if name not in _REGISTRY:
+            raise KeyError(name)
+        return _NAMES.index(name)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(_NAMES))
+
+
+MODEL_NAMES: Sequence[str] = _LiveNames()
+MODEL_INDEX: Mapping[str, int] = _LiveIndex()
 
 
 def gpu_model(name: str) -> GpuModel:
     """Look a model up by its catalogue name or by the name NVML reports."""
     try:
-        return _BY_ALIAS[name.lower()]
+        return _ALIASES[name.lower()]
     except KeyError:
-        raise InvalidRequestError("gpu.model", name, sorted(CATALOGUE)) from None
+        detail = ("a generic model registers with its memory (an inventory's memory_mib, or generic_model())"
+                  if name.startswith(GENERIC_PREFIX) else "")
+        raise InvalidRequestError("gpu.model", name, sorted(CATALOGUE), detail=detail) from None
+
+
+def is_known(name: str) -> bool:
+    """True when ``name`` is a catalogue name, an NVML alias, or a registered generic model."""
+    return name.lower() in _ALIASES
+
+
+def generic_model(nvml_name: str, memory_mib: int) -> GpuModel:
+    """The ``generic:<nvml_name>`` entry, registered on first use: the NVML memory, MPS, no NVLink, no MIG.
+
+    ``nvml_name`` may already carry the prefix. Idempotent: a second call returns the first entry.
+    """
+    if memory_mib <= 0:
+        raise InvalidRequestError("gpu.memory_mib", memory_mib, "> 0 for a generic GPU model")
+    bare = nvml_name[len(GENERIC_PREFIX):] if nvml_name.startswith(GENERIC_PREFIX) else nvml_name
+    if not bare.strip():
+        raise InvalidRequestError("gpu.model", nvml_name, "a non-empty NVML device name")
+    name = GENERIC_PREFIX + bare
+    with _LOCK:
+        known = _ALIASES.get(name.lower())
+        if known is not None:
+            return known
+        m = GpuModel(name, int(memory_mib), 0, generic=True)
+        _REGISTRY[name] = m
+        _ALIASES[name.lower()] = m
+        _NAMES.append(name)
+        return m
 
 
 def model_index(name: str) -> int:
     """A stable small integer for a model (its catalogue position), used by vectorised snapshots."""
-    return list(CATALOGUE).index(gpu_model(name).name)
-
-
-MODEL_NAMES: tuple[str, ...] = tuple(CATALOGUE)
+    return MODEL_INDEX[gpu_model(name).name]
 
 
 def all_mig_profiles() -> dict[str, tuple[str, ...]]:
     """Profile name -> the models that offer it."""
     out: dict[str, list[str]] = {}
-    for m in _MODELS:
+    for m in _MODELS:  # generic models have no MIG table
         for p in m.mig_profiles:
             out.setdefault(p.name, []).append(m.name)
     return {k: tuple(v) for k, v in out.items()}

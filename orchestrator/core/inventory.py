@@ -20,7 +20,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchestrator.core.catalogue import GpuModel, gpu_model
+from orchestrator.core.catalogue import GENERIC_PREFIX, GpuModel, generic_model, gpu_model
 
 #: The inventory label naming the Kubernetes node an agent runs on (``$ORCHESTRATOR_NODE_NAME``, set from the
 #: pod's ``spec.nodeName``): what the Kubernetes cross-check matches Node objects by.
@@ -57,6 +57,17 @@ class GpuDevice(_Frozen):
     nvlink_peers: tuple[int, ...] = Field(default=(), description="Indices of GPUs this one has NVLink to")
     healthy: bool = True
     health_reason: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _register_generic(cls, data: object) -> object:
+        # A generic model travels as its name plus the card's memory; whoever reads it registers it.
+        if isinstance(data, dict) and str(data.get("model", "")).startswith(GENERIC_PREFIX):
+            mem = data.get("memory_mib")
+            if not isinstance(mem, int) or isinstance(mem, bool) or mem <= 0:
+                raise ValueError(f"gpu {data.get('index')}: generic model {data['model']!r} needs memory_mib > 0, got {mem!r}")
+            generic_model(data["model"], mem)
+        return data
 
     @field_validator("model")
     @classmethod

@@ -20,13 +20,19 @@ Invariants:
 * ``fencing_token`` is the ledger's counter at grant time: it grows with
   every grant, so a holder with an older token than the ledger's latest for
   the same devices is stale (the classic fencing-token rule);
-* devices are held from *granted* until a terminal state, never after.
+* devices are held from *granted* until a terminal state, never after;
+* the fencing token is a capability: it is returned only to the lease's
+  requester (who proves it with the key whose :func:`key_digest` it sent as
+  ``requester_digest``), to the holder it was handed to, and to the head's own
+  job layer; every read view shows it redacted (:data:`REDACTED`).
 
 Leases are immutable values: :meth:`Lease.transition` returns a new lease.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Mapping
@@ -38,6 +44,20 @@ from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import ID_PATTERN
 from orchestrator.core.request import GpuRequest, typed_error
 from orchestrator.core.statemachine import Transition, TransitionTable
+
+
+#: What a read view shows in place of a fencing token.
+REDACTED = "<redacted>"
+
+
+def key_digest(key: str) -> str:
+    """The digest a requester sends with its request; the key itself stays with the requester."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_matches(digest: str | None, key: str | None) -> bool:
+    """True when ``key`` is the secret behind ``digest`` (constant time; never for a missing one)."""
+    return bool(digest and key) and hmac.compare_digest(digest, key_digest(key))  # type: ignore[arg-type]
 
 
 class LeaseRequest(BaseModel):
@@ -54,6 +74,15 @@ class LeaseRequest(BaseModel):
     queue: str = Field(default="default", description="Queue (quota group) the lease counts against")
     enqueued_at: float | None = Field(default=None, description="Keep this queue position (a resumed job keeps "
                                       "its original submission time); None = now")
+    requeue_on_preempt: bool = Field(default=False, description="When preempted, queue a new attempt that "
+                                     "resumes from the checkpoint (resume_from); the requester waits for it")
+    checkpoint_dir: str | None = Field(default=None, description="Where the holder writes its checkpoint when "
+                                       "asked (a preemptible actor's checkpoint(dir) receives it)")
+    resume_from: str | None = Field(default=None, description="Set by the head on a requeued attempt: the "
+                                    "checkpoint its holder starts from")
+    requester_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                         description="key_digest() of the requester's secret key: get_lease and "
+                                         "wait_lease with that key return the fencing token; no one else sees it")
 
     @classmethod
     def parse(cls, data: "LeaseRequest | Mapping[str, Any]") -> "LeaseRequest":

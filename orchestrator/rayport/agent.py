@@ -14,14 +14,56 @@ import logging
 import os
 from typing import Any
 
-from orchestrator.control.agent import AgentCore
+from orchestrator.control.agent import AgentCore, CheckpointPoll, LocalWorkloads
+from orchestrator.control.revocation import parse_workload
 from orchestrator.control.discovery import HealthEvent, select_backend
 from orchestrator.core import env
 from orchestrator.core.config import RuntimeSettings, SimNode
 from orchestrator.rayport import ray_api
-from orchestrator.rayport.wire import unwrap
+from orchestrator.rayport.wire import answer, unwrap
 
 log = logging.getLogger(__name__)
+
+
+#: Ray job states after which nothing of the job runs.
+_JOB_ENDED = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
+
+
+class RayWorkloads:
+    """The agent's :class:`~orchestrator.control.agent.WorkloadPort` on a Ray cluster: ``ray.kill`` of a
+    named actor, stop of a Ray job through the job API, SIGKILL of a process."""
+
+    def __init__(self) -> None:
+        self._local = LocalWorkloads()
+        self._jobs: ray_api.RayJobRunner | None = None
+
+    def stop(self, workload: str) -> bool:
+        kind, ref = parse_workload(workload)
+        if kind == "actor":
+            namespace, name = ref.split("/", 1)
+            ray_api.kill_named(name, namespace)
+            return not ray_api.named_actor_alive(name, namespace)
+        if kind == "job":
+            self._jobs = self._jobs or ray_api.RayJobRunner()
+            status = self._jobs.status(ref)
+            if status is None or status in _JOB_ENDED:
+                return True
+            self._jobs.stop(ref)
+            return False  # confirmed once the job API says it ended
+        return self._local.stop(workload)
+
+    def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
+        kind, ref = parse_workload(workload)
+        if kind != "actor":
+            return self._local.checkpoint(workload, directory)
+        namespace, name = ref.split("/", 1)
+        pending = ray_api.checkpoint_actor(name, namespace, directory)
+
+        def poll() -> str | None:
+            done, path = ray_api.poll_ref(pending)
+            return str(path) if done and path else None
+
+        return poll
 
 
 class AgentActor:
@@ -32,7 +74,7 @@ class AgentActor:
         sim = SimNode.model_validate(sim_node) if sim_node else None
         backend = select_backend(self.settings.discovery, node_name, sim)
         self.core = AgentCore(node_name, ray_node_id, backend, self.settings,
-                              k8s_node=os.environ.get(env.K8S_NODE_NAME) or None)
+                              k8s_node=os.environ.get(env.K8S_NODE_NAME) or None, workloads=RayWorkloads())
         self.heartbeats = 0
         self._task = asyncio.get_event_loop().create_task(self._run())
 
@@ -45,14 +87,15 @@ class AgentActor:
                     head = ray_api.get_head(self.settings.namespace, self.settings.head_name)
                 if not registered:
                     ack = await head.register_agent.remote(**self.core.registration())
-                    self.core.apply_assignments(unwrap(ack)["assignments"])
+                    ack = unwrap(ack)
+                    self.core.apply_assignments(ack["assignments"], ack.get("revocations"))
                     registered = True
                 reply = unwrap(await head.heartbeat.remote(**self.core.heartbeat_payload()))
                 self.heartbeats += 1
                 if reply.get("reregister"):
                     registered = False
                     continue
-                self.core.apply_assignments(reply.get("assignments", {}))
+                self.core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"))
                 changed = self.core.poll_health(0.0)
                 if changed is not None:
                     await head.update_inventory.remote(self.core.node_name, self.core.incarnation,
@@ -66,6 +109,10 @@ class AgentActor:
         return {"node_name": self.core.node_name, "pid": os.getpid(), "incarnation": self.core.incarnation,
                 "backend": self.core.backend.name, "heartbeats": self.heartbeats,
                 "allocated": sorted(self.core.allocated)}
+
+    async def check_holder(self, lease_id: str, token: int) -> dict[str, Any]:
+        """A holder on this node shows its token; answers the wire envelope (a stale one is refused)."""
+        return answer(self.core.check_holder, lease_id, token)
 
     async def inject_health(self, gpu_index: int, healthy: bool, reason: str) -> bool:
         """Simulated backend only: report a health change, as an XID would on a real card."""

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 #: Calls after which the queue may have become schedulable: the loop runs a cycle at once.
 WAKES = frozenset({"request_lease", "release", "submit_job", "cancel_job", "job_ack_checkpoint", "register_agent",
-                   "update_inventory"})
+                   "update_inventory", "heartbeat"})
 
 
 class RayClusterPort:
@@ -91,11 +91,11 @@ class HeadActor:
                 pass
             self._wake.clear()
 
-    async def wait_lease(self, lease_id: str, timeout: float) -> dict[str, Any]:
+    async def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> dict[str, Any]:
         """Wait on the event loop until the lease (or its latest attempt) is handed out or has ended."""
         deadline = time.monotonic() + timeout
         while True:
-            reply = answer(self.service.lease_settled, lease_id)
+            reply = answer(self.service.lease_settled, lease_id, key)
             if "error" in reply or reply["ok"] is not None:
                 return reply
             if time.monotonic() >= deadline:

@@ -139,6 +139,21 @@ def kill_named(name: str, namespace: str) -> bool:
     return True
 
 
+def named_actor_alive(name: str, namespace: str) -> bool:
+    """Whether a named actor exists and is not dead."""
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def poll_ref(ref: Any) -> tuple[bool, Any]:
+    """``(done, value)`` of an object ref without waiting; raises the task's error when it failed."""
+    ready, _ = ray.wait([ref], timeout=0)
+    return (True, ray.get(ref)) if ready else (False, None)
+
+
 # ---- the GCS tables -----------------------------------------------------------------------------
 def alive_nodes() -> list[RayNodeInfo]:
     """Live Ray nodes that should have an agent: those labelled with our node label, or with GPUs."""

@@ -246,6 +246,8 @@ class FgdPolicy(Policy):
 
     # -- engine hooks ------------------------------------------------------------------------------
     def gpu_score(self, view: CandidateView, alt: Alternative) -> np.ndarray:
+        if len(self.frag_model.model_names) != len(MODEL_NAMES):  # a generic model registered since
+            self.frag_model = FragModel(self.workload, MODEL_NAMES, with_memory=self.frag_model.with_memory)
         fm, t = self.frag_model, self.tables(view.static)
         top = np.full(len(view.state), fm.top_level)
         free_after = view.free("after")
@@ -288,7 +290,8 @@ class FgdPolicy(Policy):
 
     def tables(self, st: SnapshotStatic) -> _FragTables:
         """This policy's :class:`_FragTables` for the snapshot family of ``st``."""
-        return st.cache(("fgd", self.key), lambda: _FragTables(self.frag_model, st))
+        # keyed by the model count too: tables belong to the frag model they were built with
+        return st.cache(("fgd", self.key, len(self.frag_model.model_names)), lambda: _FragTables(self.frag_model, st))
 
 
 class DefaultPolicy(FgdPolicy):

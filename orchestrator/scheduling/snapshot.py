@@ -54,6 +54,7 @@ from orchestrator.core.allocation import Allocation
 from orchestrator.core.catalogue import (
     CATALOGUE,
     MIG_COMPUTE_SLICES,
+    MODEL_INDEX,
     MODEL_NAMES,
     gpu_model,
 )
@@ -76,9 +77,10 @@ __all__ = ["MODEL_INDEX", "Allocation", "ClusterSnapshot", "Mode", "NodeSpec", "
 T = TypeVar("T")
 _MIG = int(Mode.MIG)
 
-MODEL_INDEX = {name: i for i, name in enumerate(MODEL_NAMES)}
-MODEL_MEMORY = np.array([CATALOGUE[n].memory_mib for n in MODEL_NAMES], dtype=np.int64)
-MODEL_MPS = np.array([CATALOGUE[n].mps for n in MODEL_NAMES], dtype=bool)
+
+def _model_column(attr: str, dtype: type) -> np.ndarray:
+    """One catalogue attribute per model index, read now: generic models register at run time."""
+    return np.array([getattr(CATALOGUE[n], attr) for n in MODEL_NAMES], dtype=dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +203,8 @@ class SnapshotStatic:
         for b in self.layout_bits.values():
             _ro(b)
         safe_model = np.where(model >= 0, model, 0)
-        self.gpu_memory = _ro(np.where(model >= 0, MODEL_MEMORY[safe_model], 0).astype(np.int64))
-        self.mps_ok = _ro(np.where(model >= 0, MODEL_MPS[safe_model], False))
+        self.gpu_memory = _ro(np.where(model >= 0, _model_column("memory_mib", np.int64)[safe_model], 0).astype(np.int64))
+        self.mps_ok = _ro(np.where(model >= 0, _model_column("mps", bool)[safe_model], False))
         self.cpu_total = _ro(np.array([s.cpu_milli for s in specs], dtype=np.int64))
         self.mem_total = _ro(np.array([s.memory_mib for s in specs], dtype=np.int64))
         self.initial_unhealthy = unhealthy

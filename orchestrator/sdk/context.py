@@ -11,6 +11,7 @@ lease's ``CUDA_VISIBLE_DEVICES`` and friends:
 ``ORCHESTRATOR_CHECKPOINT_DIR`` where the job writes checkpoints (training)
 ``ORCHESTRATOR_RESUME_FROM``    the checkpoint to resume from (a later attempt)
 ``ORCHESTRATOR_LEASE_ID``       the lease this attempt runs on
+``ORCHESTRATOR_FENCING_TOKEN``  its fencing token: acknowledging a checkpoint needs it
 ``ORCHESTRATOR_ATTEMPT``        1 for the first run, +1 per resume
 =============================== =================================================
 
@@ -28,6 +29,7 @@ stop training: the poll keeps the last answer and says so once on stderr.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -87,6 +89,7 @@ class JobContext:
     checkpoint_dir: str | None = None
     resume_from: str | None = None
     lease_id: str | None = None
+    fencing_token: int | None = None
     attempt: int = 1
     min_interval_s: float = DEFAULT_POLL_S
     head: HeadApi | None = field(default=None, repr=False)
@@ -110,7 +113,7 @@ class JobContext:
         """Tell the head the checkpoint at ``path`` (after ``step`` steps) is written; it then stops and requeues us."""
         if not self.managed:
             return None
-        return self._head().job_ack_checkpoint(self.job_id, str(path), step)
+        return self._head().job_ack_checkpoint(self.job_id, str(path), step, self.fencing_token)
 
     def record_inference(self, service: str, latencies_s: list[float], slo_s: float | None = None) -> bool:
         """Report requests served and their latencies to the head's metrics; False (and no error) if not managed
@@ -130,9 +133,12 @@ class JobContext:
 
 
 def job_context(environ: Mapping[str, str] | None = None, *, head: HeadApi | None = None,
-                clock: Callable[[], float] = time.monotonic) -> JobContext:
-    """The context of the running job, from its environment (see the module docstring)."""
+                clock: Callable[[], float] = time.monotonic, limits: bool = True) -> JobContext:
+    """The context of the running job, from its environment (see the module docstring); with ``limits``
+    it also applies the lease's memory limit in this process (:func:`apply_limits`)."""
     env = os.environ if environ is None else environ
+    if limits:
+        apply_limits(env)
     try:
         interval = float(env.get(E.POLL_S, DEFAULT_POLL_S))
     except ValueError:
@@ -141,8 +147,40 @@ def job_context(environ: Mapping[str, str] | None = None, *, head: HeadApi | Non
         attempt = int(env.get(E.ATTEMPT, "1"))
     except ValueError:
         attempt = 1
+    try:
+        token: int | None = int(env[E.FENCING_TOKEN])
+    except (KeyError, ValueError):
+        token = None
     return JobContext(job_id=env.get(E.JOB_ID) or None, namespace=env.get(E.NAMESPACE) or DEFAULT_NAMESPACE,
                       head_name=env.get(E.HEAD_NAME) or DEFAULT_HEAD_NAME,
                       checkpoint_dir=env.get(E.CHECKPOINT_DIR) or None, resume_from=env.get(E.RESUME_FROM) or None,
-                      lease_id=env.get(E.LEASE_ID) or None, attempt=attempt, min_interval_s=interval, head=head,
+                      lease_id=env.get(E.LEASE_ID) or None, fencing_token=token, attempt=attempt, min_interval_s=interval, head=head,
                       clock=clock)
+
+
+def apply_limits(environ: Mapping[str, str] | None = None, *, torch: Any = None) -> float | None:
+    """Apply the lease's GPU memory limit inside this process; the fraction applied, or None.
+
+    MIG slices are isolated by the hardware and whole cards need nothing. For an
+    MPS share or a time-slice the hand-out sets ``ORCHESTRATOR_MEMORY_LIMIT_MIB``;
+    with PyTorch present (``torch``, injectable for tests) this calls
+    ``torch.cuda.set_per_process_memory_fraction(limit / card memory, 0)``, so an
+    allocation past the limit raises ``torch.cuda.OutOfMemoryError`` in this
+    process instead of taking a neighbour's memory. MPS clients also get NVIDIA's
+    own pinned-memory limit through ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``. A
+    process started some other way (a subprocess of the holder, another
+    framework) should call this itself, or read ``ORCHESTRATOR_MEMORY_LIMIT_MIB``.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(E.SHARE_KIND) not in ("mps", "timeslice") or not env.get(E.MEMORY_LIMIT_MIB):
+        return None
+    if torch is None:
+        if importlib.util.find_spec("torch") is None:
+            return None
+        import torch  # type: ignore[no-redef]
+    if not torch.cuda.is_available():
+        return None
+    total_mib = torch.cuda.get_device_properties(0).total_memory / (1024 * 1024)
+    fraction = min(1.0, int(env[E.MEMORY_LIMIT_MIB]) / total_mib)
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    return fraction

@@ -5,6 +5,26 @@
 devices; leaving the block releases them. It works in a notebook, a script
 started with plain ``ray job submit``, or a job the head started.
 
+**Who may touch it.** The requester makes a random key and sends only its
+digest with the request; ``wait_lease`` and ``get_lease`` with the key return
+the fencing token, which release, activate and acknowledge need. Any other
+driver (``orchestrator leases --json``, ``status``) sees the token redacted.
+
+**Preemptible actors.** ``l.actor_options()`` names the actor
+``rgo-lease-<lease id>`` and tells the head (``activate(..., workload=)``),
+so the node's agent can reach it. The protocol an actor holding a lease may
+implement:
+
+* ``checkpoint(directory) -> path``: write everything needed to resume under
+  ``directory`` and return the path. The agent calls it when the lease is
+  preempted; once the path comes back (or the class's grace period ends) the
+  agent kills the actor with ``ray.kill`` and only then are its devices
+  handed on. An actor without the method is simply killed at the deadline.
+* ``lease(..., requeue=True, checkpoint_dir=...)``: a preempted lease is
+  queued again; :meth:`LeaseHandle.wait_resumed` blocks until it is granted
+  and returns the new handle, whose ``resume_from`` is the checkpoint path:
+  start the actor again from it (its ``__init__`` can take the path).
+
 **Fate sharing.** A lease is activated with a small holder actor owned by the
 calling driver (:meth:`orchestrator.sdk.connect.Connection.start_holder`);
 when the driver dies without leaving the block, Ray kills that actor and the
@@ -14,6 +34,7 @@ head's dead-holder check frees the devices.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import time
 from contextlib import contextmanager
@@ -22,6 +43,7 @@ from typing import Any, Callable, Iterator, Mapping
 from orchestrator.core import env as E
 from orchestrator.core.api import HeadApi
 from orchestrator.core.errors import LeaseTimeoutError, OrchestratorError
+from orchestrator.core.lease import key_digest
 from orchestrator.core.request import GpuRequest
 from orchestrator.sdk.connect import Connection, open_connection
 from orchestrator.sdk.context import Poll
@@ -44,9 +66,11 @@ class LeaseHandle:
     """
 
     def __init__(self, head: HeadApi, info: dict[str, Any], *, poll_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, key: str | None = None, namespace: str = "rgo") -> None:
         self.head = head
         self.info = info
+        self._key = key
+        self.namespace = namespace
         self.released = False
         self._poll = Poll(self._checkpoint_asked, poll_s, what=f"lease {self.lease_id}", clock=clock)
 
@@ -81,16 +105,43 @@ class LeaseHandle:
     def cuda_visible_devices(self) -> str:
         return self.handout["env_vars"].get("CUDA_VISIBLE_DEVICES", "")
 
+    @property
+    def resume_from(self) -> str | None:
+        """The checkpoint this attempt starts from (a requeued lease), else None."""
+        return self.info.get("resume_from")
+
+    @property
+    def actor_name(self) -> str:
+        """The name :meth:`actor_options` gives the holder actor: how the node's agent reaches it."""
+        return f"rgo-lease-{self.lease_id}"
+
     def actor_options(self, *, extra_env: Mapping[str, str] | None = None, **options: Any) -> dict[str, Any]:
-        """Ray actor options for one holder of this lease; ``options`` (``num_cpus``, ``name``...) are added."""
+        """Ray actor options for one holder of this lease; ``options`` (``num_cpus``...) are added.
+
+        The actor is named :attr:`actor_name` in the head's namespace and registered as the lease's
+        workload, so it can be asked to checkpoint and is stopped when the lease is revoked."""
         from orchestrator.rayport import ray_api  # Ray only when actors are started (see sdk.connect)
 
         out = ray_api.actor_options(self.handout, extra_env=extra_env)
+        out.update(name=self.actor_name, namespace=self.namespace)
         out.update(options)
+        self.head.activate(self.lease_id, self.fencing_token, None, f"actor:{out['namespace']}/{out['name']}")
         return out
 
+    def wait_resumed(self, timeout: float = 300.0) -> "LeaseHandle":
+        """After a preemption of a lease asked with ``requeue=True``: block until its next attempt is
+        granted and return that attempt's handle (``resume_from`` = the checkpoint)."""
+        info = self.head.wait_lease(self.lease_id, timeout, self._key)
+        if info.get("state") not in ("granted", "active") or info["lease_id"] == self.lease_id:
+            raise OrchestratorError(f"lease {self.lease_id} was not requeued: {info.get('state')}")
+        info = {**info, **self.head.activate(info["lease_id"], int(info["fencing_token"]), None)}
+        return LeaseHandle(self.head, info, poll_s=self._poll.interval_s, key=self._key, namespace=self.namespace)
+
     def refresh(self) -> dict[str, Any]:
-        self.info = self.head.get_lease(self.lease_id)
+        token = self.info.get("fencing_token")
+        self.info = self.head.get_lease(self.lease_id, self._key)
+        if self.info.get("fencing_token") is None and token is not None:
+            self.info["fencing_token"] = token  # ours, whatever the view shows
         return self.info
 
     def preemption_requested(self) -> bool:
@@ -112,7 +163,8 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
           queue: str = "default", timeout: float = 300.0, owner: str | None = None, lease_id: str | None = None,
           address: str | None = None, namespace: str | None = None, head_name: str | None = None,
           state_dir: str | os.PathLike[str] | None = None, head: HeadApi | None = None,
-          fate_share: bool = True, poll_s: float = 1.0) -> Iterator[LeaseHandle]:
+          fate_share: bool = True, poll_s: float = 1.0, requeue: bool = False,
+          checkpoint_dir: str | None = None) -> Iterator[LeaseHandle]:
     """Block until the head grants ``request``; yield the :class:`LeaseHandle`; release it when the block ends.
 
     ``priority`` is a priority class (``inference``, ``training``, ``batch`` or
@@ -120,6 +172,8 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
     ``InvalidRequestError`` (naming the field) for a request that can never be
     granted, ``LeaseTimeoutError`` (with the scheduler's reason) when it is not
     granted within ``timeout`` -- the pending request is withdrawn then.
+    ``requeue=True`` queues a preempted lease again to resume from its checkpoint (written under
+    ``checkpoint_dir``); see "Preemptible actors" in the module docstring.
     """
     req = as_request(request)  # local refusals before any call
     conn: Connection | None = None
@@ -127,6 +181,7 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
         conn = open_connection(address, namespace=namespace, head_name=head_name, state_dir=state_dir)
         head = conn.head
     lid = lease_id or new_lease_id()
+    key = secrets.token_hex(16)  # stays here: the head keeps only its digest
     holder: Any = None
     handle: LeaseHandle | None = None
     requested = failed = False
@@ -134,9 +189,10 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
     try:
         head.request_lease({"lease_id": lid, "request": req.model_dump(mode="json"),
                             "owner": owner or _default_owner(), "priority_class": priority or "", "queue": queue,
-                            "requeue_on_loss": False})
+                            "requeue_on_loss": False, "requester_digest": key_digest(key),
+                            "requeue_on_preempt": requeue, "checkpoint_dir": checkpoint_dir})
         requested = True
-        info = head.wait_lease(lid, timeout)
+        info = head.wait_lease(lid, timeout, key)
         if info.get("state") not in ("granted", "active") or not info.get("handout"):
             last = (info.get("history") or [{}])[-1].get("reason", "")
             raise OrchestratorError(f"lease {lid} ended before it was handed out: {info.get('state')} ({last})")
@@ -144,7 +200,8 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
         if fate_share and conn is not None:
             holder, holder_id = conn.start_holder()
         info = {**info, **head.activate(lid, int(info["fencing_token"]), holder_id)}
-        handle = LeaseHandle(head, info, poll_s=poll_s)
+        handle = LeaseHandle(head, info, poll_s=poll_s, key=key,
+                             namespace=conn.target.namespace if conn is not None else (namespace or "rgo"))
         yield handle
     except LeaseTimeoutError:
         why, failed = f"not granted within {timeout:g}s; withdrawn by its requester", True
@@ -158,7 +215,7 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
                 if not handle.released:
                     handle.release(why)
             elif requested:
-                _withdraw(head, lid, why)
+                _withdraw(head, lid, why, key)
         except OrchestratorError:
             if not failed:
                 raise  # otherwise the error that ended the block matters more
@@ -172,9 +229,9 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
                 conn.close()
 
 
-def _withdraw(head: HeadApi, lease_id: str, reason: str) -> None:
+def _withdraw(head: HeadApi, lease_id: str, reason: str, key: str) -> None:
     """Release a lease in whatever live state it is (pending needs no token); ended ones are left alone."""
-    d = head.get_lease(lease_id)
+    d = head.get_lease(lease_id, key)
     if d["state"] in _LIVE_LEASE:
         head.release(lease_id, d.get("fencing_token") if d["state"] != "pending" else None, reason)
 

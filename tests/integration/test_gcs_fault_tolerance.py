@@ -41,6 +41,7 @@ import pytest
 
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.job import JobSpec
+from orchestrator.core.lease import key_digest
 from orchestrator.core.request import GpuRequest
 from orchestrator.deploy.local import LOOPBACK_SITE, REPO_ROOT, free_port, session_members
 
@@ -238,9 +239,10 @@ def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_re
             n["name"] == NODE.name and n["state"] != "lost" for n in head.status()["nodes"]), 120)
         # Two whole cards: one lease active, one granted, one pending behind them; a job queued behind those,
         # and one cancelled (an ended job must survive too).
-        a = head.wait_lease(head.request_lease({"lease_id": "ft-a", "request": "1"}), 60)
+        mine = {"requester_digest": key_digest("ft-key")}  # the token is returned only with this key
+        a = head.wait_lease(head.request_lease({"lease_id": "ft-a", "request": "1", **mine}), 60, "ft-key")
         head.activate("ft-a", a["fencing_token"])
-        b = head.wait_lease(head.request_lease({"lease_id": "ft-b", "request": "1"}), 60)
+        b = head.wait_lease(head.request_lease({"lease_id": "ft-b", "request": "1", **mine}), 60, "ft-key")
         head.request_lease({"lease_id": "ft-c", "request": "1"})
         queued = head.submit_job(JobSpec(name="ft-queued", entrypoint="python -c pass", gpu=GpuRequest.whole(1),
                                          priority="batch").model_dump(mode="json"), job_id="ft-queued")

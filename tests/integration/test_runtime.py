@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import pytest
 
 from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.lease import key_digest
 from orchestrator.core.statefile import State
 from orchestrator.deploy.local import session_members
 
@@ -125,9 +126,13 @@ def _probe() -> type:
     return Probe
 
 
+#: The requester's key of the leases these tests ask for: wait_lease/get_lease with it show the fencing token.
+KEY = "it-requester-key"
+
+
 def _lease(head: Any, lease_id: str, gpu: Any, **kw: Any) -> dict[str, Any]:
-    head.request_lease({"lease_id": lease_id, "request": gpu, "owner": "it", **kw})
-    return head.wait_lease(lease_id, 30)
+    head.request_lease({"lease_id": lease_id, "request": gpu, "owner": "it", "requester_digest": key_digest(KEY), **kw})
+    return head.wait_lease(lease_id, 30, KEY)
 
 
 def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -> None:
@@ -165,9 +170,9 @@ def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -
     # a holder that dies loses its lease and frees the devices
     ray.kill(actors["timeslice"])
     deadline = time.monotonic() + 15
-    while head.get_lease("k-timeslice")["state"] != "lost" and time.monotonic() < deadline:
+    while head.get_lease("k-timeslice", KEY)["state"] != "lost" and time.monotonic() < deadline:
         time.sleep(0.2)
-    d = head.get_lease("k-timeslice")
+    d = head.get_lease("k-timeslice", KEY)
     assert d["state"] == "lost" and d["history"][-1]["reason"] == "holder died"
     for k, le in leases.items():
         if k != "timeslice":
@@ -189,18 +194,18 @@ def test_a_sigkilled_agent_is_noticed_within_the_ttl(head: Any) -> None:
         time.sleep(0.1)
     t0 = time.monotonic()
     os.kill(info["pid"], signal.SIGKILL)
-    while head.get_lease("ttl-1")["state"] != "lost":
+    while head.get_lease("ttl-1", KEY)["state"] != "lost":
         assert time.monotonic() - t0 < SETTINGS.agent_ttl_s + 5, "not noticed"
         time.sleep(0.05)
     noticed = time.monotonic() - t0
     print(f"\nagent SIGKILL noticed after {noticed:.2f}s (ttl {SETTINGS.agent_ttl_s}s)")
     assert noticed <= SETTINGS.agent_ttl_s + 2 * SETTINGS.heartbeat_interval_s + 1.0
-    d = head.get_lease("ttl-1")
+    d = head.get_lease("ttl-1", KEY)
     assert "silent" in d["history"][-1]["reason"] and d["requeued_as"] == "ttl-1.a2"
     node = next(n for n in head.status()["nodes"] if n["name"] == "h100-0")
     assert node["state"] == "lost"
     # the head starts a fresh agent; the requeued attempt is granted on the node again
-    retry = head.wait_lease("ttl-1", 60)
+    retry = head.wait_lease("ttl-1", 60, KEY)
     back = time.monotonic() - t0
     print(f"agent back and the lease re-granted after {back:.2f}s")
     assert retry["lease_id"] == "ttl-1.a2" and retry["state"] == "granted"
@@ -231,18 +236,18 @@ def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> Non
         assert time.monotonic() < deadline, "head did not come back"
         time.sleep(0.25)
     assert pong["restored_leases"] >= 1
-    d = head.get_lease("restart-1")
+    d = head.get_lease("restart-1", KEY)
     assert (d["state"], d["fencing_token"], d["allocation"]) == ("active", le["fencing_token"], le["allocation"])
     assert head.status()["head"]["fencing_counter"] == counter
     # The restored ledger still holds the demo's only 1g.20gb slot: a second request waits, with the reason.
     from orchestrator.core.errors import LeaseTimeoutError
 
-    head.request_lease({"lease_id": "restart-2", "request": "mig:1g.20gb"})
+    head.request_lease({"lease_id": "restart-2", "request": "mig:1g.20gb", "requester_digest": key_digest(KEY)})
     with pytest.raises(LeaseTimeoutError) as e:
-        head.wait_lease("restart-2", 2)
+        head.wait_lease("restart-2", 2, KEY)
     assert "no free valid placement" in str(e.value)
     head.release("restart-1", le["fencing_token"])
-    nxt = head.wait_lease("restart-2", 30)
+    nxt = head.wait_lease("restart-2", 30, KEY)
     assert nxt["fencing_token"] > counter
     assert nxt["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == le["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"]
     head.release("restart-2", nxt["fencing_token"])

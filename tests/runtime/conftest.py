@@ -43,13 +43,13 @@ class SimAgent:
 
     def register(self) -> dict[str, Any]:
         reply = self.ctl.register_agent(**self.core.registration())
-        self.core.apply_assignments(reply["assignments"])
+        self.core.apply_assignments(reply["assignments"], reply.get("revocations"))
         return reply
 
     def beat(self, **overrides: Any) -> dict[str, Any]:
         self.last_reply = self.ctl.heartbeat(**{**self.core.heartbeat_payload(), **overrides})
         if self.last_reply.get("ok"):
-            self.core.apply_assignments(self.last_reply.get("assignments", {}))
+            self.core.apply_assignments(self.last_reply.get("assignments", {}), self.last_reply.get("revocations"))
         return self.last_reply
 
 

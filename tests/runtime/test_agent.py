@@ -34,8 +34,8 @@ def test_agent_and_head_converge_through_heartbeats(demo: ClusterConfig) -> None
     held = {name: sorted(c.allocated) for name, c in cores.items() if c.allocated}
     assert sorted(x for v in held.values() for x in v) == ["m", "p"]
     m_node = ctl.get_lease("m")["allocation"]["node"]
-    assert cores[m_node].allocated["m"] == ctl.get_lease("m")["handout"]["env_vars"]
-    ctl.release("m", ctl.get_lease("m")["fencing_token"])
+    assert cores[m_node].allocated["m"] == ctl.ledger.get("m").handout.env_vars
+    ctl.release("m", ctl.ledger.get("m").lease.fencing_token)
     cores[m_node].apply_assignments(ctl.heartbeat(**cores[m_node].heartbeat_payload())["assignments"])
     assert "m" not in cores[m_node].allocated
     assert ctl.heartbeat(**cores[m_node].heartbeat_payload())["ok"]

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.core.errors import IllegalTransitionError, InvalidRequestError, StaleFencingTokenError, UnknownObjectError
 from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.lease import key_digest
 from orchestrator.control.controller import HeadController
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES
@@ -16,12 +17,16 @@ from orchestrator.control.store import MemoryStore
 from .conftest import SimAgent, FakeClock
 
 
+#: The requester's key of every lease these tests ask for: with it, get_lease shows the fencing token.
+KEY = "test-requester-key"
+
+
 def _req(lease_id: str, gpu: str = "1", **kw: Any) -> dict[str, Any]:
-    return {"lease_id": lease_id, "request": gpu, "owner": "test", **kw}
+    return {"lease_id": lease_id, "request": gpu, "owner": "test", "requester_digest": key_digest(KEY), **kw}
 
 
 def _granted(ctl: HeadController, lease_id: str) -> dict[str, Any]:
-    d = ctl.get_lease(lease_id)
+    d = ctl.get_lease(lease_id, KEY)
     assert d["state"] == "granted", d
     return d
 
@@ -38,7 +43,7 @@ def test_agents_register_and_status_lists_every_gpu_and_mig_slot(ctl: HeadContro
 
 def test_a_request_is_granted_in_one_cycle_with_a_usable_handout(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     assert ctl.request_lease(_req("w1", "2")) == "w1"
-    assert ctl.get_lease("w1")["state"] == "pending"
+    assert ctl.get_lease("w1", KEY)["state"] == "pending"
     report = ctl.reconcile()
     assert report.granted == ["w1"]
     d = _granted(ctl, "w1")
@@ -79,7 +84,7 @@ def test_activate_and_release_check_the_fencing_token_and_are_idempotent(ctl: He
     with pytest.raises(IllegalTransitionError):
         ctl.activate("w", token)
     with pytest.raises(UnknownObjectError):
-        ctl.get_lease("nope")
+        ctl.get_lease("nope", KEY)
 
 
 def test_release_frees_capacity_for_the_queue(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
@@ -87,15 +92,15 @@ def test_release_frees_capacity_for_the_queue(ctl: HeadController, agents: dict[
     ctl.request_lease(_req("big", "4"))
     ctl.request_lease(_req("big2", "4"))
     ctl.reconcile()
-    states = {i: ctl.get_lease(i)["state"] for i in ("big", "big2")}
+    states = {i: ctl.get_lease(i, KEY)["state"] for i in ("big", "big2")}
     assert sorted(states.values()) == ["granted", "pending"]
     waiting = next(i for i, s in states.items() if s == "pending")
-    assert ctl.get_lease(waiting)["why_pending"]
+    assert ctl.get_lease(waiting, KEY)["why_pending"]
     assert ctl.status()["queue"][0]["why_pending"]
     holder = next(i for i, s in states.items() if s == "granted")
-    ctl.release(holder, ctl.get_lease(holder)["fencing_token"])
+    ctl.release(holder, ctl.get_lease(holder, KEY)["fencing_token"])
     ctl.reconcile()
-    assert ctl.get_lease(waiting)["state"] == "granted"
+    assert ctl.get_lease(waiting, KEY)["state"] == "granted"
 
 
 def test_every_kind_of_share_gets_its_env(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
@@ -138,10 +143,10 @@ def test_silent_agent_loses_its_node_and_requeues_its_leases(ctl: HeadController
                 a.beat()
         report = ctl.reconcile()
     assert node in report.lost_nodes
-    lost = ctl.get_lease("w")
+    lost = ctl.get_lease("w", KEY)
     assert lost["state"] == "lost" and "silent" in lost["history"][-1]["reason"]
     assert lost["requeued_as"] == "w.a2" and ctl.current_attempt("w") == "w.a2"
-    retry = ctl.get_lease("w.a2")
+    retry = ctl.get_lease("w.a2", KEY)
     assert retry["state"] == "granted" and retry["allocation"]["node"] != node and retry["attempt_of"] == "w"
     assert [n["state"] for n in ctl.status()["nodes"] if n["name"] == node] == ["lost"]
     # its heartbeats are refused; a new incarnation registers and the node is back
@@ -159,13 +164,13 @@ def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSet
         SimAgent(ctl, demo, n.name).register()
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
-    ctl.activate("w", ctl.get_lease("w")["fencing_token"], "actor-w")
+    ctl.activate("w", ctl.get_lease("w", KEY)["fencing_token"], "actor-w")
     ctl.reconcile()
-    assert ctl.get_lease("w")["state"] == "active"
+    assert ctl.get_lease("w", KEY)["state"] == "active"
     dead.add("actor-w")
     report = ctl.reconcile()
     assert report.lost_leases == ["w"] and report.requeued == []
-    d = ctl.get_lease("w")
+    d = ctl.get_lease("w", KEY)
     assert d["state"] == "lost" and d["history"][-1]["reason"] == "holder died" and d["requeued_as"] is None
 
 
@@ -180,7 +185,7 @@ def test_a_grant_never_activated_expires(ctl: HeadController, agents: dict[str, 
         if report.expired_leases:
             break
     assert report.expired_leases == ["w"]
-    assert ctl.get_lease("w")["state"] == "expired"
+    assert ctl.get_lease("w", KEY)["state"] == "expired"
 
 
 def test_hard_state_is_written_before_it_is_visible_and_the_counter_first(ctl: HeadController, store: MemoryStore,
@@ -199,16 +204,16 @@ def test_a_restarted_head_resumes_from_the_store(settings: RuntimeSettings, stor
     for lid, gpu in (("w", "4"), ("m", "mig:4g.40gb"), ("p", "mps:50%"), ("q", "4")):
         ctl.request_lease(_req(lid, gpu))
     ctl.reconcile()
-    before = {lid: ctl.get_lease(lid) for lid in "wmpq"}
+    before = {lid: ctl.get_lease(lid, KEY) for lid in "wmpq"}
     ctl.activate("m", before["m"]["fencing_token"], "actor-m")
 
     again = HeadController(settings, store, clock=clock)
     assert again.restore() == 4
     for lid in "wpq":
-        d = again.get_lease(lid)
+        d = again.get_lease(lid, KEY)
         assert (d["state"], d["fencing_token"], d["allocation"]) == (before[lid]["state"], before[lid]["fencing_token"],
                                                                      before[lid]["allocation"])
-    assert again.get_lease("m")["state"] == "active" and again.get_lease("m")["holder"] == "actor-m"
+    assert again.get_lease("m", KEY)["state"] == "active" and again.get_lease("m", KEY)["holder"] == "actor-m"
     # agents keep their incarnation: heartbeats are accepted by the new head
     assert agents["a100-0"].ctl is ctl
     assert again.heartbeat("a100-0", "inc-1")["ok"] is True
@@ -216,10 +221,10 @@ def test_a_restarted_head_resumes_from_the_store(settings: RuntimeSettings, stor
     again.request_lease(_req("w2", "4"))
     again.reconcile()
     assert before["q"]["state"] == "pending"  # only a100-0 has four whole cards, and "w" holds them
-    assert again.get_lease("w2")["state"] == "pending"
+    assert again.get_lease("w2", KEY)["state"] == "pending"
     again.release("w", before["w"]["fencing_token"])
     again.reconcile()
-    granted = {lid: again.get_lease(lid) for lid in ("q", "w2")}
+    granted = {lid: again.get_lease(lid, KEY) for lid in ("q", "w2")}
     winner = next(d for d in granted.values() if d["state"] == "granted")
     assert winner["fencing_token"] > max(d["fencing_token"] for d in before.values())  # tokens never reissued
 
@@ -252,11 +257,11 @@ def test_an_unhealthy_gpu_takes_no_new_leases(ctl: HeadController, agents: dict[
     sick = inv.model_copy(update={"gpus": (inv.gpus[0].model_copy(update={"healthy": False, "health_reason": "XID 79"}),
                                            inv.gpus[1]), "generation": 1})
     assert ctl.update_inventory("h100-0", a.incarnation, sick.model_dump(mode="json"))["ok"]
-    ctl.request_lease({"lease_id": "h", "request": {"kind": "whole", "count": 1, "node": "h100-0"}})
-    ctl.request_lease({"lease_id": "h2", "request": {"kind": "whole", "count": 1, "node": "h100-0"}})
+    ctl.request_lease({"lease_id": "h", "request": {"kind": "whole", "count": 1, "node": "h100-0"}, "requester_digest": key_digest(KEY)})
+    ctl.request_lease({"lease_id": "h2", "request": {"kind": "whole", "count": 1, "node": "h100-0"}, "requester_digest": key_digest(KEY)})
     ctl.reconcile()
     assert _granted(ctl, "h")["allocation"]["gpu_indices"] == [1]
-    assert ctl.get_lease("h2")["state"] == "pending"
+    assert ctl.get_lease("h2", KEY)["state"] == "pending"
     gpu0 = ctl.status()["nodes"][2]["gpus"][0]
     assert (gpu0["healthy"], gpu0["health_reason"]) == (False, "XID 79")
     assert ctl.update_inventory("h100-0", "stale-incarnation", sick.model_dump(mode="json")) == {"ok": False, "reregister": True}
@@ -267,7 +272,7 @@ def test_an_agent_that_refuses_devices_loses_the_lease_which_is_requeued(ctl: He
     ctl.reconcile()
     node = _granted(ctl, "w")["allocation"]["node"]
     agents[node].beat(rejected={"w": "device vanished"})
-    d = ctl.get_lease("w")
+    d = ctl.get_lease("w", KEY)
     assert d["state"] == "lost" and "refused" in d["history"][-1]["reason"] and d["requeued_as"] == "w.a2"
 
 
@@ -281,7 +286,7 @@ def test_priority_class_orders_the_queue_and_unknown_classes_are_refused(ctl: He
     q = ctl.status()["queue"]
     assert [x["lease_id"] for x in q] == ["high", "mid", "low"]
     ctl.reconcile()
-    assert ctl.get_lease("high")["state"] == "granted"
+    assert ctl.get_lease("high", KEY)["state"] == "granted"
 
 
 def test_ended_leases_leave_after_the_retention_unless_a_live_attempt_follows(store: MemoryStore, clock: FakeClock,
@@ -304,20 +309,20 @@ def test_ended_leases_leave_after_the_retention_unless_a_live_attempt_follows(st
     ctl.request_lease(_req("done", "1"))
     ctl.request_lease(_req("c", "1"))
     ctl.reconcile()
-    ctl.release("done", ctl.get_lease("done")["fencing_token"])
-    node = ctl.get_lease("c")["allocation"]["node"]
+    ctl.release("done", ctl.get_lease("done", KEY)["fencing_token"])
+    node = ctl.get_lease("c", KEY)["allocation"]["node"]
     run(9, silent=node)  # c's node goes silent: c is lost and requeued as c#1 elsewhere
-    assert ctl.get_lease("c")["requeued_as"] == "c.a2" and ctl.get_lease("c.a2")["state"] == "granted"
+    assert ctl.get_lease("c", KEY)["requeued_as"] == "c.a2" and ctl.get_lease("c.a2", KEY)["state"] == "granted"
     run(100, silent=node)
     assert pruned == [] and store.get("rgo/lease/done") is not None  # inside the retention
     run(30, silent=node)
     assert pruned == ["done"] and store.get("rgo/lease/done") is None
     with pytest.raises(UnknownObjectError):
-        ctl.get_lease("done")
+        ctl.get_lease("done", KEY)
     assert ctl.current_attempt("c") == "c.a2"  # c ended long ago, but its attempt c#1 is live: c stays
     # Past the retention an id is new again.
-    assert ctl.request_lease(_req("done", "2")) == "done" and ctl.get_lease("done")["state"] == "pending"
-    ctl.release("c.a2", ctl.get_lease("c.a2")["fencing_token"])
+    assert ctl.request_lease(_req("done", "2")) == "done" and ctl.get_lease("done", KEY)["state"] == "pending"
+    ctl.release("c.a2", ctl.get_lease("c.a2", KEY)["fencing_token"])
     run(135, silent=node)
     assert sorted(pruned) == ["c", "c.a2", "done"]
     assert not [k for k in store.keys("rgo/lease/") if k.startswith("rgo/lease/c")]
@@ -333,7 +338,7 @@ def test_a_lease_whose_gpu_leaves_the_inventory_is_lost(ctl: HeadController, age
     inv = a.inventory.model_copy(update={"gpus": tuple(g for g in a.inventory.gpus if g.index != held),
                                          "generation": a.inventory.generation + 1})
     assert ctl.update_inventory("h100-0", a.incarnation, inv.model_dump(mode="json")) == {"ok": True}
-    d = ctl.get_lease("w")
+    d = ctl.get_lease("w", KEY)
     assert d["state"] == "lost" and "no longer in the node's inventory" in d["history"][-1]["reason"]
     assert ctl.snapshot().allocated_milli() == 0  # nothing of it stays booked
 
@@ -350,7 +355,7 @@ def test_a_granted_victim_that_never_started_is_stopped_at_once(ctl: HeadControl
         ctl.reconcile()
     ctl.request_lease(_req("inf", {"kind": "whole", "count": 1, "node": "h100-0"}, priority_class="inference"))
     report = ctl.reconcile()
-    t = ctl.get_lease("t")
+    t = ctl.get_lease("t", KEY)
     assert t["state"] == "preempted" and "nothing to checkpoint" in t["history"][-1]["reason"]
     assert report.preempted == ["t"] and report.checkpoint_requested == []
     ctl.reconcile()

@@ -59,6 +59,11 @@ def jm(ctl: HeadController, store: MemoryStore, clock: FakeClock, ray_jobs: Fake
     return JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
 
 
+
+def _token(jm: JobManager, job_id: str) -> int:
+    """The fencing token the job has in its environment (the job layer holds it in-process)."""
+    return jm.ctl.ledger.get(jm.get(job_id)["lease"]["lease_id"]).lease.fencing_token
+
 def cycle(ctl: HeadController, jm: JobManager, agents: dict[str, SimAgent], n: int = 1) -> None:
     for _ in range(n):
         for a in agents.values():
@@ -114,7 +119,7 @@ def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp
     clock.advance(2)
     ckpt = tmp_path / "victim.pt"
     ckpt.write_bytes(b"x")
-    jm.ack_checkpoint(victim, str(ckpt), step=123)
+    jm.ack_checkpoint(victim, str(ckpt), step=123, token=_token(jm, victim))
     cycle(ctl, jm, agents, 2)
     v = jm.get(victim)
     assert v["state"] == "queued" and v["resume_from"] == str(ckpt) and v["attempt"] == 2
@@ -138,7 +143,8 @@ def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp
 def test_grace_period_over_stops_and_requeues(ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
     victim = one_victim(ctl, jm, agents, clock, tmp_path)
     clock.advance(61)  # the training class's grace period is 60 s
-    cycle(ctl, jm, agents, 2)
+    # 3 cycles: preempted (fenced), the agent stops the Ray job, its confirmation frees the cards
+    cycle(ctl, jm, agents, 3)
     v = jm.get(victim)
     assert v["state"] == "queued" and v["resume_from"] is None and v["attempt"] == 2
     first = ctl.get_lease(f"{victim}.a1")  # the attempt that was asked to checkpoint and never did
@@ -152,9 +158,12 @@ def test_batch_is_stopped_at_once_without_checkpoint(ctl, jm, agents, clock, ray
         jm.submit(spec(f"b{i}", priority="batch"))
     cycle(ctl, jm, agents, 2)
     jm.submit(spec("urgent", priority="inference"))
-    cycle(ctl, jm, agents, 2)
+    cycle(ctl, jm, agents, 3)  # preempted (fenced), stopped by the agent, confirmed: then granted
     assert jm.get("urgent-1")["state"] == "running"
     assert sum(1 for j in jm.list() if j["state"] == "queued" and j["preemptions"]) == 1
+    (victim,) = [j for j in jm.list() if j["preemptions"]]
+    stopped = [w for a in agents.values() for w in a.core.workloads.stopped]  # type: ignore[attr-defined]
+    assert len(stopped) == 1 and stopped[0].startswith(f"job:{victim['job_id']}")
 
 
 def test_cancel_and_success_release_the_lease(ctl, jm, agents, ray_jobs) -> None:
@@ -333,7 +342,7 @@ def test_a_head_restart_with_jobs_in_flight_picks_every_job_up(settings, store, 
     for ag in agents.values():
         ag.ctl = ctl2
     (victim,) = [j for j, s in before.items() if s == "preempting"]
-    jm2.ack_checkpoint(victim, str(tmp_path / "v.pt"), 7)
+    jm2.ack_checkpoint(victim, str(tmp_path / "v.pt"), 7, _token(jm2, victim))
     cycle(ctl2, jm2, agents, 3)
     after = {j["job_id"]: j for j in jm2.list()}
     assert after["urgent-1"]["state"] == "running" and after[victim]["state"] == "queued"

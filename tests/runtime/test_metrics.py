@@ -60,8 +60,8 @@ def test_metrics_follow_the_ledger_and_serve_over_http(ctl, agents, clock) -> No
     # Utilisation in the workload model: granted but not started is idle; active keeps its share busy.
     gpu_a = str(a["gpu_indices"][0])
     assert value(m, "orchestrator_gpu_utilization_ratio", node=a["node"], gpu=gpu_a, source="model") == 0
-    ctl.activate("a", ctl.get_lease("a")["fencing_token"], "holder-a")
-    ctl.activate("b", ctl.get_lease("b")["fencing_token"], "holder-b")
+    ctl.activate("a", ctl.ledger.get("a").lease.fencing_token, "holder-a")
+    ctl.activate("b", ctl.ledger.get("b").lease.fencing_token, "holder-b")
     m.update(ctl)
     assert value(m, "orchestrator_gpu_utilization_ratio", node=a["node"], gpu=gpu_a, source="model") == 1
     assert abs(value(m, "orchestrator_lease_gpu_utilization_ratio", lease="b", owner="t", node=node_b, kind="mig",
@@ -83,7 +83,7 @@ def test_metrics_follow_the_ledger_and_serve_over_http(ctl, agents, clock) -> No
     for name in METRICS:
         assert name in families or re.sub(r"_(total|bucket)$", "", name) in families, name
     # Released leases leave the gauges; their per-lease series go.
-    ctl.release("a", ctl.get_lease("a")["fencing_token"])
+    ctl.release("a", ctl.ledger.get("a").lease.fencing_token)
     m.update(ctl)
     assert value(m, "orchestrator_leases_active", kind="whole") == 0
     assert not [k for k in samples(m) if k[0] == "orchestrator_lease_gpu_utilization_ratio" and ("lease", "a") in k[1]]
@@ -104,7 +104,7 @@ def test_preemption_counts_its_cause_the_checkpoint_and_the_decision_to_grant(ct
         ctl.request_lease({"lease_id": lease_id, "request": cards, "owner": lease_id, "priority_class": "training"})
     m.update(ctl, ctl.reconcile())
     for lease_id in ("t1", "t2", "t3"):
-        ctl.activate(lease_id, ctl.get_lease(lease_id)["fencing_token"], f"holder-{lease_id}")
+        ctl.activate(lease_id, ctl.ledger.get(lease_id).lease.fencing_token, f"holder-{lease_id}")
     clock.advance(31)  # past training's minimum runtime
     for agent in agents.values():
         agent.beat()
@@ -116,6 +116,9 @@ def test_preemption_counts_its_cause_the_checkpoint_and_the_decision_to_grant(ct
     clock.advance(1.5)  # the victim takes 1.5 s to checkpoint and yield
     ctl.ack_preemption(victims[0], "/ck/step-10")
     clock.advance(0.5)
+    for _ in range(2):  # the victim's agent stops its holder and confirms: only then do its cards move
+        for agent in agents.values():
+            agent.beat()
     m.update(ctl, ctl.reconcile())
     assert ctl.get_lease("inf")["state"] == "granted"
     assert value(m, "orchestrator_checkpoint_seconds_count") == 1
@@ -130,7 +133,7 @@ def test_measured_utilisation_replaces_the_model_and_is_shared_by_leases(ctl, ag
     m = HeadMetrics()
     ctl.request_lease({"lease_id": "x", "request": "timeslice:0.5", "owner": "o", "priority_class": "batch"})
     m.update(ctl, ctl.reconcile())
-    ctl.activate("x", ctl.get_lease("x")["fencing_token"], "hx")
+    ctl.activate("x", ctl.ledger.get("x").lease.fencing_token, "hx")
     a = ctl.get_lease("x")["allocation"]
     gpu = str(a["gpu_indices"][0])
     agents[a["node"]].beat(utilization={gpu: 0.8})

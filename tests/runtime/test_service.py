@@ -8,6 +8,7 @@ import pytest
 from headless import InProcessHead
 
 from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.lease import key_digest
 
 
 def test_a_failing_cycle_is_logged_and_the_next_one_runs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -37,8 +38,8 @@ def test_a_failing_cycle_is_logged_and_the_next_one_runs(tmp_path: Path, caplog:
 def test_bad_input_at_the_edge_is_a_typed_error_and_the_head_keeps_every_lease(tmp_path: Path) -> None:
     head = InProcessHead(workdir=tmp_path)
     try:
-        head.request_lease({"lease_id": "keep", "request": "1"})
-        granted = head.wait_lease("keep", 5)
+        head.request_lease({"lease_id": "keep", "request": "1", "requester_digest": key_digest("k")})
+        granted = head.wait_lease("keep", 5, "k")
         bad = [("submit_job", ({"name": "x", "entrypoint": "true", "gpu": {"kind": "whole", "count": -1}}, None), "gpu"),
                ("submit_job", ({"name": "Bad Name", "entrypoint": "true"}, None), "name"),
                ("request_lease", ({"lease_id": "a b", "request": "1"},), "lease_request.lease_id"),
@@ -47,7 +48,8 @@ def test_bad_input_at_the_edge_is_a_typed_error_and_the_head_keeps_every_lease(t
             with pytest.raises(InvalidRequestError) as e:
                 getattr(head, method)(*args)
             assert field in e.value.field, (method, e.value.field)
-        assert head.get_lease("keep")["fencing_token"] == granted["fencing_token"]
+        assert head.get_lease("keep", "k")["fencing_token"] == granted["fencing_token"] == 1
+        assert head.get_lease("keep")["fencing_token"] is None and head.get_lease("keep", "guess")["fencing_token"] is None
         assert head.get_lease("keep")["state"] == "granted"
     finally:
         head.close()

@@ -139,6 +139,10 @@ def test_read_commands_print_one_json_value(head: InProcessHead) -> None:
         r = run(*cmd, "--json")
         assert r.exit_code == 0, (cmd, r.output)
         assert check(json.loads(r.stdout)), cmd
+    # Another driver's `leases --json` shows no fencing token, for its own leases or the head's jobs'.
+    shown = json.loads(run("leases", "--json").stdout)
+    assert shown and all(le["fencing_token"] is None for le in shown)
+    assert all("<redacted>" == le["handout"]["env_vars"]["ORCHESTRATOR_FENCING_TOKEN"] for le in shown if le["handout"])
 
 
 def test_tables_show_what_matters(head: InProcessHead) -> None:

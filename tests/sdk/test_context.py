@@ -10,7 +10,8 @@ from typing import Iterator
 from headless import InProcessHead
 
 from orchestrator.core.config import DEMO_CONFIG, load_config
-from orchestrator.sdk.context import job_context
+from orchestrator.core.errors import StaleFencingTokenError
+from orchestrator.sdk.context import apply_limits, job_context
 
 from .fakes import FakeClock
 
@@ -73,9 +74,72 @@ def test_a_head_that_does_not_answer_is_no_reason_to_stop(head: InProcessHead, c
     assert capsys.readouterr().err.count("head not reachable") == 1
 
 
+def _job_token(head: InProcessHead, job_id: str) -> int:
+    """The fencing token the head put in the job's environment (it reads it in-process; no view shows it)."""
+    lease_id = head.service.get_job(job_id)["lease"]["lease_id"]
+    assert head.service.get_job(job_id)["lease"]["fencing_token"] is None  # the job view redacts it
+    return head.service.ctl.ledger.get(lease_id).lease.fencing_token
+
+
 def test_acknowledge_checkpoint_tells_the_head_path_and_step(head: InProcessHead) -> None:
-    ctx = job_context(ENV, head=head)
+    token = _job_token(head, "train-1")
+    ctx = job_context({**ENV, "ORCHESTRATOR_FENCING_TOKEN": str(token)}, head=head)
     d = ctx.acknowledge_checkpoint("/ck/checkpoint.pt", 120)
-    assert head.calls == [("job_ack_checkpoint", ("train-1", "/ck/checkpoint.pt", 120))] and d["job_id"] == "train-1"
+    assert head.calls == [("job_ack_checkpoint", ("train-1", "/ck/checkpoint.pt", 120, token))]
+    assert d["job_id"] == "train-1"
     # while running, an ack is a periodic checkpoint: the lease records it, the job keeps running
     assert d["state"] == "running" and d["lease"]["checkpoint_path"] == "/ck/checkpoint.pt"
+
+
+def test_an_acknowledgement_without_the_lease_token_is_refused(head: InProcessHead) -> None:
+    token = _job_token(head, "train-1")
+    for env in (ENV, {**ENV, "ORCHESTRATOR_FENCING_TOKEN": str(token + 1)}):
+        with pytest.raises(StaleFencingTokenError):
+            job_context(env, head=head).acknowledge_checkpoint("/elsewhere/ck.pt", 1)
+    assert head.service.get_job("train-1")["lease"]["checkpoint_path"] is None
+
+
+class FakeTorch:
+    """``torch`` at its boundary: the calls apply_limits makes, on an 80 GiB card."""
+
+    def __init__(self, cuda: bool = True) -> None:
+        self.fractions: list[tuple[float, int]] = []
+        outer = self
+
+        class cuda_:  # noqa: N801 - torch's spelling
+            @staticmethod
+            def is_available() -> bool:
+                return cuda
+
+            @staticmethod
+            def get_device_properties(i: int) -> object:
+                return type("P", (), {"total_memory": 80 * 1024**3})()
+
+            @staticmethod
+            def set_per_process_memory_fraction(f: float, device: int) -> None:
+                outer.fractions.append((f, device))
+
+        self.cuda = cuda_
+
+
+@pytest.mark.parametrize("kind,limit,expected", [("mps", "20480", 0.25), ("timeslice", "8192", 0.1),
+                                                 ("whole", "8192", None), ("mig", "8192", None), ("mps", "", None)])
+def test_limits_are_applied_in_process_for_shares_without_hardware_isolation(kind, limit, expected) -> None:
+    torch = FakeTorch()
+    env = {"ORCHESTRATOR_SHARE_KIND": kind, "ORCHESTRATOR_MEMORY_LIMIT_MIB": limit}
+    assert apply_limits(env, torch=torch) == expected
+    assert torch.fractions == ([] if expected is None else [(expected, 0)])
+    assert apply_limits(env, torch=FakeTorch(cuda=False)) is None
+
+
+@pytest.mark.gpu
+def test_an_allocation_past_the_limit_fails_on_a_real_gpu() -> None:
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: needs a real GPU")
+    env = {"ORCHESTRATOR_SHARE_KIND": "timeslice", "ORCHESTRATOR_MEMORY_LIMIT_MIB": "1024"}
+    assert apply_limits(env) is not None
+    small = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")  # 256 MiB: within the limit
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")  # 2 GiB: past it
+    del small

@@ -3,6 +3,8 @@ job handles, the lease block. No Ray; Ray's job API is stood in for by local pro
 
 from __future__ import annotations
 
+import json
+
 import re
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from headless import InProcessHead
 
 from orchestrator.core.config import DEMO_CONFIG, load_config
 from orchestrator.core.env import RAY_JOB_CONFIG as RAY_JOB_ENV
-from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, UnknownObjectError
+from orchestrator.core.errors import StaleFencingTokenError, InvalidRequestError, LeaseTimeoutError, UnknownObjectError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.statefile import State
@@ -200,6 +202,28 @@ def test_jobs_nodes_leases_and_queue(client: Client, head: InProcessHead) -> Non
 
 
 # ---- the lease block -----------------------------------------------------------------------------
+def test_the_fencing_token_goes_to_the_requester_only(head: InProcessHead) -> None:
+    """Tokens are capabilities: status, get_lease, the job views and explain show them redacted."""
+    head.submit_job({"name": "j", "entrypoint": "sleep 600", "gpu": {"kind": "whole", "count": 1}}, "j-1")
+    head.wait_for(lambda: head.service.get_job("j-1")["state"] == "running", 10, "j-1 running")
+    with lease(GpuRequest.whole(1), lease_id="l-own", head=head) as le:
+        mine = le.fencing_token
+        assert mine >= 1 and le.refresh()["fencing_token"] == mine  # the requester's key shows it
+        views = [head.status()["leases"], [head.get_lease("l-own"), head.get_lease("l-own", "a guess")],
+                 [j["lease"] for j in head.list_jobs()], [head.get_job("j-1")["lease"]]]
+        shown = [d for view in views for d in view]
+        assert {d["lease_id"] for d in shown} >= {"l-own", head.get_job("j-1")["lease"]["lease_id"]}
+        for d in shown:
+            assert d["fencing_token"] is None and d["token_redacted"] is True, d["lease_id"]
+            if d.get("handout"):
+                assert d["handout"]["env_vars"]["ORCHESTRATOR_FENCING_TOKEN"] == "<redacted>"
+        assert "fencing_token" not in json.dumps(head.explain_lease("l-own")).replace('"fencing_token": null', "")
+        # What another driver can do with what it sees: nothing.
+        with pytest.raises(StaleFencingTokenError):
+            head.release("l-own", None, "someone else")
+        assert head.get_lease("l-own")["state"] == "active"
+
+
 def test_lease_grants_activates_yields_and_releases(head: InProcessHead) -> None:
     with lease(GpuRequest.mig("1g.10gb"), priority="training", owner="me", lease_id="l-a", head=head) as le:
         assert le.lease_id == "l-a" and le.node == "a100-1" and le.fencing_token >= 1
@@ -208,9 +232,13 @@ def test_lease_grants_activates_yields_and_releases(head: InProcessHead) -> None
         assert 0 < opts["num_gpus"] < 1 and opts["num_cpus"] == 1
         assert opts["runtime_env"]["env_vars"]["X"] == "1" and opts["scheduling_strategy"].soft is False
         assert head.get_lease("l-a")["state"] == "active"
+        # the holder actor is named and registered as the lease's workload: the agent can reach it
+        assert (opts["name"], opts["namespace"]) == ("rgo-lease-l-a", "rgo")
+        assert head.get_lease("l-a")["workload"] == "actor:rgo/rgo-lease-l-a"
     req = head.calls[0][1][0]
     assert req["priority_class"] == "training" and req["owner"] == "me" and GpuRequest(**req["request"]) == GpuRequest.mig("1g.10gb")
-    assert [m for m in head.methods() if m != "get_lease"] == ["request_lease", "wait_lease", "activate", "release"]
+    assert [m for m in head.methods() if m != "get_lease"] == ["request_lease", "wait_lease", "activate", "activate",
+                                                               "release"]
     final = head.get_lease("l-a")
     assert final["state"] == "released" and final["history"][-1]["reason"] == "holder left the lease block"
 

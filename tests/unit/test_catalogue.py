@@ -15,6 +15,8 @@ from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
     ("H100-80GB", ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
     ("H100-NVL", ["1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"]),
     ("H200-141GB", ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]),
+    ("B200-180GB", ["1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"]),
+    ("A30-24GB", ["1g.6gb", "2g.12gb", "4g.24gb"]),
 ])
 def test_profiles(model, profiles) -> None:
     assert [p.name for p in gpu_model(model).mig_profiles] == profiles
@@ -34,13 +36,34 @@ def test_placements_are_the_guides() -> None:
                 assert s + prof.memory_slices <= MIG_MEMORY_SLICES
 
 
+def test_a30_is_a_four_by_four_grid_with_nvidias_placements() -> None:
+    p = {x.name: x for x in gpu_model("NVIDIA A30").mig_profiles}
+    assert p["1g.6gb"].placements == (0, 1, 2, 3) and p["1g.6gb"].compute_fraction == 0.25
+    assert p["2g.12gb"].placements == (0, 2) and p["2g.12gb"].memory_slices == 2
+    assert p["4g.24gb"].placements == (0,) and p["4g.24gb"].compute_fraction == 1.0
+    assert p["4g.24gb"].memory_mib == 24576
+    # Four 1g.6gb fill the card: a 2g.12gb overlaps any of them.
+    used = 0
+    for start in p["1g.6gb"].placements:
+        used |= p["1g.6gb"].mask(start)
+    assert all(used & p["2g.12gb"].mask(s) for s in p["2g.12gb"].placements)
+
+
+def test_b200_placements_are_the_standard_table() -> None:
+    p = {x.name: x for x in gpu_model("NVIDIA B200").mig_profiles}
+    assert p["1g.23gb"].placements == (0, 1, 2, 3, 4, 5, 6) and p["1g.45gb"].memory_slices == 2
+    assert p["3g.90gb"].placements == (0, 4) and p["7g.180gb"].compute_fraction == 1.0
+
+
 def test_openb_models_have_no_mig() -> None:
-    for name in ("G1", "G2", "G3", "T4", "P100", "V100M16", "V100M32", "A10"):
+    for name in ("G1", "G2", "G3", "T4", "P100", "V100M16", "V100M32", "A10", "L4", "L40S"):
         assert not gpu_model(name).mig_capable
 
 
 def test_nvml_names_resolve() -> None:
     assert gpu_model("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    assert [gpu_model(n).name for n in ("NVIDIA L4", "NVIDIA L40S", "NVIDIA A30", "NVIDIA B200")] == [
+        "L4", "L40S", "A30-24GB", "B200-180GB"]
     with pytest.raises(InvalidRequestError) as e:
         gpu_model("Voodoo2")
     assert e.value.field == "gpu.model"

@@ -60,7 +60,7 @@ def test_kind_fields_are_exclusive() -> None:
         GpuRequest.mps(20, count=2)
     assert e.value.field == "count"
     with pytest.raises(InvalidRequestError) as e:
-        GpuRequest.whole(2, models=("B200",))
+        GpuRequest.whole(2, models=("Voodoo2",))
     assert e.value.field == "gpu.model"
 
 

@@ -2,7 +2,9 @@
 
 What it reads, per GPU (the NVML call in brackets):
 
-* index, UUID, name -> catalogue model, total memory
+* index, UUID, name -> catalogue model (a model the catalogue does not know
+  becomes a generic entry with NVML's memory and no MIG table, and a warning
+  is logged once per name), total memory
   (``nvmlDeviceGetIndex``, ``nvmlDeviceGetUUID``, ``nvmlDeviceGetName``,
   ``nvmlDeviceGetMemoryInfo``);
 * MIG mode and every existing MIG device with its UUID, profile and
@@ -26,12 +28,15 @@ fixed layout made by the administrator.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from orchestrator.control.discovery.base import HealthEvent
-from orchestrator.core.catalogue import gpu_model
+from orchestrator.core.catalogue import GpuModel, generic_model, gpu_model, is_known
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
+
+log = logging.getLogger(__name__)
 
 #: XIDs caused by applications, not by the GPU (k8s-device-plugin's default skip list).
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -79,6 +84,7 @@ class NvmlBackend:
         self._events = None
         self._cpu_milli = cpu_milli
         self._memory_mib = memory_mib
+        self._warned: set[str] = set()
 
     # ---- inventory -----------------------------------------------------------------------------
     def inventory(self) -> NodeInventory:
@@ -90,11 +96,12 @@ class NvmlBackend:
             uuid = _text(n.nvmlDeviceGetUUID(h))
             self._index_of_uuid[uuid] = index
             name = _text(n.nvmlDeviceGetName(h))
-            model = gpu_model(name)  # raises InvalidRequestError naming the models we know
-            mig_on = self._mig_enabled(h)
+            memory_mib = int(n.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024)
+            model = self._model(name, memory_mib)
+            mig_on = self._mig_enabled(h) and model.mig_capable
             gpus.append(GpuDevice(
                 index=index, uuid=uuid, model=model.name,
-                memory_mib=int(n.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024),
+                memory_mib=memory_mib,
                 mig_enabled=mig_on, mig_devices=self._mig_devices(h) if mig_on else (),
                 nvlink_peers=self._nvlink_peers(h, index, bus_to_index),
             ))
@@ -118,6 +125,16 @@ class NvmlBackend:
             except n.NVMLError:
                 continue
         return out
+
+    def _model(self, name: str, memory_mib: int) -> GpuModel:
+        if is_known(name):
+            return gpu_model(name)
+        model = generic_model(name, memory_mib)
+        if name not in self._warned:
+            self._warned.add(name)
+            log.warning("node %s: GPU model %r is not in the catalogue; using %s (%d MiB, MPS and time-slices, "
+                        "no MIG table)", self.node_name, name, model.name, memory_mib)
+        return model
 
     def _mig_enabled(self, h: Any) -> bool:
         n = self.nvml

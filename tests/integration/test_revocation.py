@@ -1,0 +1,178 @@
+"""Agents enforce leases on a real local Ray cluster: a rogue actor is killed before its cards move on,
+a cooperative one checkpoints through the agent and comes back, stale tokens are refused, tokens stay private.
+
+One cluster for the module (``ray_cluster``), a head whose training class may be preempted at once and
+has a 3 s grace period. Leases are pinned to ``h100-0`` (2 cards), so every preemptor needs the victim's cards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.lease import key_digest
+from orchestrator.core.request import GpuRequest
+from orchestrator.sdk.leases import lease
+
+pytestmark = pytest.mark.ray
+
+SETTINGS = RuntimeSettings(namespace="rgo-rv", heartbeat_interval_s=0.5, agent_ttl_s=6.0, reconcile_interval_s=0.1)
+BOTH_CARDS = GpuRequest(kind="whole", count=2, node="h100-0")
+GRACE_S = 3.0
+KEY = "it-key"  # this test's requester key for the preemptors' leases
+
+
+def _rogue() -> type:
+    """Holds a lease and ignores the request to checkpoint (its checkpoint never returns). Defined in a
+    function so Ray ships the class by value (workers cannot import this test module)."""
+
+    class Rogue:
+        def checkpoint(self, directory: str) -> str:
+            time.sleep(3600)
+            return directory
+
+        def ping(self) -> int:
+            return os.getpid()
+
+    return Rogue
+
+
+def _trainer() -> type:
+    """A cooperative holder: writes its state on request; starts from a checkpoint when given one."""
+
+    class Trainer:
+        def __init__(self, resume_from: str | None = None) -> None:
+            self.step = int(Path(resume_from).read_text()) if resume_from else 0
+
+        def train(self, steps: int) -> int:
+            self.step += steps
+            return self.step
+
+        def checkpoint(self, directory: str) -> str:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            path = Path(directory) / "step.txt"
+            path.write_text(str(self.step))
+            return str(path)
+
+    return Trainer
+
+
+def _until(what: str, cond: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def head(ray_cluster: Any) -> Iterator[Any]:
+    import ray
+
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.actors import start_head
+    from orchestrator.rayport.client import HeadClient
+
+    cfg = ray_cluster.config
+    training = cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 0.0, "grace_period_s": GRACE_S})
+    cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(
+        update={"classes": {**cfg.scheduler.classes, "training": training}})})
+    handle = start_head(SETTINGS, cfg, node_id=ray_api.head_node_id())
+    _until("three agents", lambda: ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"] == [
+        "a100-0", "a100-1", "h100-0"], 120)
+    yield HeadClient(handle=handle)
+    for node in cfg.nodes:
+        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
+    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
+    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+
+
+def _preemptor(head: Any, lease_id: str) -> None:
+    head.request_lease({"lease_id": lease_id, "request": BOTH_CARDS.model_dump(mode="json"), "owner": "it",
+                        "priority_class": "inference", "requester_digest": key_digest(KEY)})
+
+
+def test_a_rogue_actor_is_killed_and_its_cards_go_to_the_preemptor_only_after(head: Any, ray_cluster: Any) -> None:
+    import ray
+
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.wire import unwrap
+
+    with lease(BOTH_CARDS, priority="training", head=head, namespace=SETTINGS.namespace, lease_id="rogue") as le:
+        rogue = ray.remote(_rogue()).options(**le.actor_options(num_cpus=0)).remote()
+        ray.get(rogue.ping.remote(), timeout=120)
+        token = le.fencing_token
+        agent = ray.get_actor(ray_api.agent_name("h100-0"), namespace=SETTINGS.namespace)
+        assert unwrap(ray.get(agent.check_holder.remote("rogue", token))) is None  # the agent knows the holder
+        _preemptor(head, "urgent")
+        asked = time.monotonic()
+        seen: list[tuple[float, bool, str]] = []
+        while time.monotonic() - asked < 60:
+            alive = ray_api.named_actor_alive(le.actor_name, SETTINGS.namespace)
+            state = head.get_lease("urgent")["state"]
+            seen.append((time.monotonic() - asked, alive, state))
+            assert not (alive and state != "pending"), f"cards handed on while the rogue lives: {seen[-3:]}"
+            if state in ("granted", "active"):
+                break
+            time.sleep(0.05)
+        died_at = next(t for t, alive, _ in seen if not alive)
+        granted_at = next(t for t, _, s in seen if s != "pending")
+        print(f"\nrogue killed {died_at - GRACE_S:.2f}s after its grace deadline; cards granted at {granted_at:.2f}s")
+        assert GRACE_S <= died_at and died_at <= granted_at
+        victim = head.get_lease("rogue")
+        assert victim["state"] == "preempted" and victim["revoking"] is False
+        assert "grace period over" in victim["history"][-1]["reason"]
+        # The old holder's token is refused by the agent from now on; the preemptor's is not.
+        reply = ray.get(agent.check_holder.remote("rogue", token))
+        assert reply["error"]["type"] == "StaleFencingTokenError"
+        with pytest.raises(Exception, match="RayActorError|died|dead|killed"):
+            ray.get(rogue.ping.remote(), timeout=30)
+    st = head.status()
+    assert all(d["fencing_token"] is None for d in st["leases"])  # a third party sees no token
+    head.release("urgent", _owner_token(head, "urgent"))
+
+
+def _owner_token(head: Any, lease_id: str) -> int:
+    return head.get_lease(lease_id, KEY)["fencing_token"]
+
+
+def test_a_requeued_actor_checkpoints_through_the_agent_and_resumes(head: Any, tmp_path: Path) -> None:
+    import ray
+
+    with lease(BOTH_CARDS, priority="training", head=head, namespace=SETTINGS.namespace, lease_id="coop",
+               requeue=True, checkpoint_dir=str(tmp_path)) as le:
+        trainer = ray.remote(_trainer()).options(**le.actor_options(num_cpus=0)).remote()
+        assert ray.get(trainer.train.remote(7), timeout=120) == 7
+        _preemptor(head, "urgent-2")
+        _until("the preemptor granted", lambda: head.get_lease("urgent-2")["state"] == "granted", 60)
+        done = head.get_lease("coop")
+        assert done["state"] == "preempted" and done["checkpoint_path"] == str(tmp_path / "coop" / "step.txt")
+        assert "through the agent" in done["history"][-1]["reason"]
+        head.release("urgent-2", _owner_token(head, "urgent-2"))
+        again = le.wait_resumed(60)
+        assert again.lease_id == "coop.a2" and again.resume_from == done["checkpoint_path"]
+        resumed = ray.remote(_trainer()).options(**again.actor_options(num_cpus=0)).remote(again.resume_from)
+        assert ray.get(resumed.train.remote(1), timeout=120) == 8  # no step lost
+        again.release()
+
+
+def test_leases_json_from_another_driver_shows_no_token(head: Any, ray_cluster: Any) -> None:
+    with lease(GpuRequest.whole(1), head=head, namespace=SETTINGS.namespace, lease_id="private") as le:
+        assert le.fencing_token >= 1
+        out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "leases", "--json", "--address",
+                              ray_cluster.address, "--namespace", SETTINGS.namespace],
+                             capture_output=True, text=True, timeout=120, env=os.environ)
+        assert out.returncode == 0, out.stderr
+        shown = {d["lease_id"]: d for d in json.loads(out.stdout)}
+        assert shown["private"]["fencing_token"] is None
+        assert shown["private"]["handout"]["env_vars"]["ORCHESTRATOR_FENCING_TOKEN"] == "<redacted>"

@@ -1,0 +1,185 @@
+"""Agents hold their node's leases: revocation, agent-driven checkpoints, requeue-and-resume, stale tokens, MPS.
+
+The head is the real controller; every agent is the real :class:`AgentCore` (``SimAgent``) with a
+:class:`FakeWorkloads` at its workload boundary (the Ray port's ``RayWorkloads`` stands there on a cluster)
+and a :class:`RecordingPort` at its process boundary (``nvidia-cuda-mps-control``). No Ray, an injected clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from orchestrator.control.agent import CheckpointPoll
+from orchestrator.control.controller import HeadController
+from orchestrator.control.mps import MpsDaemons, RecordingPort
+from orchestrator.control.store import MemoryStore
+from orchestrator.core.config import ClusterConfig, RuntimeSettings
+from orchestrator.core.errors import InvalidRequestError, StaleFencingTokenError
+from orchestrator.core.lease import key_digest
+
+from .conftest import FakeClock, SimAgent
+
+KEY = "k"
+ROGUE = "actor:rgo/rgo-lease-t"
+
+
+@dataclass
+class FakeWorkloads:
+    """The agent's workload boundary: what a holder does when stopped or asked to checkpoint is declared."""
+
+    stoppable: bool = True  # False: stop() does not confirm (the process lingers)
+    answers_checkpoint: bool = True  # False: a rogue actor that never answers
+    stopped: list[str] = field(default_factory=list)
+    asked: list[tuple[str, str]] = field(default_factory=list)
+
+    def stop(self, workload: str) -> bool:
+        self.stopped.append(workload)
+        return self.stoppable
+
+    def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
+        self.asked.append((workload, directory))
+        return lambda: f"{directory}/ck.pt" if self.answers_checkpoint else None
+
+
+@pytest.fixture
+def head(settings: RuntimeSettings, store: MemoryStore, clock: FakeClock, demo: ClusterConfig) -> HeadController:
+    training = demo.scheduler.classes["training"].model_copy(update={"min_runtime_s": 0.0, "grace_period_s": 10.0})
+    sched = demo.scheduler.model_copy(update={"classes": {**demo.scheduler.classes, "training": training}})
+    return HeadController(settings, store, clock=clock, sched_config=sched)
+
+
+@pytest.fixture
+def h100(head: HeadController, demo: ClusterConfig) -> SimAgent:
+    agent = SimAgent(head, demo, "h100-0")
+    agent.core.workloads = FakeWorkloads()
+    agent.core.mps = MpsDaemons(head.settings.mps_pipe_root, RecordingPort())
+    agent.register()
+    return agent
+
+
+def _ask(head: HeadController, lease_id: str, priority: str, **kw: Any) -> None:
+    head.request_lease({"lease_id": lease_id, "request": {"kind": "whole", "count": 2, "node": "h100-0"},
+                        "priority_class": priority, "requester_digest": key_digest(KEY), **kw})
+
+
+def _cycle(head: HeadController, agent: SimAgent, n: int = 1) -> None:
+    for _ in range(n):
+        agent.beat()
+        head.reconcile()
+
+
+def _running_victim(head: HeadController, agent: SimAgent, **kw: Any) -> int:
+    _ask(head, "t", "training", checkpoint_dir="/ck", **kw)
+    _cycle(head, agent)
+    token = head.get_lease("t", KEY)["fencing_token"]
+    head.activate("t", token, None, ROGUE)
+    _ask(head, "i", "inference")
+    _cycle(head, agent)
+    assert head.get_lease("t")["state"] == "checkpointing"
+    return token
+
+
+def test_a_rogue_holder_is_stopped_and_its_cards_go_to_the_preemptor_only_after(
+        head: HeadController, h100: SimAgent, clock: FakeClock) -> None:
+    fake: FakeWorkloads = h100.core.workloads  # type: ignore[assignment]
+    fake.answers_checkpoint, fake.stoppable = False, False
+    _running_victim(head, h100)
+    _cycle(head, h100, 3)
+    assert fake.asked == [(ROGUE, "/ck/t")] and head.get_lease("t")["state"] == "checkpointing"  # asked once
+    clock.advance(11)  # past the grace period: preempted, but fenced until the agent confirms
+    _cycle(head, h100, 5)
+    t = head.get_lease("t")
+    assert t["state"] == "preempted" and t["revoking"] is True and "grace period over" in t["history"][-1]["reason"]
+    assert head.get_lease("i")["state"] == "pending"  # the rogue may still run on the cards
+    assert fake.stopped and set(fake.stopped) == {ROGUE}  # the agent keeps trying
+    assert head.status()["leases"][0]["lease_id"] == "i"
+    fake.stoppable = True  # the holder is gone at last
+    _cycle(head, h100, 2)
+    assert head.get_lease("t")["revoking"] is False and head.get_lease("i")["state"] == "granted"
+    _cycle(head, h100, 3)
+    assert sorted(head.ledger.entries) == ["i", "t"]  # no second preemption was planned meanwhile
+
+
+def test_a_cooperative_actor_checkpoints_through_the_agent_and_is_requeued_to_resume(
+        head: HeadController, h100: SimAgent) -> None:
+    fake: FakeWorkloads = h100.core.workloads  # type: ignore[assignment]
+    _running_victim(head, h100, requeue_on_preempt=True)
+    _cycle(head, h100, 4)
+    t = head.get_lease("t")
+    assert t["state"] == "preempted" and t["checkpoint_path"] == "/ck/t/ck.pt" and t["requeued_as"] == "t.a2"
+    assert fake.stopped == [ROGUE]  # even a holder that checkpointed is stopped before the cards move
+    assert head.get_lease("i")["state"] == "granted"
+    retry = head.get_lease("t.a2", KEY)
+    assert retry["state"] == "pending" and retry["resume_from"] == "/ck/t/ck.pt"
+    head.release("i", head.get_lease("i", KEY)["fencing_token"])
+    _cycle(head, h100, 2)
+    back = head.get_lease("t.a2", KEY)  # the requester's own key still works on the new attempt
+    assert back["state"] == "granted" and back["resume_from"] == "/ck/t/ck.pt" and back["fencing_token"] > 0
+
+
+def test_the_agent_refuses_a_stale_or_revoked_token(head: HeadController, h100: SimAgent, clock: FakeClock) -> None:
+    token = _running_victim(head, h100)
+    h100.core.check_holder("t", token)
+    with pytest.raises(StaleFencingTokenError):
+        h100.core.check_holder("t", token - 1)
+    clock.advance(11)
+    _cycle(head, h100, 3)
+    h100.beat()  # the agent receives the preemptor's grant
+    with pytest.raises(StaleFencingTokenError) as e:
+        h100.core.check_holder("t", token)  # revoked: the old holder cannot come back
+    assert e.value.lease_id == "t"
+    i_token = head.get_lease("i", KEY)["fencing_token"]
+    assert i_token > token
+    h100.core.check_holder("i", i_token)
+
+
+def test_a_lost_node_frees_what_it_was_revoking(head: HeadController, h100: SimAgent, clock: FakeClock) -> None:
+    h100.core.workloads.stoppable = False  # type: ignore[attr-defined]
+    _running_victim(head, h100)
+    clock.advance(11)
+    _cycle(head, h100, 2)
+    assert head.get_lease("t")["revoking"] is True
+    clock.advance(6)  # silent past the TTL
+    head.reconcile()
+    assert head.get_lease("t")["revoking"] is False and head.status()["nodes"][0]["state"] == "lost"
+
+
+def test_a_malformed_workload_is_refused_naming_the_field(head: HeadController, h100: SimAgent) -> None:
+    _ask(head, "t", "training")
+    _cycle(head, h100)
+    with pytest.raises(InvalidRequestError) as e:
+        head.activate("t", head.get_lease("t", KEY)["fencing_token"], None, "actor:no-namespace")
+    assert e.value.field == "workload"
+
+
+def test_mps_daemons_run_exactly_on_gpus_with_mps_leases(head: HeadController, h100: SimAgent) -> None:
+    port: RecordingPort = h100.core.mps.port  # type: ignore[assignment]
+    for lid in ("p1", "p2"):
+        head.request_lease({"lease_id": lid, "request": {"kind": "mps", "sm_percent": 30, "node": "h100-0"},
+                            "requester_digest": key_digest(KEY)})
+    _cycle(head, h100, 2)
+    gpu = head.get_lease("p1")["allocation"]["gpu_indices"][0]
+    assert head.get_lease("p2")["allocation"]["gpu_indices"] == [gpu]  # the engine packs both on one card
+    pipe = head.ledger.get("p1").handout.env_vars["CUDA_MPS_PIPE_DIRECTORY"]  # where the clients look
+    assert pipe == f"{head.settings.mps_pipe_root}/gpu-{gpu}"
+    starts = [c for c in port.commands if c[0] == ["nvidia-cuda-mps-control", "-d"]]
+    assert len(starts) == 1 and starts[0][1]["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    assert starts[0][1]["CUDA_MPS_LOG_DIRECTORY"] == pipe + ".log"
+    assert starts[0][1]["CUDA_VISIBLE_DEVICES"] == h100.inventory.gpus[gpu].uuid
+    head.release("p1", head.get_lease("p1", KEY)["fencing_token"])
+    _cycle(head, h100)
+    assert port.running == {pipe}  # one MPS lease left: the daemon stays
+    head.release("p2", head.get_lease("p2", KEY)["fencing_token"])
+    _cycle(head, h100)
+    assert port.running == set() and port.commands[-1][2] == "quit\n"
+
+
+def test_a_daemon_that_does_not_start_refuses_the_lease(head: HeadController, h100: SimAgent) -> None:
+    h100.core.mps.port.fail_start = True  # type: ignore[attr-defined]
+    head.request_lease({"lease_id": "p", "request": {"kind": "mps", "sm_percent": 30, "node": "h100-0"}})
+    _cycle(head, h100, 3)
+    p = head.get_lease("p")
+    assert p["state"] == "lost" and "MPS control daemon" in p["history"][-1]["reason"]
