@@ -1,5 +1,10 @@
 """One declared config for a KubeRay deployment of the orchestrator.
 
+Why one module over 500 lines: it is one pydantic model tree (pools, MIG
+layouts, head, auth, Redis, checkpoints, quotas, overlays) whose cross-field
+validators need the whole tree at once; split, each part would import the
+others' types back for its checks. Each class is short and stands alone.
+
 ``orchestrator k8s render`` turns a :class:`K8sConfig` into every manifest
 (``render.py``); nobody hand-edits the YAML. The config is frozen pydantic:
 each field says what it means, each validator names the offending value and

@@ -1,5 +1,11 @@
 """Render a :class:`K8sConfig` into Kubernetes objects, then into a kustomize tree.
 
+Why one module over 500 lines: it is a flat list of pure functions, one per
+Kubernetes object kind (RayCluster, RayJob, RayService, Redis, policies,
+quotas ...), sharing a handful of helpers for labels, ports and pod
+templates; reading one object's render never needs another file. The
+reference checks live apart (:mod:`.references`).
+
 Pure functions from config to plain dicts: no I/O until :func:`write_tree`.
 Rendering is deterministic (same config, same bytes), which is what lets a
 test compare the committed ``k8s/`` with a fresh render.
