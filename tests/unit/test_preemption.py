@@ -55,6 +55,20 @@ def four_a100() -> ClusterSnapshot:
     return ClusterSnapshot.build([NodeSpec("n0", "A100-80GB", 2), NodeSpec("n1", "A100-80GB", 2)])
 
 
+def usage(s: ClusterSnapshot) -> tuple:
+    """What a snapshot says is used, its rows read afresh from the intern table: comparable across families."""
+    return tuple(b"".join(r.tobytes() for r in s.gpu_row(i).values()) for i in range(s.n_nodes)) + (
+        s.cpu_used.tobytes(), s.mem_used.tobytes())
+
+
+def rebuilt(leases: list[Lease]) -> ClusterSnapshot:
+    """The cluster with ``leases`` held, rebuilt from scratch in a snapshot family of its own."""
+    snap = four_a100()
+    for lease in leases:
+        snap = snap.apply(lease.allocation)
+    return snap
+
+
 SCENARIOS = [
     # name, holding specs, request, priority, expected victims (set) or None for no plan
     ("lowest priority first",
@@ -77,9 +91,9 @@ SCENARIOS = [
     ("never younger than the minimum runtime",
      [("t-young", GpuRequest.whole(2), "training", 990, None), ("t-young2", GpuRequest.whole(2), "training", 990, None)],
      GpuRequest.whole(1), 1000, "none"),
-    ("inference is never preempted",
+    ("inference is never preempted, not even for a higher priority",
      [("i1", GpuRequest.whole(2), "inference", 0, None), ("i2", GpuRequest.whole(2), "inference", 0, None)],
-     GpuRequest.whole(1), 1000, "none"),
+     GpuRequest.whole(1), 5000, "none"),
     ("equal priority is not preempted",
      [("t1", GpuRequest.whole(2), "training", 0, None), ("t2", GpuRequest.whole(2), "training", 0, None)],
      GpuRequest.whole(1), 100, "none"),
@@ -91,7 +105,7 @@ def test_planner_scenarios(name, specs, request_, priority, expected) -> None:
     snap, leases = holding(four_a100(), specs)
     gstate = snap.gstate.copy()
     plan = plan_preemption(snap, request_, leases, priority=priority, queue="default", config=CFG, now=NOW, policy=POLICY)
-    assert (snap.gstate == gstate).all() and snap.same_state(snap), "planning must not change the snapshot"
+    assert (snap.gstate == gstate).all() and usage(snap) == usage(rebuilt(leases)), "planning must not change the snapshot"
     if expected == "none":
         assert isinstance(plan, NoPreemption), plan
         assert plan.ineligible and all(why.text and why.cause.group == "ineligible" for _, why in plan.ineligible)
@@ -116,6 +130,26 @@ def test_planner_scenarios(name, specs, request_, priority, expected) -> None:
     else:
         assert victims == expected
     assert all(v.reason.text and v.reason.cause is Cause.VICTIM_PRIORITY for v in plan.victims)
+
+
+def test_the_preemptible_flag_decides_for_a_higher_priority_requester() -> None:
+    """Only the class's ``preemptible`` flag stands between a priority-5000 request and inference leases:
+    off, every lease is ineligible for its class; on, the same request preempts one of them."""
+    specs = [("i1", GpuRequest.whole(2), "inference", 0, None), ("i2", GpuRequest.whole(2), "inference", 0, None)]
+    snap, leases = holding(four_a100(), specs)
+    refused = plan_preemption(snap, GpuRequest.whole(1), leases, priority=5000, queue="default", config=CFG, now=NOW,
+                              policy=POLICY)
+    assert isinstance(refused, NoPreemption), refused
+    assert [(i, why.cause) for i, why in refused.ineligible] == [("i1", Cause.INELIGIBLE_CLASS), ("i2", Cause.INELIGIBLE_CLASS)]
+    assert refused.reason.cause is Cause.NO_PREEMPTION_NONE_ELIGIBLE
+    open_cfg = CFG.model_copy(update={"classes": CFG.classes | {
+        "inference": CFG.classes["inference"].model_copy(update={"preemptible": True})}})
+    plan = plan_preemption(snap, GpuRequest.whole(1), leases, priority=5000, queue="default", config=open_cfg, now=NOW,
+                           policy=POLICY)
+    assert isinstance(plan, PreemptionPlan), plan
+    assert [v.lease_id for v in plan.victims] in (["i1"], ["i2"])
+    assert plan.victims[0].reason.cause is Cause.VICTIM_PRIORITY and "inference 1000 < 5000" in plan.victims[0].reason.text
+    assert usage(snap) == usage(rebuilt(leases)), "planning must not change the snapshot"
 
 
 def test_in_flight_victims_are_not_chosen_again() -> None:
