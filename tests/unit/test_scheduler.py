@@ -24,6 +24,12 @@ def snap(gpus: int = 2) -> ClusterSnapshot:
     return ClusterSnapshot.build([NodeSpec("n0", "A100-80GB", gpus)])
 
 
+def usage(s: ClusterSnapshot) -> tuple:
+    """What a snapshot says is used, its rows read afresh from the intern table: comparable across families."""
+    return tuple(b"".join(r.tobytes() for r in s.gpu_row(i).values()) for i in range(s.n_nodes)) + (
+        s.cpu_used.tobytes(), s.mem_used.tobytes())
+
+
 def item(i: str, req: GpuRequest, cls: str = "training", t: float = 0.0, queue: str = "default") -> PendingItem:
     return PendingItem(i, req, CFG.classes[cls].priority, cls, t, queue)
 
@@ -75,6 +81,10 @@ def test_preemption_is_planned_once_and_then_no_churn() -> None:
         s = s.apply(p.allocation)
         lease = Lease.new(f"t{k}", GpuRequest.whole(1), now=0, priority=100, priority_class="training")
         leases.append(lease.grant(p.allocation, k + 1, now=0, reason="x").transition(LeaseState.ACTIVE, now=0, reason="x"))
+    # What s holds, rebuilt from scratch in a snapshot family of its own: no cycle below may change s.
+    held = snap(2)
+    for lease in leases:
+        held = held.apply(lease.allocation)
     inf = item("inf", GpuRequest.whole(1), "inference", t=100)
     plan = schedule(s, [inf], leases, CFG, now=100, policy=POLICY)
     assert len(plan.preemptions) == 1 and not plan.grants
@@ -89,11 +99,13 @@ def test_preemption_is_planned_once_and_then_no_churn() -> None:
         assert not again.preemptions and not again.grants
         assert again.waiting[0].reason.cause is Cause.WAIT_VICTIMS
     # Once the victim is released, the inference item is granted its card.
-    released = s.release(next(lease for lease in leases if lease.lease_id == victim).allocation)
+    gone = next(lease for lease in leases if lease.lease_id == victim).allocation
+    released = s.release(gone)
     rest = [lease for lease in leases if lease.lease_id != victim]
     final = schedule(released, [nominated], rest, CFG, now=104, policy=POLICY)
     assert [g.item_id for g in final.grants] == ["inf"] and not final.preemptions
-    assert s.same_state(s)
+    assert usage(s) == usage(held) and usage(released) == usage(held.release(gone)), \
+        "scheduling must not change the snapshots it decides over"
 
 
 def test_plan_json_carries_cause_codes() -> None:
