@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from orchestrator.core.allocation import Allocation
 from orchestrator.core.priorities import POLICY_NAMES
 from orchestrator.core.reasons import Cause
 from orchestrator.core.request import GpuRequest, ShareKind
@@ -50,20 +51,35 @@ def test_fixed_layout_refuses_profiles_it_lacks() -> None:
     assert "MIG: no free valid placement" in res.message
 
 
-def test_multi_gpu_prefers_one_nvlink_island_and_requires_it_when_asked() -> None:
+def test_multi_gpu_prefers_one_nvlink_island() -> None:
     s = ClusterSnapshot.build([NodeSpec("n", "A100-80GB", 4, nvlink_islands=((0, 1), (2, 3)))])
     s = s.apply(ok(place(s, GpuRequest.whole(1), get_policy("bestfit"))).allocation)
     p = ok(place(s, GpuRequest.whole(2), get_policy("bestfit")))
     taken = set(p.allocation.gpus)
     assert taken in ({0, 1}, {2, 3}), "two GPUs must come from one island when one has room"
-    s2 = ClusterSnapshot.build([NodeSpec("n", "A100-80GB", 4, nvlink_islands=((0, 1), (2, 3)))])
-    s2 = s2.apply(ok(place(s2, GpuRequest.whole(1, node="n"), get_policy("packing"))).allocation)
-    s2 = s2.apply(ok(place(s2, GpuRequest.timeslice(0.5), get_policy("spread"))).allocation)
-    res = place(s2, GpuRequest.whole(2, nvlink=True), get_policy("bestfit"))
-    if isinstance(res, Unschedulable):
-        assert "NVLink" in res.message
-    else:
-        assert set(res.allocation.gpus) in ({0, 1}, {2, 3})
+
+
+def on_card(s: ClusterSnapshot, col: int, kind: ShareKind, milli: int) -> Allocation:
+    """What a lease holding ``kind`` on card ``col`` of the first node holds."""
+    return Allocation(node=0, node_name=s.node_names[0], kind=kind, gpus=(col,), gpu_indices=(col,),
+                      gpu_uuids=(s.static.uuids[0][col],), model="A100-80GB", milli=milli,
+                      memory_mib=int(s.static.gpu_memory[0]) if kind is ShareKind.WHOLE else 0)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICY_NAMES))
+def test_nvlink_is_required_when_asked(policy: str) -> None:
+    """Two free cards in different islands: an ``nvlink=True`` request is refused for NVLink (a plain
+    one takes them); once an island has two free cards, the request lands inside it."""
+    s = ClusterSnapshot.build([NodeSpec("n", "A100-80GB", 4, nvlink_islands=((0, 1), (2, 3)))])
+    share = on_card(s, 2, ShareKind.TIMESLICE, 500)
+    s = s.apply(on_card(s, 1, ShareKind.WHOLE, 1000)).apply(share)  # free whole cards: 0 and 3
+    res = place(s, GpuRequest.whole(2, nvlink=True), get_policy(policy))
+    assert isinstance(res, Unschedulable), res
+    assert [(r.cause, c) for _, r, c in res.reasons] == [(Cause.FIT_NVLINK, 1)]
+    assert "1 node: no NVLink island with enough free GPUs" in res.message
+    assert ok(place(s, GpuRequest.whole(2), get_policy(policy))).allocation.gpus == (0, 3)
+    s = s.release(share)  # island (2, 3) is free again
+    assert ok(place(s, GpuRequest.whole(2, nvlink=True), get_policy(policy))).allocation.gpus == (2, 3)
 
 
 def test_unschedulable_groups_reasons_with_counts() -> None:
