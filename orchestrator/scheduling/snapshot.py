@@ -72,7 +72,7 @@ from orchestrator.scheduling.gpufit import (
     share_fit,
 )
 
-__all__ = ["MODEL_INDEX", "Allocation", "ClusterSnapshot", "Mode", "NodeSpec", "SnapshotStatic", "StateColumn"]
+__all__ = ["MODEL_INDEX", "ClusterSnapshot", "Mode", "NodeSpec", "SnapshotStatic", "StateColumn"]
 
 T = TypeVar("T")
 _MIG = int(Mode.MIG)
