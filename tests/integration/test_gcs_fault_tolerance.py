@@ -243,7 +243,7 @@ def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_re
         a = head.wait_lease(head.request_lease({"lease_id": "ft-a", "request": "1", **mine}), 60, "ft-key")
         head.activate("ft-a", a["fencing_token"])
         b = head.wait_lease(head.request_lease({"lease_id": "ft-b", "request": "1", **mine}), 60, "ft-key")
-        head.request_lease({"lease_id": "ft-c", "request": "1"})
+        head.request_lease({"lease_id": "ft-c", "request": "1", **mine})
         queued = head.submit_job(JobSpec(name="ft-queued", entrypoint="python -c pass", gpu=GpuRequest.whole(1),
                                          priority="batch").model_dump(mode="json"), job_id="ft-queued")
         head.submit_job(JobSpec(name="ft-cancelled", entrypoint="python -c pass", gpu=GpuRequest.whole(1),
@@ -281,7 +281,7 @@ def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_re
         # The fencing counter goes on from where it was: the old tokens still hold, a new grant is above them all.
         head.cancel_job("ft-queued")
         head.release("ft-a", a["fencing_token"])
-        c = head.wait_lease("ft-c", 60)
+        c = head.wait_lease("ft-c", 60, "ft-key")  # the token only to its requester
         assert c["fencing_token"] > before["fencing_counter"]
         head.release("ft-b", b["fencing_token"])
         head.release("ft-c", c["fencing_token"])

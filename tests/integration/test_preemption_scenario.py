@@ -125,7 +125,7 @@ def test_inference_preempts_the_minimal_training_set_which_resumes_bit_identical
     import urllib.request
 
     body = urllib.request.urlopen(f"http://127.0.0.1:{SETTINGS.metrics_port}/metrics", timeout=5).read().decode()
-    assert 'orchestrator_preemptions_total{reason="checkpoint"} 1.0' in body
+    assert 'orchestrator_preemptions_total{cause="victim.priority",reason="checkpoint"} 1.0' in body
     assert "orchestrator_gpus_total 10.0" in body
     done = wait(head, inf, {"succeeded"})
     assert "served on GPU-" in head.job_logs(inf)
@@ -157,7 +157,7 @@ def test_a_sigkilled_head_brings_every_job_to_its_end_exactly_once(head: Any, tm
 
     on_h100 = {"kind": "whole", "count": 2, "node": "h100-0"}
     stubborn = submit("stubborn", "sleep 300", GpuRequest(**on_h100), "training-short")  # never checkpoints
-    short = submit("short", f"{sys.executable} -c 'import time; time.sleep(6)'", GpuRequest.mig("1g.10gb"), "batch")
+    short = submit("short", f"{sys.executable} -c 'import time; time.sleep(40)'", GpuRequest.mig("1g.10gb"), "batch")
     wait(head, stubborn, {"running"})
     wait(head, short, {"running"})
     behind = submit("behind", "true", GpuRequest(**on_h100), "batch")  # queued behind stubborn
