@@ -140,7 +140,8 @@ def test_the_preemptible_flag_decides_for_a_higher_priority_requester() -> None:
     refused = plan_preemption(snap, GpuRequest.whole(1), leases, priority=5000, queue="default", config=CFG, now=NOW,
                               policy=POLICY)
     assert isinstance(refused, NoPreemption), refused
-    assert [(i, why.cause) for i, why in refused.ineligible] == [("i1", Cause.INELIGIBLE_CLASS), ("i2", Cause.INELIGIBLE_CLASS)]
+    assert [(i, why.cause) for i, why in refused.ineligible] == [("i1", Cause.INELIGIBLE_CLASS),
+                                                                 ("i2", Cause.INELIGIBLE_CLASS)]
     assert refused.reason.cause is Cause.NO_PREEMPTION_NONE_ELIGIBLE
     open_cfg = CFG.model_copy(update={"classes": CFG.classes | {
         "inference": CFG.classes["inference"].model_copy(update={"preemptible": True})}})
@@ -148,7 +149,8 @@ def test_the_preemptible_flag_decides_for_a_higher_priority_requester() -> None:
                            policy=POLICY)
     assert isinstance(plan, PreemptionPlan), plan
     assert [v.lease_id for v in plan.victims] in (["i1"], ["i2"])
-    assert plan.victims[0].reason.cause is Cause.VICTIM_PRIORITY and "inference 1000 < 5000" in plan.victims[0].reason.text
+    (victim,) = plan.victims
+    assert victim.reason.cause is Cause.VICTIM_PRIORITY and "inference 1000 < 5000" in victim.reason.text
     assert usage(snap) == usage(rebuilt(leases)), "planning must not change the snapshot"
 
 

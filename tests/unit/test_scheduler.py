@@ -87,6 +87,7 @@ def test_preemption_is_planned_once_and_then_no_churn() -> None:
         held = held.apply(lease.allocation)
     inf = item("inf", GpuRequest.whole(1), "inference", t=100)
     plan = schedule(s, [inf], leases, CFG, now=100, policy=POLICY)
+    assert usage(s) == usage(held), "planning a preemption must not change the snapshot it decides over"
     assert len(plan.preemptions) == 1 and not plan.grants
     victim = plan.preemptions[0].victim.lease_id
     assert plan.waiting[0].would_preempt == (victim,)
