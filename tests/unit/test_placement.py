@@ -82,6 +82,17 @@ def test_nvlink_is_required_when_asked(policy: str) -> None:
     assert ok(place(s, GpuRequest.whole(2, nvlink=True), get_policy(policy))).allocation.gpus == (2, 3)
 
 
+@pytest.mark.xfail(strict=True, reason="engine bug: cards a NodeSpec's nvlink_islands leaves out share island -1, "
+                                       "so two unlinked cards pass as one NVLink island")
+def test_cards_no_island_lists_are_not_linked() -> None:
+    """A node that lists only (0, 1) as an island: cards 2 and 3 have no NVLink (as an inventory says of a
+    card without peers), so with card 0 down an ``nvlink=True`` pair has nowhere to go."""
+    s = ClusterSnapshot.build([NodeSpec("n", "A100-80GB", 4, nvlink_islands=((0, 1),))]).with_health("n", 0, False)
+    res = place(s, GpuRequest.whole(2, nvlink=True), get_policy("bestfit"))
+    assert isinstance(res, Unschedulable), f"placed on {res.allocation.gpus}"
+    assert [r.cause for _, r, _ in res.reasons] == [Cause.FIT_NVLINK]
+
+
 def test_unschedulable_groups_reasons_with_counts() -> None:
     nodes = [NodeSpec(f"t{i}", "T4", 2) for i in range(5)] + [NodeSpec(f"v{i}", "V100M32", 4, cpu_milli=1000) for i in range(3)]
     s = ClusterSnapshot.build(nodes)
