@@ -287,11 +287,15 @@ def choose_whole(free: np.ndarray, island: np.ndarray, count: int, need_nvlink: 
 
     Among islands with enough free cards, the one with the fewest free cards
     wins (keeps big islands whole for big requests); without one, a
-    ``need_nvlink`` request fails and others take the lowest indices.
+    ``need_nvlink`` request fails and others take the lowest indices. Cards no
+    island lists (id -1) are grouped for the preference but are not linked, so
+    they never satisfy ``need_nvlink``.
     """
     take = np.zeros(len(free), dtype=bool)
     best, best_free = None, None
     for k in np.unique(island[free]):
+        if need_nvlink and k < 0:
+            continue
         members = np.flatnonzero(free & (island == k))
         if len(members) >= count and (best_free is None or len(members) < best_free):
             best, best_free = members, len(members)

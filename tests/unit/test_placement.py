@@ -82,8 +82,6 @@ def test_nvlink_is_required_when_asked(policy: str) -> None:
     assert ok(place(s, GpuRequest.whole(2, nvlink=True), get_policy(policy))).allocation.gpus == (2, 3)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: cards a NodeSpec's nvlink_islands leaves out share island -1, "
-                                       "so two unlinked cards pass as one NVLink island")
 def test_cards_no_island_lists_are_not_linked() -> None:
     """A node that lists only (0, 1) as an island: cards 2 and 3 have no NVLink (as an inventory says of a
     card without peers), so with card 0 down an ``nvlink=True`` pair has nowhere to go."""
