@@ -2,15 +2,20 @@
 
     .venv/bin/python bench/trace_eval.py                       # default + gpushare100, 10 seeds
     .venv/bin/python bench/trace_eval.py --lists default --seeds 10 --plot docs/img/openb_default.png
-    .venv/bin/python bench/trace_eval.py --lists all --policies fgd default   # ours vs FGD on every list
+    .venv/bin/python bench/trace_eval.py --lists all --compare default fgd    # ours vs FGD on every list
+    .venv/bin/python bench/trace_eval.py --lists default /tmp/lists/spec33.csv --compare default fgd --seeds 3 --workers 1
 
-Prints, per pod list, the allocation table (mean of the seeds) and the wall
-time of that list's 7 x N replays on ``--workers`` processes; with both
-``fgd`` and ``default`` run, a last table of ``default - fgd`` at 130% per
-list (the issue's "at least FGD's figure on every pod list"); then one JSON
-line per list (``{"pod_list", "wall_s", "results": [...]}``). Needs
-``../shared/traces/openb`` (or ``--trace-dir``). A figure-printing benchmark,
-not a test.
+Prints, per pod list, the allocation table (mean of the seeds: every 10%
+checkpoint from 50% to 130% and the area under the curve over 50-130%, see
+``orchestrator/sim/curve.py``) and the wall time of that list's replays on
+``--workers`` processes; with ``--compare A B`` (or when both ``fgd`` and
+``default`` run) the per-checkpoint table of ``A - B`` (paired by seed: mean,
+sd, min, max) for each list, then one summary line per list (the worst
+checkpoint, the AUC difference, the difference at 130%); then one JSON line
+per list (``{"pod_list", "wall_s", "results": [...], "compare": {...}}``).
+A list is a name (``openb_pod_list_NAME.csv`` in ``--trace-dir``, default
+``../shared/traces/openb``), ``all``, or a path to a pod-list CSV (such as
+those ``bench/make_pod_lists.py`` writes). A figure-printing benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -26,30 +31,42 @@ sys.path.insert(0, str(REPO))
 
 from orchestrator.sim.arrival import PAPER_POLICIES, run_arrival  # noqa: E402
 from orchestrator.cli.sim import PAPER_AT_130, _print_arrival, write_plot  # noqa: E402
+from orchestrator.sim.curve import compare, format_comparison  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace-dir", type=Path, default=REPO.parent / "shared" / "traces" / "openb")
+    ap.add_argument("--nodes", type=Path, default=None, help="node list (default: TRACE_DIR/openb_node_list_gpu_node.csv)")
     ap.add_argument("--lists", nargs="+", default=["default", "gpushare100"],
                     help="pod list names (openb_pod_list_NAME.csv), or 'all' for every list in the trace dir")
     ap.add_argument("--policies", nargs="+", default=list(PAPER_POLICIES))
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
+                    help="run only policies A and B and print A - B per checkpoint (default: default fgd, "
+                         "when both are among --policies)")
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--seed-base", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--plot", type=Path, default=None, help="chart of the first list")
     args = ap.parse_args()
-    nodes = args.trace_dir / "openb_node_list_gpu_node.csv"
+    nodes = args.nodes or args.trace_dir / "openb_node_list_gpu_node.csv"
     if not nodes.is_file():
         print(f"needs the openb trace in {args.trace_dir}", file=sys.stderr)
         return 2
     lists = args.lists
     if lists == ["all"]:
         lists = sorted(p.stem.removeprefix("openb_pod_list_") for p in args.trace_dir.glob("openb_pod_list_*.csv"))
+    policies = list(args.compare) if args.compare else args.policies
+    pair = tuple(args.compare) if args.compare else ("default", "fgd")
+    seeds = range(args.seed_base, args.seed_base + args.seeds)
     lines, versus = [], []
-    for k, name in enumerate(lists):
-        pods = args.trace_dir / f"openb_pod_list_{name}.csv"
+    for k, item in enumerate(lists):
+        if item.endswith(".csv"):
+            pods, name = Path(item), Path(item).stem.removeprefix("openb_pod_list_")
+        else:
+            pods, name = args.trace_dir / f"openb_pod_list_{item}.csv", item
         t0 = time.perf_counter()
-        summaries = run_arrival(str(nodes), str(pods), args.policies, range(args.seeds), workers=args.workers)
+        summaries = run_arrival(str(nodes), str(pods), policies, seeds, workers=args.workers)
         wall = time.perf_counter() - t0
         _print_arrival(summaries, pods, wall, args.plot if k == 0 else None)
         if k == 0 and args.plot:
@@ -60,16 +77,23 @@ def main() -> int:
                 print(f"  cross-check {name} {s.policy}: ours {s.allocation_pct[-1]:.2f} vs paper {paper[s.policy]:.2f} "
                       f"({s.allocation_pct[-1] - paper[s.policy]:+.2f})")
         at = {s.policy: s for s in summaries}
-        if "fgd" in at and "default" in at:
-            versus.append((name, at["fgd"], at["default"]))
+        cmp = None
+        if pair[0] in at and pair[1] in at:
+            cmp = compare(at[pair[0]].runs, at[pair[1]].runs)
+            print(format_comparison(cmp, f"{cmp.a} - {cmp.b} on {name}, {len(cmp.seeds)} seed(s), paired "
+                                         "(mean, sd, min, max over seeds)"))
+            versus.append((name, cmp))
         lines.append(json.dumps({"pod_list": name, "seeds": args.seeds, "workers": args.workers,
-                                 "wall_s": round(wall, 1), "results": [s.to_dict() for s in summaries]}))
+                                 "wall_s": round(wall, 1), "results": [s.to_dict() for s in summaries],
+                                 "compare": cmp.to_dict() if cmp else None}))
     if versus:
-        print(f"\ndefault vs fgd at {versus[0][1].checkpoints[-1]}% arrival ({args.seeds} seeds; sd over seeds)")
-        print(f"{'pod list':<14} {'fgd':>14} {'default':>14} {'diff':>7}")
-        for name, f, d in versus:
-            fa, da = f.allocation_pct[-1], d.allocation_pct[-1]
-            print(f"{name:<14} {fa:8.2f} +-{f.allocation_std[-1]:.2f} {da:8.2f} +-{d.allocation_std[-1]:.2f} {da - fa:+7.2f}")
+        cps = list(versus[0][1].points)
+        print(f"\n{pair[0]} - {pair[1]} per checkpoint, mean over {args.seeds} seed(s) (paired)")
+        print(f"{'pod list':<16}" + "".join(f"{str(c) + '%':>7}" for c in cps) + f"{'AUC':>8}  worst")
+        for name, c in versus:
+            k, w = c.worst
+            area = f"{c.auc.mean:+8.3f}" if c.auc else f"{'':>8}"
+            print(f"{name:<16}" + "".join(f"{c.points[p].mean:+7.2f}" for p in cps) + f"{area}  {w:+.2f}@{k}%")
     for line in lines:
         print(line)
     return 0

@@ -10,7 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Tuple
 
 import typer
 
@@ -52,12 +52,21 @@ def openb(
     load: float = typer.Option(1.0, "--load", min=1e-9, help="timeline mode: compress arrival times by this factor"),
     workers: int = typer.Option(2, "--workers", min=1, help="Processes running seeds in parallel"),
     per_seed: bool = typer.Option(False, "--per-seed", help="--json: include every seed's run"),
+    compare: Optional[Tuple[str, str]] = typer.Option(
+        None, "--compare", help="arrival mode: run policies A and B (instead of --policy) and print A - B at every "
+                                "10%% checkpoint from 50%% to 130%% and for the AUC, mean and spread over seeds"),
 ) -> None:
     """Replay an openb pod list against the node list under one or all policies."""
     from orchestrator.core.priorities import POLICY_NAMES
     from orchestrator.sim.arrival import ORDERS, PAPER_POLICIES
 
     names = list(PAPER_POLICIES) if policy == "all" else [policy]
+    if compare:
+        if mode != "arrival":
+            _fail(InvalidRequestError("compare", " ".join(compare), "two policies, in --mode arrival"))
+        if compare[0] == compare[1]:
+            _fail(InvalidRequestError("compare", " ".join(compare), "two different policies"))
+        names = list(compare)
     for n in names:
         if n not in POLICY_NAMES:
             _fail(InvalidRequestError("policy", n, ("all",) + POLICY_NAMES))
@@ -95,10 +104,23 @@ def openb(
         dicts.append(d)
     if plot is not None:
         write_plot(summaries, plot, title=f"{pods.stem} on {nodes.stem} ({len(seed_list)} seeds)")
+    cmp = None
+    if compare:
+        from orchestrator.sim.curve import compare as compare_runs
+
+        cmp = compare_runs(summaries[0].runs, summaries[1].runs)
     if json_out:
-        typer.echo(json.dumps(dicts if policy == "all" else dicts[0], indent=2))
+        if cmp is not None:
+            typer.echo(json.dumps({"results": dicts, "compare": cmp.to_dict()}, indent=2))
+        else:
+            typer.echo(json.dumps(dicts if policy == "all" else dicts[0], indent=2))
     else:
         _print_arrival(summaries, pods, wall, plot)
+        if cmp is not None:
+            from orchestrator.sim.curve import format_comparison
+
+            typer.echo(format_comparison(cmp, f"{cmp.a} - {cmp.b} on {pods.name}, {len(cmp.seeds)} seed(s), "
+                                              "paired (mean, sd, min, max over seeds)"))
 
 
 def _paper_key(pods: Path) -> str | None:
@@ -113,13 +135,16 @@ def _print_arrival(summaries: list[Any], pods: Path, wall: float, plot: Path | N
     from rich.console import Console
     from rich.table import Table
 
+    from orchestrator.sim.curve import CURVE_FROM
+
     last = summaries[0].checkpoints[-1]
-    cols = summaries[0].at(10)
+    cols = [i for i in summaries[0].at(10) if summaries[0].checkpoints[i] >= CURVE_FROM] or summaries[0].at(10)
     table = Table(title=f"Allocation ratio (% of GPU capacity) vs arrived GPU request -- {pods.name}, "
                         f"mean of {len(summaries[0].seeds)} seed(s)")
     table.add_column("policy")
     for i in cols:
         table.add_column(f"{summaries[0].checkpoints[i]}%", justify="right")
+    table.add_column("AUC 50-130", justify="right")
     table.add_column(f"±sd@{last}", justify="right")
     table.add_column(f"frag@{last}", justify="right")
     table.add_column(f"unalloc GPUs@{last}", justify="right")
@@ -129,12 +154,13 @@ def _print_arrival(summaries: list[Any], pods: Path, wall: float, plot: Path | N
         table.add_column("paper@130", justify="right")
     for s in summaries:
         row = [s.policy] + [f"{s.allocation_pct[i]:.2f}" for i in cols]
-        row += [f"{s.allocation_std[-1]:.2f}", f"{s.fragmentation_pct[-1]:.1f}", f"{s.unallocated_gpus:.1f}",
-                f"{s.failed:.0f}"]
+        area = s.auc
+        row += ["" if area is None else f"{area:.3f}", f"{s.allocation_std[-1]:.2f}",
+                f"{s.fragmentation_pct[-1]:.1f}", f"{s.unallocated_gpus:.1f}", f"{s.failed:.0f}"]
         if paper and last == 130:
             row.append(f"{paper[s.policy]:.2f}" if s.policy in paper else "")
         table.add_row(*row)
-    console = Console(width=max(120, 12 * (len(cols) + 6)))
+    console = Console(width=max(120, 12 * (len(cols) + 7)))
     console.print(table)
     cpu = sum(s.wall_s for s in summaries)
     console.print(f"wall {wall:.1f}s, {cpu:.1f} CPU-s in replays" + (f"; chart: {plot}" if plot else ""))

@@ -45,6 +45,7 @@ from orchestrator.scheduling.fragmentation import FragModel, Workload
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.sim.curve import curve_stats
 from orchestrator.sim.openb import MILLI, NodeTable, PodTable, load_nodes, load_pods
 from orchestrator.sim.repack import Ledger, try_repack
 from orchestrator.sim.workload import typical_workload
@@ -108,6 +109,12 @@ class ArrivalSummary:
                    float(np.mean([r.failed for r in runs])), float(sum(r.wall_s for r in runs)),
                    float(np.mean([r.migrations for r in runs])), tuple(sorted(runs, key=lambda r: r.seed)))
 
+    @property
+    def auc(self) -> float | None:
+        """Mean over seeds of the area under the curve, 50-130% (see :mod:`orchestrator.sim.curve`)."""
+        cs = curve_stats(self.policy, self.runs) if self.runs else None
+        return cs.auc.mean if cs is not None and cs.auc is not None else None
+
     def at(self, step: int) -> list[int]:
         """Indices of the checkpoints that are multiples of ``step`` (always including the last)."""
         last = len(self.checkpoints) - 1
@@ -126,6 +133,12 @@ class ArrivalSummary:
             "failed_pods": round(self.failed, 2), "migrations": round(self.migrations, 2),
             "cpu_s": round(self.wall_s, 2),
         }
+        if self.runs:
+            cs = curve_stats(self.policy, self.runs)
+            d["curve"] = {str(k): round(v.mean, 4) for k, v in cs.points.items()}
+            d["curve_std"] = {str(k): round(v.sd, 4) for k, v in cs.points.items()}
+            d["auc_50_130"] = round(cs.auc.mean, 4) if cs.auc else None
+            d["auc_std"] = round(cs.auc.sd, 4) if cs.auc else None
         if per_seed:
             d["runs"] = [r.to_dict() for r in self.runs]
         return d
