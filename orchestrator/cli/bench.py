@@ -17,15 +17,18 @@ def placement(
     policy: str = typer.Option("default", help="Placement policy"),
     seed: int = typer.Option(0, help="Seed of the cluster mix and the request stream"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
+    reference: str = typer.Option("random", help="Policy run after it in the same process; its speed is the "
+                                                 "yardstick (ratio_to_reference) that the machine does not move"),
 ) -> None:
     """Fill a synthetic cluster with an openb-like request stream and time every decision."""
-    from orchestrator.bench.placement import run
+    from orchestrator.bench.placement import run_with_reference
 
-    res = run(nodes, policy, seed)
+    res = run_with_reference(nodes, policy, seed, reference)
     if as_json:
-        typer.echo(json.dumps(res.to_dict()))
+        typer.echo(json.dumps(res))
         return
-    t = Table(title=f"placement benchmark: {res.nodes} nodes, {res.gpus} GPUs, policy {res.policy}")
-    for k, v in res.to_dict().items():
+    t = Table(title=f"placement benchmark: {res['nodes']} nodes, {res['gpus']} GPUs, policy {res['policy']} "
+                    f"(reference: {res['reference_policy']})")
+    for k, v in res.items():
         t.add_row(k, str(v))
     Console().print(t)
