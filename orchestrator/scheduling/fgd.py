@@ -271,6 +271,8 @@ class FgdPolicy(Policy):
         terms = [f"fragmentation {ctx.memo['frag'][k]:+.0f} milli"]
         if "stranded" in ctx.memo:
             terms.append(f"CPU-stranded GPU {ctx.memo['stranded'][k]:+.0f} milli")
+        if "scarce" in ctx.memo:
+            terms.append(f"scarce-model GPU {ctx.memo['scarce'][k]:+.0f} milli")
         return ", ".join(terms)
 
     def frag_increase(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
@@ -316,6 +318,21 @@ class DefaultPolicy(FgdPolicy):
        and CPU-heavy pods go to CPU-rich nodes (openb's T4 nodes: 52 cores per
        card), GPU-heavy nodes keep the CPU their cards need.
        ``strand_weight=0`` turns it off (then ``default`` is FGD with memory).
+    3. **Scarce models.** FGD's workload names the models its constrained
+       types may use, but its score weighs a card of a model only constrained
+       pods can use like any other, and the stranding term even prefers such
+       cards when their nodes are CPU-rich (openb's T4: 52 cores per card) --
+       so on lists where a fifth to two fifths of the GPU pods name a model,
+       those pods found their models full from 50% arrival on. A model's
+       *scarcity* ``s_m`` is the share of its GPUs the workload's constrained
+       types expect to claim: their GPU demand share naming ``m`` (a type
+       naming k models counts 1/k on each) over ``m``'s share of the cluster's
+       GPUs, capped at 1 (:meth:`scarcity`). Taking ``g`` GPU-milli on a node
+       of model ``m`` adds ``scarcity_weight x (s_m - s_min) x g`` to the
+       increase, ``s_min`` the least scarcity among the models the request may
+       use -- so a pod that may only use ``m`` pays nothing, and a workload
+       with no constrained type (openb ``default``) scores exactly as before.
+       ``scarcity_weight=0`` turns it off.
 
     ``repack=True`` also asks the replay to move small shares when a GPU request
     fits nowhere (:mod:`orchestrator.sim.repack`); off by default, because on
@@ -328,15 +345,42 @@ class DefaultPolicy(FgdPolicy):
     name = "default"
 
     def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, strand_weight: float = 2.0,
-                 repack: bool = False, **params: Any) -> None:
+                 scarcity_weight: float = 1.0, repack: bool = False, **params: Any) -> None:
         params.setdefault("with_memory", True)
-        if not (math.isfinite(strand_weight) and strand_weight >= 0):
-            raise InvalidRequestError("strand_weight", strand_weight, "a finite number >= 0")
-        super().__init__(workload, strand_weight=strand_weight, repack=repack, **params)
+        for name, w in (("strand_weight", strand_weight), ("scarcity_weight", scarcity_weight)):
+            if not (math.isfinite(w) and w >= 0):
+                raise InvalidRequestError(name, w, "a finite number >= 0")
+        super().__init__(workload, strand_weight=strand_weight, scarcity_weight=scarcity_weight, repack=repack,
+                         **params)
         self.capabilities = replace(FgdPolicy.capabilities, repack=repack)
         rate = cpu_per_gpu_milli(self.workload)
         self.strand_weight = float(strand_weight) if rate > 0 else 0.0
         self._gpu_per_cpu = 1.0 / rate if rate > 0 else 0.0
+        self.scarcity_weight = float(scarcity_weight)
+        # GPU demand of the workload's model-constrained types, per model (a type naming k models
+        # counts 1/k on each), as a share of all its GPU demand.
+        gpu = sum(p * t.total_gpu_milli for t, p in self.workload if t.gpu_count)
+        self._constrained: dict[str, float] = {}
+        for t, p in self.workload:
+            if t.gpu_count and t.models and gpu > 0:
+                for m in t.models:
+                    self._constrained[m] = self._constrained.get(m, 0.0) + p * t.total_gpu_milli / gpu / len(t.models)
+
+    def scarcity(self, st: SnapshotStatic) -> tuple[np.ndarray, float]:
+        """(M,) per model index: the share of that model's GPUs the workload's constrained types
+        expect to claim (their demand share over the model's capacity share), capped at 1 --
+        models the workload never names score 0 -- and the least of it over the cluster's models."""
+        def build() -> tuple[np.ndarray, float]:
+            out = np.zeros(len(MODEL_NAMES))
+            gpu_nodes = st.model >= 0
+            cap = np.bincount(st.model[gpu_nodes], weights=st.present[gpu_nodes].sum(1), minlength=len(MODEL_NAMES))
+            total = cap.sum()
+            for m, share in self._constrained.items():
+                k = MODEL_NAMES.index(m) if m in MODEL_NAMES else -1
+                if k >= 0 and cap[k] > 0:
+                    out[k] = min(1.0, share / (cap[k] / total))
+            return out, float(out[cap > 0].min()) if (cap > 0).any() else 0.0
+        return st.cache(("scarcity", self.key, len(MODEL_NAMES)), build)
 
     def stranded(self, free_gpu_milli: np.ndarray, free_cpu_milli: np.ndarray) -> np.ndarray:
         """GPU-milli the free CPU cannot feed at the workload's CPU-per-GPU rate (>= 0)."""
@@ -345,12 +389,24 @@ class DefaultPolicy(FgdPolicy):
     def frag_increase(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
                       ctx: NodeContext) -> np.ndarray:
         inc, f_after = self._frag_parts(snap, nodes, alt, req, ctx)
-        if not self.strand_weight:
+        if not self.strand_weight and not (self.scarcity_weight and self._constrained):
             return inc
         t = self.tables(ctx.static)
         gpu_before = t.total[t.states(ctx.states)]
         gpu_after = t.total[f_after]
-        ctx.memo["stranded"] = grow = (self.stranded(gpu_after, ctx.cpu_free - req.cpu_milli)
-                                       - self.stranded(gpu_before, ctx.cpu_free))
+        if self.strand_weight:
+            ctx.memo["stranded"] = grow = (self.stranded(gpu_after, ctx.cpu_free - req.cpu_milli)
+                                           - self.stranded(gpu_before, ctx.cpu_free))
+            inc = inc + self.strand_weight * grow
+        sc, floor = self.scarcity(ctx.static) if self.scarcity_weight else (None, 0.0)
+        if sc is not None and sc.any():
+            # GPU-milli taken from a model that constrained pods need, beyond the least scarce model
+            # this request may use: a T4-only pod pays nothing, an any-model pod pays for taking T4.
+            node_sc = sc[ctx.static.model[nodes].astype(np.int64)]
+            allowed = [MODEL_NAMES.index(m) for m in req.models if m in MODEL_NAMES]
+            if allowed:
+                floor = float(sc[allowed].min())
+            ctx.memo["scarce"] = cost = (node_sc - floor) * (gpu_before - gpu_after)
+            inc = inc + self.scarcity_weight * cost
         # Rounded like FragModel.combine, so equal states compare equal however they were reached.
-        return np.round(inc + self.strand_weight * grow, 6)
+        return np.round(inc, 6)

@@ -156,9 +156,43 @@ def test_default_keeps_gpu_pods_consolidated_when_nothing_strands() -> None:
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
-def test_default_rejects_a_bad_strand_weight(bad: float) -> None:
-    with pytest.raises(InvalidRequestError, match="strand_weight.*finite number >= 0"):
-        DefaultPolicy(WL, strand_weight=bad)
+@pytest.mark.parametrize("name", ["strand_weight", "scarcity_weight"])
+def test_default_rejects_a_bad_weight(name: str, bad: float) -> None:
+    with pytest.raises(InvalidRequestError, match=f"{name}.*finite number >= 0"):
+        DefaultPolicy(WL, **{name: bad})
+
+
+# ---- default: the scarcity of constrained models ---------------------------------------------------------
+
+def scarce_p100_and_cpu_tight_t4() -> ClusterSnapshot:
+    # WL's P100-only type is half its GPU demand and P100 half the GPUs here: P100's scarcity is 1.
+    return ClusterSnapshot.build([NodeSpec("t", "T4", 2, cpu_milli=10000), NodeSpec("p", "P100", 2, cpu_milli=64000)])
+
+
+def test_scarcity_by_hand() -> None:
+    st = scarce_p100_and_cpu_tight_t4().static
+    sc, floor = DefaultPolicy(WL).scarcity(st)
+    assert (sc[P100], sc[T4], floor) == (1.0, 0.0, 0.0)
+    # Twice the P100 capacity: the constrained half of the demand claims half of it.
+    big = ClusterSnapshot.build([NodeSpec("t", "T4", 2), NodeSpec("p", "P100", 2), NodeSpec("q", "P100", 2)]).static
+    assert DefaultPolicy(WL).scarcity(big)[0][P100] == pytest.approx(0.5 / (4 / 6))
+    # No constrained type in the workload: no term at all.
+    free = normalise_workload([(TaskType(1000, 500, 1), 1)])
+    assert not DefaultPolicy(free).scarcity(st)[0].any()
+
+
+def test_default_keeps_unconstrained_shares_off_a_scarce_model() -> None:
+    snap, share = scarce_p100_and_cpu_tight_t4(), GpuRequest.timeslice(0.5, cpu_milli=6000)
+    # The stranding term alone sends the CPU-heavy share to the CPU-rich P100 node (on "t" the 4 cores
+    # left feed 1333 of 1500 free milli) -- and so takes a card that P100-only pods need.
+    alone = place(snap, share, DefaultPolicy(WL, scarcity_weight=0))
+    assert isinstance(alone, Placement) and alone.allocation.node_name == "p"
+    got = place(snap, share, DefaultPolicy(WL))
+    assert isinstance(got, Placement) and got.allocation.node_name == "t"
+    assert got.reason.text.endswith("CPU-stranded GPU +167 milli, scarce-model GPU +0 milli)")
+    # A P100-only pod pays nothing for its own model.
+    own = place(snap, GpuRequest.timeslice(0.5, cpu_milli=6000, models=("P100",)), DefaultPolicy(WL))
+    assert isinstance(own, Placement) and own.allocation.node_name == "p" and "scarce-model GPU +0 milli" in own.reason.text
 
 
 def test_frag_tables_levels_agree_with_the_model_with_and_without_lookup_tables() -> None:
