@@ -317,7 +317,9 @@ class DefaultPolicy(FgdPolicy):
        kept, so ties still go to the first node in order. The effect: CPU-only
        and CPU-heavy pods go to CPU-rich nodes (openb's T4 nodes: 52 cores per
        card), GPU-heavy nodes keep the CPU their cards need.
-       ``strand_weight=0`` turns it off (then ``default`` is FGD with memory).
+       ``strand_weight=0`` turns it off (then ``default`` is FGD with memory);
+       it also fades where the workload asks more CPU per GPU than the
+       cluster has (:meth:`strand_weight_on`).
     3. **Scarce models.** FGD's workload names the models its constrained
        types may use, but its score weighs a card of a model only constrained
        pods can use like any other, and the stranding term even prefers such
@@ -380,7 +382,25 @@ class DefaultPolicy(FgdPolicy):
                 if k >= 0 and cap[k] > 0:
                     out[k] = min(1.0, share / (cap[k] / total))
             return out, float(out[cap > 0].min()) if (cap > 0).any() else 0.0
-        return st.cache(("scarcity", self.key, len(MODEL_NAMES)), build)
+        return st.cache(("fgd", self.key, "scarcity", len(MODEL_NAMES)), build)
+
+    def strand_weight_on(self, st: SnapshotStatic) -> float:
+        """The stranding term's weight on a cluster: ``strand_weight x clip(2 (c / r - 1), 0, 1)``,
+        ``c`` the cluster's CPU per GPU-milli over its GPU nodes and ``r`` the workload's rate.
+
+        Where the workload asks as much CPU per GPU as the cluster has, or more, every node
+        strands and the term only spreads load: on openb ``default`` with CPU asks x2 (c / r =
+        0.80) it trails FGD by 0.3-0.4 points from 70% arrival at weight 2 and at 0.5, and x3
+        (0.54) by 0.54 at weight 2 -- so it is off there (``default`` is FGD with memory). On
+        every openb list c / r is 1.57-1.63 and the weight stays ``strand_weight``; between 1
+        and 1.5 it ramps (not measured there)."""
+        def build() -> float:
+            gpus = float(st.present[st.model >= 0].sum()) * 1000
+            cpu = float(st.cpu_total[st.model >= 0].sum())
+            if gpus <= 0 or self._gpu_per_cpu <= 0:
+                return self.strand_weight
+            return self.strand_weight * min(1.0, max(0.0, 2.0 * (cpu / gpus * self._gpu_per_cpu - 1.0)))
+        return st.cache(("fgd", self.key, "strand_weight"), build)
 
     def stranded(self, free_gpu_milli: np.ndarray, free_cpu_milli: np.ndarray) -> np.ndarray:
         """GPU-milli the free CPU cannot feed at the workload's CPU-per-GPU rate (>= 0)."""
@@ -397,8 +417,8 @@ class DefaultPolicy(FgdPolicy):
         if self.strand_weight:
             ctx.memo["stranded"] = grow = (self.stranded(gpu_after, ctx.cpu_free - req.cpu_milli)
                                            - self.stranded(gpu_before, ctx.cpu_free))
-            inc = inc + self.strand_weight * grow
-        sc, floor = self.scarcity(ctx.static) if self.scarcity_weight else (None, 0.0)
+            inc = inc + self.strand_weight_on(ctx.static) * grow
+        sc, floor = self.scarcity(ctx.static) if self.scarcity_weight and self._constrained else (None, 0.0)
         if sc is not None and sc.any():
             # GPU-milli taken from a model that constrained pods need, beyond the least scarce model
             # this request may use: a T4-only pod pays nothing, an any-model pod pays for taking T4.

@@ -206,3 +206,10 @@ def test_frag_tables_levels_agree_with_the_model_with_and_without_lookup_tables(
     assert (t.levels(cpu, mem) == want).all()
     t._lut_m = None  # noqa: SLF001 - as for a memory grid too fine for a table
     assert (t.levels(cpu, mem) == want).all()
+
+
+def test_stranding_fades_where_the_workload_asks_more_cpu_per_gpu_than_the_cluster_has() -> None:
+    # WL asks 3 CPU-milli per GPU-milli; 2 GPUs with 4, 7.5 and 16 cores: c / r = 0.67, 1.25, 2.67.
+    ours = DefaultPolicy(WL)
+    on = lambda cpu: ours.strand_weight_on(ClusterSnapshot.build([NodeSpec("a", "T4", 2, cpu_milli=cpu)]).static)  # noqa: E731
+    assert (on(4000), on(7500), on(16000)) == (0.0, pytest.approx(1.0), 2.0)
