@@ -112,6 +112,7 @@ class AgentCore:
         self.mps = mps or MpsDaemons(settings.mps_pipe_root, port)
         self.tokens: dict[str, int] = {}  # lease id -> the token of the lease this agent holds
         self.revoked: set[str] = set()  # stopped and confirmed; reported until the head stops asking
+        self.urgent = False  # revocations in flight: beat without waiting out the interval
         self.checkpointed: dict[str, str] = {}  # lease id -> the path its actor wrote
         self._checkpoints: dict[str, CheckpointPoll] = {}
 
@@ -211,7 +212,11 @@ class AgentCore:
                 self.checkpointed[lease_id] = str(path)
 
     def _revoke(self, revocations: Mapping[str, Mapping[str, Any]]) -> None:
-        """Stop each revoked lease's workload; confirm once it is gone. Its token is refused from now on."""
+        """Stop each revoked lease's workload; confirm once it is gone. Its token is refused from now on.
+
+        While the head lists revocations for this node, ``urgent`` is set: the agent's loop then beats at
+        once instead of every heartbeat interval, because a preemptor waits for the confirmation."""
+        self.urgent = bool(revocations)
         self.revoked &= set(revocations)
         for lease_id, r in revocations.items():
             self.tokens.pop(lease_id, None)

@@ -24,6 +24,9 @@ from orchestrator.rayport.wire import answer, unwrap
 
 log = logging.getLogger(__name__)
 
+#: Seconds between beats while a revocation is in flight (the Ray job API needs a moment to report a stop).
+URGENT_BEAT_S = 0.1
+
 
 #: Ray job states after which nothing of the job runs.
 _JOB_ENDED = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
@@ -103,7 +106,8 @@ class AgentActor:
             except Exception as e:  # the head restarting, or not there yet: try again next beat
                 log.warning("agent %s: %s: %s", self.core.node_name, type(e).__name__, e)
                 head, registered = None, False
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            # a revocation in flight: a preemptor waits for our confirmation, so do not wait out the interval
+            await asyncio.sleep(URGENT_BEAT_S if self.core.urgent else self.settings.heartbeat_interval_s)
 
     async def info(self) -> dict[str, Any]:
         return {"node_name": self.core.node_name, "pid": os.getpid(), "incarnation": self.core.incarnation,
