@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from headless import InProcessHead
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -44,3 +46,12 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"needs ../shared (not present beside {REPO}): a fresh clone has no shared/ folder")
     return SHARED
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> Iterator[InProcessHead]:
+    """The real head in-process on the demo cluster (``tests/headless.py``); modules with a Ray cluster
+    define their own ``head``."""
+    h = InProcessHead(workdir=tmp_path / "head")
+    yield h
+    h.close()

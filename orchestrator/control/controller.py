@@ -390,16 +390,14 @@ class HeadController:
         if e.lease.state is not LeaseState.CHECKPOINTING:
             raise InvalidRequestError("lease_id", lease_id, "a lease being preempted (checkpointing)",
                                       detail=f"lease is {e.lease.state.value}")
-        # A Ray job that checkpointed and said so exits by itself, and the job layer stops it: not fenced.
-        yielded = checkpoint_path is not None and (e.workload or "").startswith("job:")
-        new = self._settle_preempted(e, preempting.acknowledged(e, checkpoint_path, reason, self.clock()), yielded)
-        return new.to_dict(reveal=token is not None)
+        new = preempting.acknowledged(e, checkpoint_path, reason, self.clock())
+        return self._settle_preempted(e, new, checkpointed=checkpoint_path is not None).to_dict(reveal=token is not None)
 
-    def _settle_preempted(self, e: LedgerEntry, new: LedgerEntry, yielded: bool = False) -> LedgerEntry:
+    def _settle_preempted(self, e: LedgerEntry, new: LedgerEntry, *, checkpointed: bool = False) -> LedgerEntry:
         """Write a victim's PREEMPTED entry: requeued to resume if it asked, and its devices freed now
         or fenced until its agent confirms (:func:`.revocation.must_confirm`)."""
         node = e.lease.allocation.node_name if e.lease.allocation else ""
-        fenced = not yielded and revocation.must_confirm(e, node in self.registered_nodes())
+        fenced = revocation.must_confirm(e, node in self.registered_nodes(), checkpointed=checkpointed)
         out = preempting.requeued_if_asked(replace(new, revoking=fenced), self.clock())
         self.ledger.commit(out)  # the retry first: it is written before the entry that points to it
         new = out[-1]

@@ -25,9 +25,9 @@ from typing import Any, Iterable, Iterator
 
 from orchestrator.control.handout import Handout
 from orchestrator.control.store import StateStore
+from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import UnknownObjectError
-from orchestrator.core import env as E
 from orchestrator.core.lease import REDACTED, Lease, LeaseRequest, LeaseState
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.cycle import Waiting

@@ -69,6 +69,7 @@ from prometheus_client.exposition import start_http_server
 from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.lease import LeaseState
+from orchestrator.core.reasons import Cause
 
 MIB = 1024 * 1024
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
@@ -208,8 +209,7 @@ class HeadMetrics:
     @staticmethod
     def _cause(ctl: HeadController, lease_id: str) -> str:
         e = ctl.ledger.find(lease_id)
-        text = e.preempt_reason if e else ""
-        return "victim.reclaim" if "reclaim" in (text or "") else "victim.priority"
+        return (e.preempt_cause if e else "") or Cause.VICTIM_PRIORITY.value
 
     def _capacity(self, ctl: HeadController, measured: Mapping[str, Mapping[int, float]]) -> None:
         cap: dict[tuple[str, ...], float] = {}

@@ -16,6 +16,8 @@ Rules (the controller applies them; this module states them once):
   until the agent reports them free (``revoked`` in its heartbeat) or the node
   is declared lost. A device is never handed to the next holder while the old
   one may still run on it.
+  A Ray job that acknowledged its checkpoint is the exception: it exits by
+  itself and the job layer stops it, so its devices are freed at once.
 * **The agent stops the holder.** The heartbeat reply lists the node's
   revoking leases with their token, workload and reason
   (:func:`node_revocations`); the agent stops the workload, then confirms, and
@@ -52,8 +54,13 @@ def actor_workload(namespace: str, name: str) -> str:
     return f"actor:{namespace}/{name}"
 
 
-def must_confirm(before: LedgerEntry, agent_registered: bool) -> bool:
-    """Whether a lease ending as PREEMPTED from ``before`` keeps its devices until the agent confirms."""
+def must_confirm(before: LedgerEntry, agent_registered: bool, *, checkpointed: bool = False) -> bool:
+    """Whether a lease ending as PREEMPTED from ``before`` keeps its devices until the agent confirms.
+
+    A Ray job that acknowledged its checkpoint (``checkpointed``) is not fenced: it exits by itself and
+    the job layer stops it. A victim past its grace, or an actor (which only the agent stops), is."""
+    if checkpointed and before.workload and parse_workload(before.workload)[0] == "job":
+        return False
     return agent_registered and before.lease.state in (LeaseState.ACTIVE, LeaseState.CHECKPOINTING)
 
 

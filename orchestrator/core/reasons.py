@@ -97,3 +97,7 @@ class Reason:
 
     def to_json(self) -> dict[str, Any]:
         return {"cause": self.cause.value, "text": self.text}
+
+    def fields(self) -> dict[str, str]:
+        """``{"reason": text, "cause": code}``: how a decision's JSON carries its reason."""
+        return {"reason": self.text, "cause": self.cause.value}

@@ -76,8 +76,7 @@ class Grant:
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "placement": self.placement.to_json(), "reason": self.reason.text,
-                "cause": self.reason.cause.value}
+        return {"item_id": self.item_id, "placement": self.placement.to_json(), **self.reason.fields()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +88,7 @@ class Preemption:
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
-        return {"victim": self.victim.to_json(), "for_item": self.for_item, "reason": self.reason.text,
-                "cause": self.reason.cause.value}
+        return {"victim": self.victim.to_json(), "for_item": self.for_item, **self.reason.fields()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +107,7 @@ class Waiting:
     def to_json(self) -> dict[str, Any]:
         blocked = self.preemption_blocked
         return {"item_id": self.item_id, "position": self.position, "effective_priority": self.effective_priority,
-                "reason": self.reason.text, "cause": self.reason.cause.value,
+                **self.reason.fields(),
                 "would_preempt": list(self.would_preempt),
                 "preemption_blocked": blocked.text if blocked else "",
                 "preemption_blocked_cause": blocked.cause.value if blocked else None,

@@ -82,7 +82,7 @@ class Placement:
 
     def to_json(self) -> dict[str, Any]:
         return {"allocation": self.allocation.to_json(), "policy": self.policy, "score": self.score,
-                "feasible_nodes": self.feasible_nodes, "reason": self.reason.text, "cause": self.reason.cause.value}
+                "feasible_nodes": self.feasible_nodes, **self.reason.fields()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ class Victim:
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__slots__ if k != "reason"}
-        return d | {"reason": self.reason.text, "cause": self.reason.cause.value}
+        return d | self.reason.fields()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ class PreemptionPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"victims": [v.to_json() for v in self.victims], "placement": self.placement.to_json(),
-                "considered": self.considered, "reason": self.reason.text, "cause": self.reason.cause.value}
+                "considered": self.considered, **self.reason.fields()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class NoPreemption:
     ineligible: tuple[tuple[str, Reason], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"reason": self.reason.text, "cause": self.reason.cause.value,
+        return {**self.reason.fields(),
                 "ineligible": [{"lease_id": i, "reason": r.text, "cause": r.cause.value} for i, r in self.ineligible]}
 
 

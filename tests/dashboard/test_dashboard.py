@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-
 from headless import InProcessHead
+
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
@@ -44,13 +44,6 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, dict
             return r.status, (json.loads(body) if r.headers.get_content_type() == "application/json" else body), dict(r.headers)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(), dict(e.headers)
-
-
-@pytest.fixture
-def head(tmp_path: Path) -> Iterator[InProcessHead]:
-    h = InProcessHead(workdir=tmp_path)
-    yield h
-    h.close()
 
 
 @pytest.fixture

@@ -6,26 +6,16 @@ from __future__ import annotations
 
 import re
 import threading
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 from headless import InProcessHead
 from rich.console import Console
+from test_inventory import node  # tests/k8s is on sys.path (no package)
 
 from orchestrator.cli.jobs import nodes_table
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.deploy.k8s.client import KubeRayClient
 from orchestrator.deploy.kuberay import inventory_round, watch_inventory
-
-from test_inventory import node  # tests/k8s is on sys.path (no package)
-
-
-@pytest.fixture
-def head(tmp_path: Path) -> Iterator[InProcessHead]:
-    h = InProcessHead(workdir=tmp_path / "head")
-    yield h
-    h.close()
 
 
 def _labelled(name: str, product: str, count: int) -> dict:

@@ -4,33 +4,24 @@ job handles, the lease block. No Ray; Ray's job API is stood in for by local pro
 from __future__ import annotations
 
 import json
-
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from headless import InProcessHead
 
 from orchestrator.core.config import DEMO_CONFIG, load_config
 from orchestrator.core.env import RAY_JOB_CONFIG as RAY_JOB_ENV
-from orchestrator.core.errors import StaleFencingTokenError, InvalidRequestError, LeaseTimeoutError, UnknownObjectError
+from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, StaleFencingTokenError, UnknownObjectError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.statefile import State
 from orchestrator.sdk import Client, JobWaitTimeoutError, as_spec, discover, lease
 
 from .fakes import FakeClock
-
-
-@pytest.fixture
-def head(tmp_path: Path) -> Iterator[InProcessHead]:
-    h = InProcessHead(workdir=tmp_path)
-    yield h
-    h.close()
 
 
 @pytest.fixture
