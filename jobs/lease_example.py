@@ -30,7 +30,8 @@ class Worker:
 
     def devices(self) -> dict[str, object]:
         return {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                # what Ray holds for it: its share of its card's own resource (rgo-gpu-<index>), no Ray GPU
+                "assigned": ray.get_runtime_context().get_assigned_resources(),
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "mps": {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS_")}}
 

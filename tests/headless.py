@@ -50,13 +50,13 @@ class LocalProcessRunner:
         self.submitted: dict[str, dict[str, Any]] = {}
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               label_selector: dict[str, str], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None:
+               label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
         if submission_id in self.procs:
             raise RuntimeError(f"Job with submission_id {submission_id} already exists")
         env = {**os.environ, **runtime_env.get("env_vars", {})}
         log = open(self.workdir / f"{submission_id}.log", "wb")  # noqa: SIM115 - closed with the process
         self.submitted[submission_id] = {"entrypoint": entrypoint, "env": runtime_env.get("env_vars", {}),
-                                         "label_selector": label_selector, "num_gpus": entrypoint_num_gpus}
+                                         "label_selector": label_selector, "handout": handout}
         self.procs[submission_id] = subprocess.Popen(entrypoint, shell=True, env=env, stdout=log,
                                                      stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -5,8 +5,14 @@ turns into Ray actor options:
 
 * **node affinity** -- ``NodeAffinitySchedulingStrategy(node_id, soft=False)``:
   the devices are on that node and nowhere else;
-* **num_gpus** -- the share of Ray's ``GPU`` resource the lease stands for,
-  so Ray's own accounting stays truthful (:func:`ray_num_gpus`);
+* **resources** -- the lease's share of each of its cards' own Ray resource,
+  ``{"rgo-gpu-<index>": share}`` (:func:`card_shares`): on nodes that declare
+  one resource per card (every node ``orchestrator up`` and our KubeRay
+  manifests start, with Ray's ``GPU`` at 0), Ray then places exactly what the
+  ledger granted, and nothing outside the orchestrator can take a card;
+* **num_gpus** -- the same share of Ray's ``GPU`` resource, used instead on a
+  node that declares no per-card resources (a Ray cluster we attached to), so
+  Ray's own accounting stays truthful in sum (:func:`ray_num_gpus`);
 * **env vars** through ``runtime_env`` (:func:`device_env`):
   ``CUDA_VISIBLE_DEVICES`` names the GPU or MIG *UUID* the ledger chose and
   ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` tells Ray not to overwrite
@@ -28,7 +34,7 @@ from typing import Any
 from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.catalogue import gpu_model
-from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.config import RuntimeSettings, card_resource
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.lease import Lease
 from orchestrator.core.request import ShareKind
@@ -61,6 +67,17 @@ def ray_num_gpus(a: Allocation, *, timeslice_capacity_milli: int = 1000) -> floa
     if a.kind is ShareKind.MPS:
         return _floor_grid((a.sm_percent or a.milli // 10) / 100)
     return _floor_grid(a.milli / timeslice_capacity_milli)
+
+
+def card_shares(a: Allocation, *, timeslice_capacity_milli: int = 1000) -> dict[str, float]:
+    """The lease's share of each card's Ray resource: ``{"rgo-gpu-<index>": share}``.
+
+    Invariant: for every card, the shares of the leases the ledger holds on it sum to at most 1.0, so Ray
+    can always place every granted holder at once (whole: 1 per card; the others: :func:`ray_num_gpus`,
+    floored to Ray's grid, on their one card)."""
+    if a.kind is ShareKind.WHOLE:
+        return {card_resource(i): 1.0 for i in a.gpu_indices}
+    return {card_resource(a.gpu_indices[0]): ray_num_gpus(a, timeslice_capacity_milli=timeslice_capacity_milli)}
 
 
 def mps_pipe_directory(root: str, gpu_index: int) -> str:
@@ -110,6 +127,7 @@ class Handout:
     num_gpus: float
     num_cpus: float = 0.0
     env_vars: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,7 +135,8 @@ class Handout:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Handout":
         return cls(node_id=d["node_id"], node_name=d["node_name"], num_gpus=float(d["num_gpus"]),
-                   num_cpus=float(d.get("num_cpus", 0.0)), env_vars=dict(d.get("env_vars", {})))
+                   num_cpus=float(d.get("num_cpus", 0.0)), env_vars=dict(d.get("env_vars", {})),
+                   resources={k: float(v) for k, v in d.get("resources", {}).items()})
 
 
 def make_handout(a: Allocation, *, ray_node_id: str, lease_id: str, fencing_token: int, mps_pipe_root: str,
@@ -127,6 +146,7 @@ def make_handout(a: Allocation, *, ray_node_id: str, lease_id: str, fencing_toke
         node_id=ray_node_id, node_name=a.node_name,
         num_gpus=ray_num_gpus(a, timeslice_capacity_milli=timeslice_capacity_milli),
         num_cpus=a.cpu_milli / 1000,
+        resources=card_shares(a, timeslice_capacity_milli=timeslice_capacity_milli),
         env_vars=device_env(a, lease_id=lease_id, fencing_token=fencing_token, mps_pipe_root=mps_pipe_root,
                             mig_uuid=mig_uuid),
     )

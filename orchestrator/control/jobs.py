@@ -21,8 +21,8 @@ One job, its life (see :data:`orchestrator.core.job.JOB_TRANSITIONS`):
 2. lease GRANTED -> ADMITTED -> the Ray job is submitted with the lease's
    env vars (``CUDA_VISIBLE_DEVICES`` ...), pinned to the lease's node
    (label selector ``ray.io/node-id``, a label Ray gives every node, KubeRay
-   pods included), ``entrypoint_num_gpus`` from
-   the hand-out so Ray's accounting agrees -> RUNNING, lease ACTIVE;
+   pods included), asking Ray for the hand-out's share of its cards
+   (``entrypoint_resources``, ``rayport.ray_api.gpu_demand``) -> RUNNING, lease ACTIVE;
 3. the Ray job ends -> SUCCEEDED / FAILED, lease RELEASED;
 4. the lease becomes CHECKPOINTING (a preemption victim) -> PREEMPTING: the
    job's ``preemption_requested()`` now answers true; it checkpoints and
@@ -60,8 +60,9 @@ class JobRunner(Protocol):
     """Ray's job API, as the job layer needs it (``ray_api.RayJobRunner`` is the real one)."""
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               label_selector: dict[str, str], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None:
-        """Submit the driver, placed only on a node whose labels match ``label_selector``."""
+               label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
+        """Submit the driver, placed only on a node whose labels match ``label_selector``, asking Ray for the
+        devices of ``handout`` (:meth:`~orchestrator.control.handout.Handout.to_dict`)."""
         ...
 
     def status(self, submission_id: str) -> str | None: ...
@@ -290,7 +291,7 @@ class JobManager:
         job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
         try:
             self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {RAY_NODE_ID_LABEL: h.node_id},
-                               h.num_gpus, {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
+                               h.to_dict(), {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
         except Exception as e:
             if "already exists" not in str(e):  # a retry after a crash between commit and submit
                 self._release_lease(job, f"Ray refused the job: {e}")

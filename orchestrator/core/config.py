@@ -7,7 +7,7 @@ A cluster file (``configs/cluster.demo.yaml``) declares
   scheduler config's ``policy``, set in one place);
 * ``nodes`` -- :class:`SimNode` s: what the ``simulated`` discovery backend
   reports for each node and what ``orchestrator up`` gives each raylet
-  (``--num-gpus``, ``--resources``, ``--labels``).
+  (``--num-gpus 0``, ``--resources`` with one ``rgo-gpu-<i>`` per card, ``--labels``).
 
 Both are frozen pydantic models; every validation failure is raised as
 :class:`~orchestrator.core.errors.ConfigError` naming the field (dotted, with list
@@ -42,6 +42,19 @@ RAY_NODE_ID_LABEL = "ray.io/node-id"
 MODEL_LABEL = "rgo.io/gpu-model"
 #: Custom Ray resource every node of ours carries (1 per node), e.g. ``rgo-node-a100-0``.
 NODE_RESOURCE_PREFIX = "rgo-node-"
+#: Custom Ray resource per card of a node (1 each), e.g. ``rgo-gpu-0``: a lease holder asks for its card's
+#: share of it, pinned to the node, so Ray places exactly what the ledger granted (docs/runtime.md).
+CARD_RESOURCE_PREFIX = "rgo-gpu-"
+
+
+def card_resource(index: int) -> str:
+    """The Ray resource that stands for card ``index`` of its node (node-local: holders are pinned to the node)."""
+    return f"{CARD_RESOURCE_PREFIX}{index}"
+
+
+def card_resources(cards: int) -> dict[str, float]:
+    """What a raylet with ``cards`` GPUs declares, one unit per card."""
+    return {card_resource(i): 1.0 for i in range(cards)}
 
 _UUID_NS = uuid.UUID("6f1c1c3e-7d0b-4a53-9a53-7f0d5c0e2a11")
 
@@ -159,7 +172,9 @@ class SimNode(_Frozen):
         return {NODE_LABEL: self.name, MODEL_LABEL: self.model, **self.labels}
 
     def ray_resources(self) -> dict[str, float]:
-        return {NODE_RESOURCE_PREFIX + self.name: 1.0}
+        """The raylet's custom resources: its node marker and one unit per card (its ``GPU`` count is 0:
+        the cards are ours to hand out, see docs/runtime.md)."""
+        return {NODE_RESOURCE_PREFIX + self.name: 1.0, **card_resources(self.gpus)}
 
 
 class ClusterConfig(_Frozen):

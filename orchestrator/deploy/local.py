@@ -90,7 +90,7 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
     out = []
     for i, node in enumerate(config.nodes):
         argv = ["start", "--block", "--node-ip-address", "127.0.0.1",
-                "--num-cpus", str(node.cpus), "--num-gpus", str(node.gpus),
+                "--num-cpus", str(node.cpus), "--num-gpus", "0",  # cards are rgo-gpu-<i> (core.config)
                 "--resources", json.dumps(node.ray_resources(), sort_keys=True),
                 "--labels", ",".join(f"{k}={v}" for k, v in sorted(node.ray_labels().items())),
                 "--object-store-memory", str(OBJECT_STORE_BYTES),

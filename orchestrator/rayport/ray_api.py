@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 import ray
 
 from orchestrator.control.nodes import RayNodeInfo
-from orchestrator.core.config import NODE_LABEL
+from orchestrator.core.config import CARD_RESOURCE_PREFIX, NODE_LABEL
 from orchestrator.core.errors import NotConnectedError
 from orchestrator.rayport.wire import unwrap
 
@@ -164,7 +164,8 @@ def alive_nodes() -> list[RayNodeInfo]:
         labels = n.get("Labels") or {}
         name = labels.get(NODE_LABEL)
         if name is None:
-            if not n.get("Resources", {}).get("GPU"):
+            res = n.get("Resources") or {}
+            if not res.get("GPU") and not any(k.startswith(CARD_RESOURCE_PREFIX) for k in res):
                 continue
             name = f"{n.get('NodeManagerHostname', 'node')}-{n['NodeID'][:8]}".lower()
         is_head = "node:__internal_head__" in (n.get("Resources") or {})
@@ -216,11 +217,37 @@ def current_node_id() -> str:
 
 
 # ---- lease -> actor options ---------------------------------------------------------------------
+_CARDS_DECLARED: dict[str, bool] = {}
+
+
+def declares_cards(node_id: str) -> bool:
+    """Whether the Ray node declares one ``rgo-gpu-<i>`` resource per card (what ``orchestrator up`` and our
+    KubeRay manifests start). A node's resources are fixed for its life, so the answer is cached. Without a
+    Ray connection nothing can be placed anyway: the answer is then no."""
+    if node_id not in _CARDS_DECLARED:
+        if not ray.is_initialized():
+            return False
+        node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
+        if node is None:
+            return False  # not cached: the node may not have registered yet
+        _CARDS_DECLARED[node_id] = any(k.startswith(CARD_RESOURCE_PREFIX) for k in node.get("Resources") or {})
+    return _CARDS_DECLARED[node_id]
+
+
+def gpu_demand(handout: Mapping[str, Any]) -> dict[str, Any]:
+    """What a lease's holder asks Ray for its devices: its share of each card's own resource where the node
+    declares them (exact: whatever the ledger granted, Ray can place), else the share of Ray's ``GPU``."""
+    cards = handout.get("resources") or {}
+    if cards and declares_cards(handout["node_id"]):
+        return {"num_gpus": 0, "resources": dict(cards)}
+    return {"num_gpus": handout["num_gpus"]}
+
+
 def actor_options(handout: Mapping[str, Any], *, extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Ray actor options that run a holder on exactly its lease's devices (see :mod:`.handout`)."""
     env = dict(handout["env_vars"])
     env.update(extra_env or {})
-    return {"scheduling_strategy": pin(handout["node_id"], soft=False), "num_gpus": handout["num_gpus"],
+    return {"scheduling_strategy": pin(handout["node_id"], soft=False), **gpu_demand(handout),
             "num_cpus": handout.get("num_cpus", 0.0), "runtime_env": {"env_vars": env}}
 
 
@@ -257,10 +284,12 @@ class RayJobRunner:
         return self._client
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               label_selector: dict[str, str], entrypoint_num_gpus: float, metadata: dict[str, str]) -> None:
+               label_selector: dict[str, str], handout: Mapping[str, Any], metadata: dict[str, str]) -> None:
+        demand = gpu_demand(handout)
         self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
                                entrypoint_label_selector=label_selector or None,
-                               entrypoint_num_gpus=entrypoint_num_gpus or None, metadata=metadata)
+                               entrypoint_num_gpus=demand["num_gpus"] or None,
+                               entrypoint_resources=demand.get("resources") or None, metadata=metadata)
 
     def status(self, submission_id: str) -> str | None:
         try:
@@ -278,6 +307,37 @@ class RayJobRunner:
 def checkpoint_actor(name: str, namespace: str, directory: str) -> Any:
     """Ask a named holder actor implementing ``checkpoint(dir) -> path`` to checkpoint; returns the ref."""
     return ray.get_actor(name, namespace=namespace).checkpoint.remote(directory)
+
+
+# ---- workload actors (scenarios and examples that start holders) ---------------------------------
+def remote_class(cls: type, *, by_value: Any = None) -> Any:
+    """``ray.remote(cls)``; ``by_value`` (a module) is shipped to the workers by value, for example
+    modules loaded from a file path (``jobs/train.py``) that workers cannot import."""
+    if by_value is not None:
+        import ray.cloudpickle
+
+        ray.cloudpickle.register_pickle_by_value(by_value)
+    return ray.remote(cls)
+
+
+def get_actor(name: str, namespace: str) -> Any:
+    return ray.get_actor(name, namespace=namespace)
+
+
+def get(ref: Any, timeout: float | None = None) -> Any:
+    return ray.get(ref, timeout=timeout)
+
+
+def kill(actor: Any) -> None:
+    ray.kill(actor, no_restart=True)
+
+
+def actor_gone_errors() -> tuple[type[BaseException], ...]:
+    """What a call to an actor raises once the actor is dead (killed, or its node lost), or when it
+    did not answer in time."""
+    import ray.exceptions
+
+    return (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
 
 
 def ray_cli(argv: list[str]) -> None:

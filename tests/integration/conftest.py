@@ -1,7 +1,7 @@
 """The integration tier's shared fixture: one real 3-node Ray cluster per test module.
 
 ``ray_cluster`` starts ``ray.cluster_utils.Cluster`` on 127.0.0.1 with one node
-per node of ``configs/cluster.demo.yaml`` (``num_gpus``, our custom resource
+per node of ``configs/cluster.demo.yaml`` (no ``GPU``: one ``rgo-gpu-<i>`` per card, our node resource
 and our labels, as ``orchestrator up`` gives its raylets), and connects this
 process as its driver. Everything Ray writes goes to a fresh folder under
 /tmp (``RAY_TMPDIR``; short, because Ray's unix socket paths must stay under
@@ -69,7 +69,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     cluster = None
     try:
         for i, node in enumerate(config.nodes):
-            args = dict(node_ip_address="127.0.0.1", num_cpus=node.cpus, num_gpus=node.gpus,
+            args = dict(node_ip_address="127.0.0.1", num_cpus=node.cpus, num_gpus=0,
                         resources=node.ray_resources(), labels=node.ray_labels(),
                         object_store_memory=OBJECT_STORE_BYTES, dashboard_agent_listen_port=free_port())
             if i == 0:

@@ -154,7 +154,7 @@ def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -
         assert env["ORCHESTRATOR_LEASE_ID"] == le["lease_id"] and env["ORCHESTRATOR_FENCING_TOKEN"] == str(le["fencing_token"])
         want = a["mig_uuid"] if a["kind"] == "mig" else ",".join(a["gpu_uuids"])
         assert env["CUDA_VISIBLE_DEVICES"] == want, k  # Ray did not overwrite it
-        assert seen[k]["gpu_ids"] == want.split(","), k
+        assert seen[k]["gpu_ids"] == [], k  # Ray assigned no GPU of its own: the card is the lease's
         head.activate(le["lease_id"], le["fencing_token"], seen[k]["actor_id"])
     assert leases["mig"]["allocation"]["node"] == "a100-1" and seen["mig"]["env"]["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
     for k in ("mps-a", "mps-b"):
@@ -163,10 +163,14 @@ def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
         assert env["CUDA_MPS_PIPE_DIRECTORY"].startswith("/tmp/nvidia-mps/gpu-")
     assert leases["mps-a"]["allocation"]["gpu_uuids"] == leases["mps-b"]["allocation"]["gpu_uuids"]  # one card, two shares
-    # Ray's accounting agrees with the ledger: the GPU share held across the cluster
-    held = sum(le["handout"]["num_gpus"] for le in leases.values())
-    used = ray.cluster_resources()["GPU"] - ray.available_resources().get("GPU", 0.0)
-    assert abs(used - held) < 1e-3
+    # Ray's accounting agrees with the ledger, card resource by card resource (summed over the nodes)
+    held: dict[str, float] = {}
+    for le in leases.values():
+        for res, share in le["handout"]["resources"].items():
+            held[res] = held.get(res, 0.0) + share
+    total, free = ray.cluster_resources(), ray.available_resources()
+    assert held and all(abs(total[r] - free.get(r, 0.0) - v) < 1e-3 for r, v in held.items()), (held, free)
+    assert "GPU" not in total  # no Ray GPU to take without a lease
     # a holder that dies loses its lease and frees the devices
     ray.kill(actors["timeslice"])
     deadline = time.monotonic() + 15
@@ -178,6 +182,49 @@ def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -
         if k != "timeslice":
             head.release(le["lease_id"], le["fencing_token"])
             ray.kill(actors[k])
+
+
+def test_whatever_the_ledger_grants_ray_places_and_nothing_else_takes_a_card(head: Any) -> None:
+    """docs/runtime.md's order: MPS shares 40, 40, 60, 60% on one node, then whole cards until the ledger says
+    the node is full. Every holder starts (Ray's per-card books match the ledger's), and Ray work without a
+    lease -- a ``num_gpus`` actor, or one asking for a leased card's resource itself -- is left unplaced."""
+    import ray
+
+    from orchestrator.rayport import ray_api
+
+    node = "a100-0"
+    from orchestrator.core.errors import LeaseTimeoutError
+    from orchestrator.core.request import GpuRequest
+
+    granted = [_lease(head, f"o-mps-{i}", GpuRequest.mps(pct, node=node).model_dump(mode="json"))
+               for i, pct in enumerate((40, 40, 60, 60))]
+    for i in range(4):
+        head.request_lease({"lease_id": f"o-whole-{i}", "request": GpuRequest.whole(1, node=node).model_dump(mode="json"),
+                            "owner": "it", "requester_digest": key_digest(KEY)})
+        try:
+            granted.append(head.wait_lease(f"o-whole-{i}", 4, KEY))
+        except LeaseTimeoutError:  # the node is full in the ledger's books: withdraw the request
+            head.release(f"o-whole-{i}", head.get_lease(f"o-whole-{i}", KEY)["fencing_token"])
+            break
+    assert [le["state"] for le in granted] == ["granted"] * len(granted) and len(granted) >= 5, granted
+    cards = {r for le in granted for r in le["handout"]["resources"]}
+    assert cards == {f"rgo-gpu-{i}" for i in range(4)}  # the ledger filled the node
+    probe = ray.remote(_probe())
+    holders = [probe.options(**ray_api.actor_options(le["handout"])).remote() for le in granted]
+    seen = ray.get([h.seen.remote() for h in holders], timeout=120)  # all placed: none PENDING_CREATION
+    assert [s["env"]["ORCHESTRATOR_LEASE_ID"] for s in seen] == [le["lease_id"] for le in granted]
+    node_id = granted[0]["handout"]["node_id"]
+    outsiders = [probe.options(num_gpus=1, scheduling_strategy=ray_api.pin(node_id, soft=False)).remote(),
+                 probe.options(resources={"rgo-gpu-0": 0.5}, scheduling_strategy=ray_api.pin(node_id, soft=False)).remote()]
+    refs = [o.seen.remote() for o in outsiders]
+    ready, _ = ray.wait(refs, num_returns=2, timeout=4)
+    for r in ready:  # the num_gpus actor is refused outright (no GPU on the node); the other waits
+        with pytest.raises(Exception, match="not schedulable"):
+            ray.get(r)
+    for a in outsiders + holders:
+        ray.kill(a)
+    for le in granted:
+        head.release(le["lease_id"], le["fencing_token"])
 
 
 def test_a_sigkilled_agent_is_noticed_within_the_ttl(head: Any) -> None:

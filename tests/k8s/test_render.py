@@ -67,7 +67,10 @@ def test_worker_groups_request_what_each_sharing_mode_needs(configs: tuple[K8sCo
         "nvidia.com/mig-1g.10gb": "16", "nvidia.com/mig-2g.20gb": "8", "nvidia.com/mig-3g.40gb": "8"}
     assert limits("a10-timesliced")["nvidia.com/gpu"] == "1"
     assert limits("t4-mps")["nvidia.com/gpu"] == "1"
-    assert groups["a100-mig"]["rayStartParams"]["num-gpus"] == "32"  # Ray sees each MIG device
+    # Ray's GPU count is 0: each card the pod sees is its own resource, leased in shares by the orchestrator.
+    assert groups["a100-mig"]["rayStartParams"]["num-gpus"] == "0"
+    assert groups["a100-mig"]["resources"] == {f"rgo-gpu-{i}": "1" for i in range(8)}
+    assert groups["a10-timesliced"]["resources"] == {"rgo-gpu-0": "1"}
     for g in groups.values():  # Guaranteed QoS
         r = g["template"]["spec"]["containers"][0]["resources"]
         assert r["requests"] == r["limits"]

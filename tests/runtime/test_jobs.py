@@ -30,11 +30,11 @@ class FakeRayJobs:
         self.statuses: dict[str, str] = {}
         self.stopped: list[str] = []
 
-    def submit(self, submission_id, entrypoint, runtime_env, label_selector, entrypoint_num_gpus, metadata) -> None:
+    def submit(self, submission_id, entrypoint, runtime_env, label_selector, handout, metadata) -> None:
         if submission_id in self.submitted:
             raise RuntimeError(f"Job with submission_id {submission_id} already exists")
         self.submitted[submission_id] = dict(entrypoint=entrypoint, env=runtime_env["env_vars"],
-                                             label_selector=label_selector, num_gpus=entrypoint_num_gpus)
+                                             label_selector=label_selector, handout=handout)
         self.statuses[submission_id] = "RUNNING"
 
     def status(self, submission_id: str) -> str | None:
@@ -99,7 +99,9 @@ def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp
     assert first["env"]["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
     assert first["env"]["ORCHESTRATOR_JOB_ID"] == "train-0-1"
     node = jm.get("train-0-1")["lease"]["allocation"]["node"]
-    assert first["num_gpus"] == 1.0 and first["label_selector"] == {"ray.io/node-id": agents[node].ray_node_id}
+    card = jm.get("train-0-1")["lease"]["allocation"]["gpu_indices"][0]
+    assert first["handout"]["resources"] == {f"rgo-gpu-{card}": 1.0} and first["handout"]["num_gpus"] == 1.0
+    assert first["label_selector"] == {"ray.io/node-id": agents[node].ray_node_id}
     # Inference arrives before the training's minimum runtime: nothing may be preempted yet.
     inf = jm.submit(spec("serve", priority="inference"))["job_id"]
     cycle(ctl, jm, agents)

@@ -104,7 +104,7 @@ def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: InPr
     _running(head, job_id)  # what Ray's job API received: the job's env plus the lease's devices
     sent = head.runner.submitted[f"{job_id}.a1"]
     assert sent["env"]["A"] == "1" and sent["env"]["B"] == "x=y" and sent["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
-    assert sent["env"]["ORCHESTRATOR_JOB_ID"] == job_id and sent["num_gpus"] == 0.3
+    assert sent["env"]["ORCHESTRATOR_JOB_ID"] == job_id and list(sent["handout"]["resources"].values()) == [0.3]
 
 
 def test_submit_json_prints_exactly_one_object(head: InProcessHead) -> None:

@@ -339,8 +339,17 @@ class NodePool(_Frozen):
         return {}
 
     def ray_gpus(self) -> int:
-        """GPUs one pod declares to Ray: whole cards, MIG devices, or shares."""
+        """GPUs one pod holds from the device plugin: whole cards, MIG devices, or shares."""
         return sum(self.gpu_requests().values())
+
+    def ray_cards(self) -> int:
+        """Cards one pod sees, each declared to Ray as its own ``rgo-gpu-<i>`` resource: every card of the
+        node (whole, MIG: the slices' parents), or one per device-plugin share at most (MPS, time-slicing)."""
+        if self.sharing == "cpu":
+            return 0
+        if self.sharing in ("mps", "time-slicing"):
+            return min(self.shares_per_pod, self.gpus_per_node)
+        return self.gpus_per_node
 
 
 class HeadSpec(_Frozen):

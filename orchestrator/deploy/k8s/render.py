@@ -57,7 +57,7 @@ from orchestrator.deploy.k8s.config import (
 from orchestrator.deploy.k8s.dashboard import dashboard_json
 from orchestrator.deploy.k8s.references import DanglingReferenceError, dangling_references
 from orchestrator.core.catalogue import gpu_model
-from orchestrator.core.config import MODEL_LABEL, NODE_LABEL, NODE_RESOURCE_PREFIX
+from orchestrator.core.config import MODEL_LABEL, NODE_LABEL, NODE_RESOURCE_PREFIX, card_resources
 
 FIELD_MANAGER = "ray-gpu-orchestrator"
 HEADER = (
@@ -279,6 +279,10 @@ def _pod_template(cfg: K8sConfig, pool: NodePool | None, *, serve: bool) -> Obj:
     return {"metadata": {"labels": labels}, "spec": spec}
 
 
+def _cards(n: int) -> dict[str, str]:
+    return {k: "1" for k in card_resources(n)}
+
+
 def _worker_group(cfg: K8sConfig, pool: NodePool, *, serve: bool) -> Obj:
     group: Obj = {
         "groupName": pool.name,
@@ -294,11 +298,13 @@ def _worker_group(cfg: K8sConfig, pool: NodePool, *, serve: bool) -> Obj:
         # --num-gpus and --resources.
         sim = pool.simulated
         group["labels"] = {NODE_LABEL: pool.name, MODEL_LABEL: sim.model}
-        group["resources"] = {"GPU": str(sim.gpus), f"{NODE_RESOURCE_PREFIX}{pool.name}": "1"}
-    else:
-        # Explicit, because KubeRay only counts nvidia.com/gpu: a MIG pod
-        # declares its MIG devices, a shared pod its shares.
-        group["rayStartParams"]["num-gpus"] = str(pool.ray_gpus())
+        group["resources"] = {"GPU": "0", f"{NODE_RESOURCE_PREFIX}{pool.name}": "1", **_cards(sim.gpus)}
+    elif pool.ray_cards():
+        # Ray's GPU count is 0 and each card the pod sees is its own resource (core.config.card_resource):
+        # a lease holder asks for its share of its card, so Ray places exactly what the ledger granted, and
+        # nothing outside the orchestrator can take a card (docs/runtime.md, "Ray's accounting").
+        group["rayStartParams"]["num-gpus"] = "0"
+        group["resources"] = _cards(pool.ray_cards())
     group["template"] = _pod_template(cfg, pool, serve=serve)
     return group
 
