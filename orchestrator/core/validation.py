@@ -83,7 +83,7 @@ def typed_error(e: ValidationError, prefix: str, model: type[BaseModel] | None =
     inner = (err.get("ctx") or {}).get("error")
     if isinstance(inner, InvalidRequestError):
         return _rehomed(inner, prefix, loc, error_cls)
-    path = ".".join(str(x) for x in (prefix, *loc) if str(x) != "") or prefix
+    path = _path(prefix, loc)
     kind = err.get("type", "")
     value = None if kind == "missing" else err.get("input")
     detail, allowed = _BY_TYPE.get(kind, ("not a valid value", "a value of the documented type"))
@@ -132,6 +132,13 @@ def _rehomed(inner: InvalidRequestError, prefix: str, loc: tuple[Any, ...],
     if isinstance(err, error_cls):
         return err
     return error_cls(err.field, err.value, err.allowed, detail=err.detail)
+
+
+def _path(prefix: str, loc: tuple[Any, ...]) -> str:
+    """``prefix.a.0.b``; an empty key shows as ``''`` so the path always names something."""
+    parts = [prefix] if prefix else []
+    parts += [str(x) if str(x) else "''" for x in loc]
+    return ".".join(parts) or "(document)"
 
 
 def _shown(value: Any) -> Any:
