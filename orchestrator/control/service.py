@@ -10,9 +10,12 @@ agent) and :class:`~orchestrator.control.jobs.JobRunner` (Ray's job API).
 
 Invariants:
 
-* arguments arrive JSON-safe and are validated here, once, into the typed
-  models (``LeaseRequest``, ``JobSpec``, ``NodeInventory``); nothing inward
-  validates them again;
+* arguments arrive JSON-safe and are validated here, once: their declared
+  types first (:mod:`.edge`, for every method), then into the typed models
+  (``LeaseRequest``, ``JobSpec``, ``NodeInventory``); nothing inward
+  validates them again. A lease no card of the cluster could ever hold is
+  refused here, as a job is at submission
+  (:func:`~orchestrator.scheduling.admission.check_request`);
 * :meth:`HeadService.cycle` is the only place time moves the state on (one
   controller cycle, agents started, one job-layer step, metrics refreshed);
   the loops call :meth:`cycle_safely`, which logs an exception and lets the
@@ -28,17 +31,24 @@ import os
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from pydantic import ValidationError
+
+from orchestrator.control import edge
 from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.control.inventory_check import InventoryCheck
 from orchestrator.control.jobs import JobManager, JobRunner
 from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
-from orchestrator.core.api import Json
+from orchestrator.core.api import HEAD_METHODS, Json
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError
+from orchestrator.core.inventory import NodeInventory
 from orchestrator.core.job import JobSpec
-from orchestrator.core.lease import LeaseState, key_matches
+from orchestrator.core.lease import LeaseRequest, LeaseState, key_matches
+from orchestrator.core.validation import typed_error
+from orchestrator.scheduling.admission import check_request
+from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +131,10 @@ class HeadService:
 
     # ---- leases --------------------------------------------------------------------------------
     def request_lease(self, lease_request: Mapping[str, Any]) -> str:
-        return self.ctl.request_lease(lease_request)
+        spec = LeaseRequest.parse(lease_request)
+        if self.ctl.ledger.find(spec.lease_id) is None:  # a retry returns its id even if the cluster shrank
+            check_request(spec.request, self.ctl.snapshot())  # refuse what no card could ever hold
+        return self.ctl.request_lease(spec)
 
     def get_lease(self, lease_id: str, key: str | None = None) -> Json:
         return self.ctl.get_lease(lease_id, key)
@@ -240,7 +253,7 @@ class HeadService:
 
     # ---- agents --------------------------------------------------------------------------------
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
-        return self.ctl.register_agent(node_name, ray_node_id, incarnation, inventory)
+        return self.ctl.register_agent(node_name, ray_node_id, incarnation, _inventory(inventory))
 
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
@@ -250,4 +263,24 @@ class HeadService:
                                   revoked or (), checkpointed)
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
-        return self.ctl.update_inventory(node_name, incarnation, inventory)
+        return self.ctl.update_inventory(node_name, incarnation, _inventory(inventory))
+
+
+def _inventory(data: Mapping[str, Any]) -> NodeInventory:
+    """An agent's inventory, validated at the edge: a typed error naming the field, and one the
+    snapshot can be built from (a bad one would fail every rebuild after it was stored)."""
+    try:
+        inv = NodeInventory.model_validate(data)
+    except ValidationError as e:
+        raise typed_error(e, "inventory", NodeInventory) from None
+    try:
+        ClusterSnapshot.build([inv])
+    except (InvalidRequestError, ValueError, IndexError, KeyError) as e:
+        raise InvalidRequestError("inventory", inv.name, "an inventory the scheduler can place on",
+                                  detail=str(e)) from None
+    return inv
+
+
+# Every method of the API checks its arguments' declared types first (orchestrator.control.edge).
+for _name in HEAD_METHODS:
+    setattr(HeadService, _name, edge.checked(_name, getattr(HeadService, _name)))

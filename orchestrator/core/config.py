@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from orchestrator.core import validation
 from orchestrator.core.catalogue import gpu_model
 from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
@@ -217,7 +218,7 @@ def parse_config(data: Any, source: str = "config") -> ClusterConfig:
         loc = ".".join(str(x) for x in err.get("loc", ())) or source
         if isinstance(inner, InvalidRequestError):  # e.g. an unknown GPU model, named where it stands
             raise ConfigError(loc, inner.value, inner.allowed, inner.detail) from None
-        raise ConfigError(loc, err.get("input"), err.get("msg", "a valid value")) from None
+        raise validation.typed_error(e, "", ClusterConfig, ConfigError) from None
 
 
 def load_config(path: str | Path) -> ClusterConfig:

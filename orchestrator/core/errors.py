@@ -32,7 +32,7 @@ class InvalidRequestError(OrchestratorError, ValueError):
         self.value = value
         self.allowed = allowed if isinstance(allowed, str) else ", ".join(str(a) for a in allowed)
         self.detail = detail
-        msg = f"invalid {field}={value!r}"
+        msg = f"invalid {field}={_short_repr(value)}"
         if detail:
             msg += f": {detail}"
         msg += f" (allowed: {self.allowed})"
@@ -40,8 +40,17 @@ class InvalidRequestError(OrchestratorError, ValueError):
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        d.update(field=self.field, value=repr(self.value), allowed=self.allowed)
+        d.update(field=self.field, value=_short_repr(self.value, 1000), allowed=self.allowed)
         return d
+
+
+def _short_repr(value: Any, limit: int = 120) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a message stays one readable line whatever was sent."""
+    try:
+        r = repr(value)
+    except Exception:  # noqa: BLE001 - a client's object whose repr fails still gets its error
+        r = f"<{type(value).__name__}>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 class ConfigError(InvalidRequestError):

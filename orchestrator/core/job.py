@@ -22,7 +22,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.core.errors import InvalidRequestError
-from orchestrator.core.request import GpuRequest, typed_error
+from orchestrator.core.request import GpuRequest, fields_of, typed_error
 from orchestrator.core.statemachine import Transition, TransitionTable
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
@@ -45,12 +45,14 @@ class JobSpec(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as e:
-            raise typed_error(e, "job") from None
+            raise typed_error(e, "job", JobSpec) from None
 
     @classmethod
     def parse(cls, data: "JobSpec | Mapping[str, Any]") -> "JobSpec":
         """The spec itself, or one validated from its JSON form (the head's edge: validated once, here)."""
-        return data if isinstance(data, JobSpec) else cls(**dict(data))
+        if isinstance(data, JobSpec):
+            return data
+        return cls(**fields_of(data, "job", list(cls.model_fields)))
 
     @field_validator("name")
     @classmethod

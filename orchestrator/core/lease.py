@@ -35,14 +35,14 @@ import hashlib
 import hmac
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import ID_PATTERN
-from orchestrator.core.request import GpuRequest, typed_error
+from orchestrator.core.request import GpuRequest, fields_of, typed_error
 from orchestrator.core.statemachine import Transition, TransitionTable
 
 
@@ -68,11 +68,11 @@ class LeaseRequest(BaseModel):
     lease_id: str = Field(description="Client-supplied id: a retry with the same id returns the same lease")
     request: GpuRequest
     owner: str = ""
-    priority: int = 0
+    priority: Annotated[int, Field(ge=0, le=1_000_000, description="0 = its class's priority")] = 0
     priority_class: str = ""
     requeue_on_loss: bool = Field(default=True, description="When the node is lost, queue a new attempt")
     queue: str = Field(default="default", description="Queue (quota group) the lease counts against")
-    enqueued_at: float | None = Field(default=None, description="Keep this queue position (a resumed job keeps "
+    enqueued_at: float | None = Field(default=None, allow_inf_nan=False, description="Keep this queue position (a resumed job keeps "
                                       "its original submission time); None = now")
     requeue_on_preempt: bool = Field(default=False, description="When preempted, queue a new attempt that "
                                      "resumes from the checkpoint (resume_from); the requester waits for it")
@@ -88,13 +88,13 @@ class LeaseRequest(BaseModel):
     def parse(cls, data: "LeaseRequest | Mapping[str, Any]") -> "LeaseRequest":
         if isinstance(data, LeaseRequest):
             return data
+        d = fields_of(data, "lease_request", list(cls.model_fields))
         try:
-            d = dict(data)
             if isinstance(d.get("request"), str):
                 d["request"] = GpuRequest.parse(d["request"])
             out = cls(**d)
         except ValidationError as e:
-            raise typed_error(e, "lease_request") from None
+            raise typed_error(e, "lease_request", LeaseRequest) from None
         if not ID_PATTERN.match(out.lease_id):
             raise InvalidRequestError("lease_request.lease_id", out.lease_id,
                                       "1-128 characters: letters, digits and _ . : - (not first)")

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from orchestrator.core import validation
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.yamlfile import read_yaml
 
@@ -128,6 +129,5 @@ class SchedulerConfig(_Frozen):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(x) for x in err.get("loc", ()))
-            raise ConfigError(f"{source}:{loc}" if loc else source, err.get("input"), err.get("msg", "")) from None
+            t = validation.typed_error(e, "", cls, ConfigError)
+            raise ConfigError(f"{source}:{t.field}" if t.field else source, t.value, t.allowed, t.detail) from None

@@ -48,6 +48,7 @@ class Cause(str, Enum):
     PLACED_BORROWING = "placed.borrowing"            # granted on idle capacity beyond the queue's quota
     # ---- wait: why a queued request still waits ------------------------------------------------
     WAIT_NO_FIT = "wait.no_fit"                      # nothing fits now and no preemption helps
+    WAIT_NEVER_FITS = "wait.never_fits"              # no card of the cluster could hold it, even idle: a node must join
     WAIT_QUOTA = "wait.quota"                        # its queue is at its quota and does not borrow
     WAIT_BORROW_ONLY = "wait.borrow_only"            # over its quota: it only borrows idle capacity, preempts nothing
     WAIT_VICTIMS = "wait.victims"                    # victims chosen for it are checkpointing

@@ -28,10 +28,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator.core import validation
 from orchestrator.core.catalogue import (
     CATALOGUE,
     MIG_COMPUTE_SLICES,
@@ -44,20 +45,25 @@ from orchestrator.core.catalogue import (
 from orchestrator.core.errors import InvalidRequestError
 
 
-def typed_error(e: ValidationError, prefix: str) -> InvalidRequestError:
-    """The first error of a pydantic ``ValidationError`` as our typed error, naming the field.
+def typed_error(e: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> InvalidRequestError:
+    """The first error of a pydantic ``ValidationError`` as our typed error, naming the field, in our
+    words (:func:`orchestrator.core.validation.typed_error`); ``model`` is the class validated."""
+    return validation.typed_error(e, prefix, model)
 
-    Our own validators raise :class:`InvalidRequestError`, which pydantic wraps;
-    that one is returned as it was. Others (range, type) become one with the
-    field's dotted location and pydantic's own words for what is allowed.
-    """
-    err = e.errors()[0]
-    inner = (err.get("ctx") or {}).get("error")
-    if isinstance(inner, InvalidRequestError):
-        return inner
-    loc = ".".join(str(x) for x in err.get("loc", ()))
-    field_name = f"{prefix}.{loc}" if loc else prefix
-    return InvalidRequestError(field_name, err.get("input"), err.get("msg", "a valid value"))
+
+def fields_of(data: object, field: str, known: Sequence[str]) -> dict[str, Any]:
+    """``data`` as keyword arguments of a model: a mapping with string keys, else a typed error naming
+    ``field`` (what a client sends may be anything JSON or pickle can carry)."""
+    if not isinstance(data, Mapping):
+        raise InvalidRequestError(field, _type_name(data), f"a mapping of {', '.join(known)}", detail="not a mapping")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise InvalidRequestError(field, bad[0], ", ".join(known), detail="field names are strings")
+    return dict(data)
+
+
+def _type_name(v: object) -> str:
+    return type(v).__name__
 
 
 class ShareKind(str, Enum):
@@ -73,6 +79,14 @@ class Isolation(str, Enum):
     NONE = "none"
 
 
+#: Upper bounds of the amounts a request may name (1 PiB of memory, a million cores): far beyond any
+#: machine, and small enough that every amount stays an exact int64 in the engine's arrays.
+MAX_MIB = 1 << 30
+#: The most whole cards one request asks for (all of them on one node).
+MAX_CARDS = 64
+MAX_CPU_MILLI = 10**9
+
+
 _MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|[KMGT])?\s*$", re.IGNORECASE)
 _UNIT_MIB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
@@ -86,15 +100,25 @@ def parse_memory_mib(value: str | int | float, field_name: str = "memory") -> in
     allowed = "a non-negative size such as 20GiB, 512MiB or a number of MiB"
     if isinstance(value, bool):
         raise InvalidRequestError(field_name, value, allowed)
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        if value < 0:
+            raise InvalidRequestError(field_name, value, allowed)
+        return value
+    if isinstance(value, float):
         if value < 0 or not math.isfinite(value):
             raise InvalidRequestError(field_name, value, allowed)
         return int(value)
-    m = _MEM_RE.match(str(value))
+    if not isinstance(value, str):
+        raise InvalidRequestError(field_name, value, allowed)
+    m = _MEM_RE.match(value)
     if not m:
         raise InvalidRequestError(field_name, value, allowed)
     number, unit = float(m.group(1)), (m.group(2) or "")[:1].lower()
-    return int(number * _UNIT_MIB[unit])
+    mib = number * _UNIT_MIB[unit]
+    if not math.isfinite(mib) or mib > MAX_MIB:
+        raise InvalidRequestError(field_name, value, f"at most {MAX_MIB // (1 << 20)} TiB",
+                                  detail="larger than any memory there is")
+    return int(mib)
 
 
 class GpuRequest(BaseModel):
@@ -108,10 +132,10 @@ class GpuRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
     kind: ShareKind | None = Field(default=None, description="Named kind; None lets the engine resolve one")
-    count: Annotated[int, Field(ge=0, le=64, description="Whole cards (kind=whole); 0 = no GPU (a CPU-only task)")] = 1
+    count: Annotated[int, Field(ge=0, le=MAX_CARDS, description="Whole cards (kind=whole); 0 = no GPU (a CPU-only task)")] = 1
     profile: str | None = Field(default=None, description="MIG profile such as 1g.10gb (kind=mig)")
     sm_percent: Annotated[int, Field(ge=1, le=100, description="MPS active thread percentage (kind=mps)")] | None = None
-    memory_mib: Annotated[int, Field(ge=0, description="GPU memory needed / MPS pinned memory limit")] | None = None
+    memory_mib: Annotated[int, Field(ge=0, le=MAX_MIB, description="GPU memory needed / MPS pinned memory limit, MiB")] | None = None
     client_priority: Annotated[int, Field(ge=0, le=1, description="CUDA_MPS_CLIENT_PRIORITY: 0 normal, 1 below")] | None = None
     fraction: Annotated[float, Field(gt=0, le=1, description="Share of one card's time (kind=timeslice)")] | None = None
     compute: Annotated[float, Field(gt=0, le=1, description="Fraction of one card's compute (unified)")] | None = None
@@ -119,14 +143,14 @@ class GpuRequest(BaseModel):
     models: tuple[str, ...] = Field(default=(), description="Allowed GPU models; empty = any")
     node: str | None = Field(default=None, description="Only this node")
     nvlink: bool = Field(default=False, description="Multi-GPU: all GPUs in one NVLink island")
-    cpu_milli: Annotated[int, Field(ge=0)] = 0
-    host_memory_mib: Annotated[int, Field(ge=0)] = 0
+    cpu_milli: Annotated[int, Field(ge=0, le=MAX_CPU_MILLI, description="Host CPU, milli-cores")] = 0
+    host_memory_mib: Annotated[int, Field(ge=0, le=MAX_MIB, description="Host memory, MiB")] = 0
 
     def __init__(self, **data: object) -> None:
         try:
             super().__init__(**data)
         except ValidationError as e:
-            raise typed_error(e, "gpu") from None
+            raise typed_error(e, "gpu", GpuRequest) from None
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +159,8 @@ class GpuRequest(BaseModel):
             ms = data["models"]
             if isinstance(ms, str):
                 ms = [m for m in ms.split("|") if m]
+            if not isinstance(ms, (list, tuple)) or not all(isinstance(m, str) for m in ms):
+                raise InvalidRequestError("gpu.models", ms, "GPU model names, as a list or joined by '|'")
             data = {**data, "models": tuple(gpu_model(m).name for m in ms)}
         return data
 
@@ -208,13 +234,18 @@ class GpuRequest(BaseModel):
         """The CLI's ``--gpu`` forms: ``1``, ``2``, ``mig:1g.10gb``, ``mps:30%,20GiB``,
         ``timeslice:0.25``, ``mem=20GiB,compute=0.3,isolation=hard``."""
         forms = "N (whole cards), mig:PROFILE, mps:PCT%[,MEM], timeslice:FRACTION, mem=MEM,compute=F,isolation=hard|soft|none"
-        s = (text or "").strip()
+        if not isinstance(text, str):
+            raise InvalidRequestError("gpu", text, forms, detail="not a string")
+        s = text.strip()
         if not s:
             raise InvalidRequestError("gpu", text, forms)
-        if s.isdigit():
+        if s.isascii() and s.isdigit():
             n = int(s)
             if n < 1:
                 raise InvalidRequestError("gpu", text, forms, detail="at least one card")
+            if n > MAX_CARDS:
+                raise InvalidRequestError("gpu.count", n, f"1 to {MAX_CARDS} whole cards",
+                                          detail=f"more cards than one request may ask for (at most {MAX_CARDS})")
             return cls.whole(n)
         head, sep, rest = s.partition(":")
         head = head.lower()

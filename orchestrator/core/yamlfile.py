@@ -22,6 +22,8 @@ def read_yaml(path: str | Path, field: str = "config") -> Any:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(field, str(p), "a readable YAML file", detail=e.strerror or str(e)) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(field, str(p), "a YAML file in UTF-8", detail=f"byte {e.start} is not UTF-8") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -28,6 +28,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from orchestrator.control.edge import check_args
 from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
@@ -93,6 +94,9 @@ class HeadActor:
 
     async def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> dict[str, Any]:
         """Wait on the event loop until the lease (or its latest attempt) is handed out or has ended."""
+        bad = answer(check_args, "wait_lease", (lease_id, timeout, key), {})  # as every forwarded method is
+        if "error" in bad:
+            return bad
         deadline = time.monotonic() + timeout
         while True:
             reply = answer(self.service.lease_settled, lease_id, key)

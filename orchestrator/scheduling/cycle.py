@@ -17,7 +17,10 @@ It reads as a numbered script (Kueue's scheduling cycle):
       victims go into the plan and are excluded from later items' plans, so
       nothing is preempted twice;
    d. otherwise it stays **pending** with the engine's grouped reasons, its
-      queue position and what would admit it.
+      queue position and what would admit it -- or, when no card of the
+      cluster could hold it even idle (:func:`~.admission.never_fits`: the
+      cluster shrank after it was queued), with cause ``wait.never_fits``
+      and no preemption tried.
 
 The plan is the whole output; the head applies it (store first, then act).
 Every grant, preemption and waiting item carries a
@@ -37,6 +40,7 @@ from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause, Reason
 from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.admission import never_fits
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.preemption import (
@@ -161,6 +165,11 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
             why = res.reason if not over_quota else Reason(
                 Cause.PLACED_BORROWING, f"{res.reason.text} (borrowing beyond queue {item.queue}'s quota)")
             grants.append(Grant(item.item_id, res, why))
+            continue
+        never = never_fits(item.request, work)
+        if never is not None:  # no preemption could help either: say so rather than "not enough free"
+            waiting.append(Waiting(item.item_id, pos, eff, Reason(
+                Cause.WAIT_NEVER_FITS, f"{never.detail}: it can run only once a node that has it joins"), res))
             continue
         if item.nominated:
             waiting.append(Waiting(item.item_id, pos, eff, Reason(

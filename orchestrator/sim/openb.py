@@ -146,6 +146,9 @@ class _Rows:
         except StopIteration:
             self._fh.close()
             raise TraceFormatError(path, 1, 0, "header", "", ",".join(required), "the file is empty") from None
+        except (UnicodeDecodeError, csv.Error) as e:
+            self._fh.close()
+            raise _unreadable(path, 1, e) from None
         header = [h.strip() for h in header]
         self.header = header
         for name in required:
@@ -158,7 +161,14 @@ class _Rows:
 
     def __iter__(self) -> Iterator[tuple[int, list[str]]]:
         with self._fh:
-            for row in self._reader:
+            rows = iter(self._reader)
+            while True:
+                try:
+                    row = next(rows)
+                except StopIteration:
+                    return
+                except (UnicodeDecodeError, csv.Error) as e:
+                    raise _unreadable(self.path, self._reader.line_num + 1, e) from None
                 line = self._reader.line_num
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue  # blank line
@@ -178,13 +188,23 @@ class _Rows:
             raise TraceFormatError(self.path, line, col + 1, name, raw, allowed, detail) from None
 
 
+def _unreadable(path: str | Path, line: int, e: Exception) -> TraceFormatError:
+    """A file that is not UTF-8 CSV at all (binary bytes, a NUL): the line where reading stopped."""
+    why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"not CSV: {e}"
+    return TraceFormatError(path, line, 0, "row", "", "UTF-8 comma-separated text", why)
+
+
+#: The largest whole number a cell may hold: every table column is int64.
+_CELL_MAX = (1 << 62)
+
+
 def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     def parse(raw: str) -> int:
         try:
             v = int(raw)
         except ValueError:
             raise ValueError("not a whole number") from None
-        if v < lo or (hi is not None and v > hi):
+        if v < lo or v > (_CELL_MAX if hi is None else hi):
             raise ValueError("out of range")
         return v
     return parse

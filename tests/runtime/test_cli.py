@@ -39,8 +39,11 @@ def test_down_with_nothing_up_is_a_no_op(tmp_path: Path) -> None:
 
 def test_render_status(ctl: HeadController, agents: dict[str, SimAgent], demo: ClusterConfig) -> None:
     ctl.request_lease({"lease_id": "m", "request": "mig:1g.20gb"})
-    ctl.request_lease({"lease_id": "big", "request": "16"})
+    ctl.request_lease({"lease_id": "big", "request": "16"})  # the controller queues what the head's edge refuses
+    ctl.request_lease({"lease_id": "four", "request": "4"})
+    ctl.request_lease({"lease_id": "wait", "request": "4"})
     ctl.reconcile()
     text = render_status(ctl.status())
     assert "node a100-1: registered" in text and "mig 1g.20gb@6" in text and "lease: m" in text
-    assert "big: 16x whole" in text and "no node fits" in text
+    assert "wait: 4x whole" in text and "no node fits" in text  # none free now
+    assert "big: 16x whole" in text and "no node in the cluster has 16 whole cards; the largest has 4" in text

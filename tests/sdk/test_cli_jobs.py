@@ -128,7 +128,7 @@ def test_read_commands_print_one_json_value(head: InProcessHead) -> None:
     head.submit_job({"name": "e", "entrypoint": "echo out"}, "e-1")
     head.wait_for(lambda: head.service.get_job("e-1")["state"] == "succeeded", 10, "e-1 done")
     _blocked(head, "a-1")
-    head.request_lease({"lease_id": "l-1", "request": {"kind": "whole", "count": 8}, "owner": "o"})  # never fits: stays queued
+    head.request_lease({"lease_id": "l-1", "request": {"kind": "whole", "count": 4}, "owner": "o"})  # behind the blocker: queued
     for cmd, check in ((["jobs"], lambda v: {j["job_id"] for j in v} == {"e-1", "blocker-1", "a-1"}),
                        (["nodes"], lambda v: [n["name"] for n in v] == ["a100-0", "a100-1", "h100-0"]),
                        (["leases"], lambda v: "l-1" in [le["lease_id"] for le in v]),

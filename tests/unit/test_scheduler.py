@@ -112,10 +112,12 @@ def test_preemption_is_planned_once_and_then_no_churn() -> None:
 def test_plan_json_carries_cause_codes() -> None:
     """What ``explain --json`` shows: every reason as its text and its stable cause code."""
     pending = [item("a", GpuRequest.whole(1), queue="small", t=0), item("b", GpuRequest.whole(1), queue="small", t=1),
-               item("c", GpuRequest.whole(3), t=2)]
+               item("c", GpuRequest.whole(2), t=2), item("d", GpuRequest.whole(3), t=3)]
     out = schedule(snap(2), pending, [], CFG, now=10, policy=POLICY).to_json()
     assert [g["cause"] for g in out["grants"]] == ["placed"]
-    assert {w["item_id"]: w["cause"] for w in out["waiting"]} == {"b": "wait.quota", "c": "wait.no_fit"}
+    # c could run on the idle cluster (none free now); d never could (no node has 3 cards).
+    assert {w["item_id"]: w["cause"] for w in out["waiting"]} == {"b": "wait.quota", "c": "wait.no_fit",
+                                                                  "d": "wait.never_fits"}
     c = next(w for w in out["waiting"] if w["item_id"] == "c")
     assert c["preemption_blocked_cause"] == "no_preemption.none_eligible" and c["preemption_blocked"]
     assert [r["cause"] for r in c["unschedulable"]["reasons"]] == ["fit.whole"]
