@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 import uuid
 from typing import Any, Callable, Mapping, Protocol
 
@@ -66,6 +67,10 @@ class WorkloadPort(Protocol):
         """Ask a preemptible actor to ``checkpoint(directory)``; a poll for the path it writes."""
         ...
 
+    def watch(self, workload: str) -> None:
+        """A holder was registered on this node: get ready to reach it (no answer awaited)."""
+        ...
+
 
 class LocalWorkloads:
     """The port without Ray: processes (``pid:``) are killed; actors and Ray jobs, which only exist on a
@@ -87,6 +92,9 @@ class LocalWorkloads:
 
     def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
         raise InvalidRequestError("workload", workload, "a Ray actor (checkpoints are asked through Ray)")
+
+    def watch(self, workload: str) -> None:
+        parse_workload(workload)
 
 
 class AgentCore:
@@ -114,6 +122,10 @@ class AgentCore:
         self.revoked: set[str] = set()  # stopped and confirmed; reported until the head stops asking
         self.urgent = False  # revocations in flight: beat without waiting out the interval
         self.checkpointed: dict[str, str] = {}  # lease id -> the path its actor wrote
+        self._reported: set[str] = set()  # checkpointed leases whose path a heartbeat has carried
+        self.holders: dict[str, str] = {}  # lease id -> its registered workload (actor:, job:, pid:)
+        #: lease id -> wall time its revoked workload was found stopped (the confirmation); the last 256
+        self.stopped_at: dict[str, float] = {}
         self._checkpoints: dict[str, CheckpointPoll] = {}
 
     def registration(self) -> dict[str, Any]:
@@ -124,6 +136,7 @@ class AgentCore:
         payload = {"node_name": self.node_name, "incarnation": self.incarnation, "allocated": sorted(self.allocated),
                    "rejected": dict(self.rejected), "mig_uuids": dict(self.mig_uuids), "revoked": sorted(self.revoked),
                    "checkpointed": dict(self.checkpointed)}
+        self._reported = set(self.checkpointed)
         util = measured_utilization(self.backend)
         if util:
             payload["utilization"] = {str(i): u for i, u in util.items()}
@@ -174,6 +187,7 @@ class AgentCore:
                     continue
             self.allocated[lease_id] = dict(want.get("env") or {})
         self._sync_mps(assignments)
+        self._watch(assignments)
         self._ask_checkpoints(assignments)
         self._revoke(revocations)
 
@@ -189,6 +203,21 @@ class AgentCore:
             for lease_id in wanted[idx]:
                 self.rejected[lease_id] = why
                 self.allocated.pop(lease_id, None)
+
+    def _watch(self, assignments: Mapping[str, Mapping[str, Any]]) -> None:
+        """Record each lease's holder once it is registered, and let the port get ready to reach it: the
+        first call from this process to an actor can take seconds, which a checkpoint request must not."""
+        for lease_id, want in assignments.items():
+            workload = want.get("workload")
+            if workload and self.holders.get(lease_id) != workload:
+                try:
+                    self.workloads.watch(workload)
+                except Exception as e:  # registered before it exists (activate, then create): next beat
+                    log.debug("agent %s: cannot reach %s of %s yet: %s", self.node_name, workload, lease_id, e)
+                    continue
+                self.holders[lease_id] = workload
+        for lease_id in [k for k in self.holders if k not in assignments]:
+            del self.holders[lease_id]
 
     def _ask_checkpoints(self, assignments: Mapping[str, Mapping[str, Any]]) -> None:
         """Ask each checkpointing actor once; report the path it writes."""
@@ -214,9 +243,11 @@ class AgentCore:
     def _revoke(self, revocations: Mapping[str, Mapping[str, Any]]) -> None:
         """Stop each revoked lease's workload; confirm once it is gone. Its token is refused from now on.
 
-        While the head lists revocations for this node, ``urgent`` is set: the agent's loop then beats at
-        once instead of every heartbeat interval, because a preemptor waits for the confirmation."""
-        self.urgent = bool(revocations)
+        While the head lists revocations for this node, or a checkpoint is awaited, ``urgent`` is set: the
+        agent's loop then beats at once instead of every heartbeat interval, because a preemptor waits."""
+        # ... and while an actor's checkpoint is awaited or its path is not yet reported: a preemptor waits on it
+        self.urgent = bool(revocations) or any(k not in self.checkpointed for k in self._checkpoints) or bool(
+            set(self.checkpointed) - self._reported)
         self.revoked &= set(revocations)
         for lease_id, r in revocations.items():
             self.tokens.pop(lease_id, None)
@@ -231,6 +262,9 @@ class AgentCore:
                 gone = False
             if gone:
                 self.revoked.add(lease_id)
+                self.stopped_at[lease_id] = time.time()
+                for old in list(self.stopped_at)[:-256]:
+                    del self.stopped_at[old]
 
     def poll_health(self, timeout_s: float = 0.0) -> NodeInventory | None:
         """Apply pending health events; the new inventory if any GPU changed, else None."""

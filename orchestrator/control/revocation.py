@@ -107,3 +107,20 @@ def nominated(ledger: Ledger) -> set[str]:
     """Requests whose victims are still on their way out (checkpointing, or revoking): no second preemption."""
     return {e.preempt_for for e in ledger if e.preempt_for and (
         e.lease.state is LeaseState.CHECKPOINTING or e.revoking)}
+
+
+def agent_work(ledger: Ledger) -> dict[str, set[tuple[str, str]]]:
+    """Per node, what its agent must act on now: actors to ask for a checkpoint and leases to revoke, as
+    ``(lease id, "checkpoint" | "revoke")``. The head wakes an agent when its set gains an item, so the agent
+    need not wait out its heartbeat interval to learn of it (the heartbeat stays the backstop)."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for e in ledger:
+        a = e.lease.allocation
+        if a is None:
+            continue
+        if e.revoking:
+            out.setdefault(a.node_name, set()).add((e.lease_id, "revoke"))
+        elif e.lease.state is LeaseState.CHECKPOINTING and (e.workload or "").startswith("actor:"):
+            out.setdefault(a.node_name, set()).add((e.lease_id, "checkpoint"))
+    return out
+

@@ -39,6 +39,7 @@ class RayWorkloads:
     def __init__(self) -> None:
         self._local = LocalWorkloads()
         self._jobs: ray_api.RayJobRunner | None = None
+        self._actors: dict[str, Any] = {}  # workload -> the holder actor's handle (see watch)
 
     def stop(self, workload: str) -> bool:
         kind, ref = parse_workload(workload)
@@ -55,12 +56,24 @@ class RayWorkloads:
             return False  # confirmed once the job API says it ended
         return self._local.stop(workload)
 
+    def watch(self, workload: str) -> None:
+        """Look the holder actor up and send it a no-op now, so a later checkpoint request goes over a
+        channel that exists (the first call from a process to an actor can take seconds)."""
+        kind, ref = parse_workload(workload)
+        if kind == "actor":
+            namespace, name = ref.split("/", 1)
+            self._actors[workload] = ray_api.get_actor(name, namespace)
+            self._actors[workload].__ray_ready__.remote()
+            for old in list(self._actors)[:-1024]:
+                del self._actors[old]
+
     def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
         kind, ref = parse_workload(workload)
         if kind != "actor":
             return self._local.checkpoint(workload, directory)
         namespace, name = ref.split("/", 1)
-        pending = ray_api.checkpoint_actor(name, namespace, directory)
+        handle = self._actors.get(workload) or ray_api.get_actor(name, namespace)
+        pending = handle.checkpoint.remote(directory)
 
         def poll() -> str | None:
             done, path = ray_api.poll_ref(pending)
@@ -79,6 +92,7 @@ class AgentActor:
         self.core = AgentCore(node_name, ray_node_id, backend, self.settings,
                               k8s_node=os.environ.get(env.K8S_NODE_NAME) or None, workloads=RayWorkloads())
         self.heartbeats = 0
+        self._wake = asyncio.Event()
         self._task = asyncio.get_event_loop().create_task(self._run())
 
     async def _run(self) -> None:
@@ -106,13 +120,23 @@ class AgentActor:
             except Exception as e:  # the head restarting, or not there yet: try again next beat
                 log.warning("agent %s: %s: %s", self.core.node_name, type(e).__name__, e)
                 head, registered = None, False
-            # a revocation in flight: a preemptor waits for our confirmation, so do not wait out the interval
-            await asyncio.sleep(URGENT_BEAT_S if self.core.urgent else self.settings.heartbeat_interval_s)
+            # a revocation in flight: a preemptor waits for our confirmation, so do not wait out the interval;
+            # the head also wakes us (wake) when it has something for this node
+            try:
+                await asyncio.wait_for(self._wake.wait(),
+                                       URGENT_BEAT_S if self.core.urgent else self.settings.heartbeat_interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def wake(self) -> None:
+        """Beat now: the head has a checkpoint to ask for or a lease to revoke on this node."""
+        self._wake.set()
 
     async def info(self) -> dict[str, Any]:
         return {"node_name": self.core.node_name, "pid": os.getpid(), "incarnation": self.core.incarnation,
                 "backend": self.core.backend.name, "heartbeats": self.heartbeats,
-                "allocated": sorted(self.core.allocated)}
+                "allocated": sorted(self.core.allocated), "stopped_at": dict(self.core.stopped_at)}
 
     async def check_holder(self, lease_id: str, token: int) -> dict[str, Any]:
         """A holder on this node shows its token; answers the wire envelope (a stale one is refused)."""

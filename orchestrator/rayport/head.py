@@ -11,7 +11,10 @@ loop:
 * a reconcile loop: every ``reconcile_interval_s``, or at once after a call
   that may make the queue schedulable (:data:`WAKES`), it runs one
   :meth:`HeadService.cycle`;
-* ``wait_lease``, which waits on the event loop without blocking other calls.
+* ``wait_lease``, which waits on the event loop without blocking other calls;
+* waking a node's agent when the head has a checkpoint to ask for or a lease to
+  revoke there (:func:`~orchestrator.control.revocation.agent_work`), so the
+  agent acts within a call's latency instead of a heartbeat interval.
 
 Its public methods are made from :data:`orchestrator.core.api.HEAD_METHODS`,
 one per method of :class:`~orchestrator.core.api.HeadApi`, each answering
@@ -30,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.control.edge import check_args
 from orchestrator.control.metrics import HeadMetrics
+from orchestrator.control import revocation
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
 from orchestrator.core import env
@@ -81,11 +85,24 @@ class HeadActor:
             except OSError:
                 log.exception("could not serve metrics on %s:%s", host, port)
         self._wake = asyncio.Event()
+        self._told: set[tuple[str, str]] = set()  # agent work each agent has been woken for
         self._task = asyncio.get_event_loop().create_task(self._loop())
+
+    def _wake_agents(self) -> None:
+        """Wake the agents whose work gained an item this cycle (fire and forget: the heartbeat is the backstop)."""
+        work = revocation.agent_work(self.service.ctl.ledger)
+        for node, items in work.items():
+            if items - self._told:
+                try:
+                    ray_api.get_actor(ray_api.agent_name(node), self.service.settings.namespace).wake.remote()
+                except Exception as e:  # no such agent (yet): it learns on its next heartbeat
+                    log.debug("could not wake the agent of %s: %s", node, e)
+        self._told = set().union(*work.values()) if work else set()
 
     async def _loop(self) -> None:
         while True:
             self.service.cycle_safely()
+            self._wake_agents()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.service.settings.reconcile_interval_s)
             except asyncio.TimeoutError:

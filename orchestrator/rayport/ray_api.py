@@ -304,19 +304,14 @@ class RayJobRunner:
         return str(self.client.get_job_logs(submission_id))
 
 
-def checkpoint_actor(name: str, namespace: str, directory: str) -> Any:
-    """Ask a named holder actor implementing ``checkpoint(dir) -> path`` to checkpoint; returns the ref."""
-    return ray.get_actor(name, namespace=namespace).checkpoint.remote(directory)
-
-
 # ---- workload actors (scenarios and examples that start holders) ---------------------------------
 def remote_class(cls: type, *, by_value: Any = None) -> Any:
     """``ray.remote(cls)``; ``by_value`` (a module) is shipped to the workers by value, for example
     modules loaded from a file path (``jobs/train.py``) that workers cannot import."""
     if by_value is not None:
-        import ray.cloudpickle
+        from ray import cloudpickle
 
-        ray.cloudpickle.register_pickle_by_value(by_value)
+        cloudpickle.register_pickle_by_value(by_value)
     return ray.remote(cls)
 
 
@@ -335,9 +330,9 @@ def kill(actor: Any) -> None:
 def actor_gone_errors() -> tuple[type[BaseException], ...]:
     """What a call to an actor raises once the actor is dead (killed, or its node lost), or when it
     did not answer in time."""
-    import ray.exceptions
+    from ray import exceptions
 
-    return (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
+    return (exceptions.RayActorError, exceptions.GetTimeoutError)
 
 
 def ray_cli(argv: list[str]) -> None:

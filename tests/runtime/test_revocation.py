@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.control import revocation
 from orchestrator.control.agent import CheckpointPoll
 from orchestrator.control.controller import HeadController
 from orchestrator.control.mps import MpsDaemons, RecordingPort
@@ -34,10 +35,14 @@ class FakeWorkloads:
     answers_checkpoint: bool = True  # False: a rogue actor that never answers
     stopped: list[str] = field(default_factory=list)
     asked: list[tuple[str, str]] = field(default_factory=list)
+    watched: list[str] = field(default_factory=list)
 
     def stop(self, workload: str) -> bool:
         self.stopped.append(workload)
         return self.stoppable
+
+    def watch(self, workload: str) -> None:
+        self.watched.append(workload)
 
     def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
         self.asked.append((workload, directory))
@@ -89,6 +94,7 @@ def test_a_rogue_holder_is_stopped_and_its_cards_go_to_the_preemptor_only_after(
     _running_victim(head, h100)
     _cycle(head, h100, 3)
     assert fake.asked == [(ROGUE, "/ck/t")] and head.get_lease("t")["state"] == "checkpointing"  # asked once
+    assert fake.watched == [ROGUE] and h100.core.holders == {"t": ROGUE}  # reached out to once, when registered
     clock.advance(11)  # past the grace period: preempted, but fenced until the agent confirms
     _cycle(head, h100, 5)
     t = head.get_lease("t")
@@ -111,6 +117,7 @@ def test_a_cooperative_actor_checkpoints_through_the_agent_and_is_requeued_to_re
     t = head.get_lease("t")
     assert t["state"] == "preempted" and t["checkpoint_path"] == "/ck/t/ck.pt" and t["requeued_as"] == "t.a2"
     assert fake.stopped == [ROGUE]  # even a holder that checkpointed is stopped before the cards move
+    assert list(h100.core.stopped_at) == ["t"]  # when the agent confirmed it (what bench/preemption.py reads)
     assert head.get_lease("i")["state"] == "granted"
     retry = head.get_lease("t.a2", KEY)
     assert retry["state"] == "pending" and retry["resume_from"] == "/ck/t/ck.pt"
@@ -183,3 +190,23 @@ def test_a_daemon_that_does_not_start_refuses_the_lease(head: HeadController, h1
     _cycle(head, h100, 3)
     p = head.get_lease("p")
     assert p["state"] == "lost" and "MPS control daemon" in p["history"][-1]["reason"]
+
+
+def test_the_head_knows_which_agents_have_work_and_the_agent_beats_fast_while_a_checkpoint_is_awaited(
+        head: HeadController, h100: SimAgent, clock: FakeClock) -> None:
+    """What the head actor wakes agents for (``revocation.agent_work``): an actor to ask for a checkpoint,
+    then a lease to revoke; nothing once the cards have moved on."""
+    fake: FakeWorkloads = h100.core.workloads  # type: ignore[assignment]
+    fake.answers_checkpoint, fake.stoppable = False, False
+    assert revocation.agent_work(head.ledger) == {}
+    _running_victim(head, h100)
+    assert revocation.agent_work(head.ledger) == {"h100-0": {("t", "checkpoint")}}
+    h100.beat()
+    assert h100.core.urgent  # the checkpoint is awaited: its path must go back at once
+    clock.advance(11)
+    _cycle(head, h100, 2)
+    assert revocation.agent_work(head.ledger) == {"h100-0": {("t", "revoke")}}
+    fake.stoppable = True
+    _cycle(head, h100, 3)
+    assert head.get_lease("i")["state"] == "granted" and revocation.agent_work(head.ledger) == {}
+    assert not h100.core.urgent
