@@ -132,7 +132,7 @@ def _pct(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
 
 
-def run(nodes: int = 5000, leases: int = 50000, *, rate: float = 500.0, hold_s: float = 40.0, tick_s: float = 0.25,
+def run(nodes: int = 5000, leases: int = 50000, *, rate: float = 200.0, hold_s: float = 60.0, tick_s: float = 0.25,
         heartbeat_s: float = 1.0, seed: int = 0, progress: bool = False) -> dict[str, Any]:
     """Run the bench; the figures and the accounting as a dict (see the module docstring)."""
     rng = random.Random(seed)
@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=5000)
     p.add_argument("--leases", type=int, default=50000)
-    p.add_argument("--rate", type=float, default=500.0, help="lease arrivals per simulated second")
-    p.add_argument("--hold", type=float, default=40.0, help="mean seconds a holder keeps its lease")
+    p.add_argument("--rate", type=float, default=200.0, help="lease arrivals per simulated second")
+    p.add_argument("--hold", type=float, default=60.0, help="mean seconds a holder keeps its lease")
     p.add_argument("--tick", type=float, default=0.25, help="simulated seconds per head cycle")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="one line of JSON (else indented)")
