@@ -44,6 +44,7 @@ from orchestrator.control.handout import lease_handout
 from orchestrator.control.ledger import Ledger, LedgerEntry
 from orchestrator.control.nodes import AgentStart, NodeRecord, NodeRegistry, NodeState, RayNodeInfo
 from orchestrator.control.store import StateStore
+from orchestrator.core.allocation import Allocation
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import CapacityError, InvalidRequestError, StaleFencingTokenError
 from orchestrator.core.inventory import NodeInventory
@@ -51,7 +52,7 @@ from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
 from orchestrator.scheduling.policies import get_policy
-from orchestrator.scheduling.snapshot import ClusterSnapshot
+from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 
 
 @dataclass(slots=True)
@@ -87,7 +88,9 @@ class HeadController:
         self.ledger = Ledger(store, settings.namespace)
         self.nodes = NodeRegistry(store, settings.namespace)
         self._last_enqueued = 0.0
-        self._snapshot = ClusterSnapshot.build([], timeslice_capacity_milli=settings.timeslice_capacity_milli)
+        self._snap = ClusterSnapshot.build([], timeslice_capacity_milli=settings.timeslice_capacity_milli)
+        self._stale = False  # nodes changed with nothing on them: rebuild the snapshot before its next use
+        self._specs: dict[str, tuple[NodeInventory, NodeSpec]] = {}  # per node: its inventory as the engine sees it
         self._dirty = False  # the queue may have become schedulable (new request, freed devices, new node)
         self._last_schedule = float("-inf")
         self._last_prune = float("-inf")
@@ -190,7 +193,7 @@ class HeadController:
                          reason="registered" if old is None else f"re-registered (was {old.state.value})")
         self.nodes.commit(rec)
         self.nodes.starts.pop(node_name, None)
-        self._rebuild_snapshot()
+        self._topology_changed(node_name)
         self._dirty = True
         return self._ack(node_name)
 
@@ -201,7 +204,7 @@ class HeadController:
             return {"ok": False, "reregister": True}
         inv = inventory if isinstance(inventory, NodeInventory) else NodeInventory.model_validate(inventory)
         self.nodes.commit(replace(rec, inventory=inv, last_seen=self.clock()))
-        self._rebuild_snapshot()
+        self._topology_changed(node_name)
         self._dirty = True
         return {"ok": True}
 
@@ -274,8 +277,9 @@ class HeadController:
             report.lost_nodes.append(rec.name)
             for e in revocation.confirm(self.ledger, rec.name):  # a lost node frees what it was stopping
                 self._free(e)
-            self._lose(revocation.on_node(self.ledger.holding(), rec.name), f"node {rec.name} lost: {why}", report)
-            self._rebuild_snapshot()
+            self._lose([e for e in self.ledger.occupying_on(rec.name) if e.lease.holding], f"node {rec.name} lost: {why}",
+                       report)
+            self._topology_changed(rec.name)
 
     def _lose(self, entries: list[LedgerEntry], reason: str, report: ReconcileReport, *, requeue: bool = True) -> None:
         if not entries:
@@ -336,7 +340,7 @@ class HeadController:
         if grants:
             self.ledger.put_meta()  # the counter first: a restore never reissues a token
             self.ledger.commit(grants)
-            self._snapshot = snap
+            self._snap = snap
             report.granted.extend(g.lease_id for g in grants)
         for w in plan.waiting:
             self.ledger.soft(self.ledger.get(w.item_id), why_pending=str(w.reason), waiting=w)
@@ -439,6 +443,12 @@ class HeadController:
         """The current cluster snapshot (immutable; the head's ledger applied to the registered nodes)."""
         return self._snapshot
 
+    @property
+    def _snapshot(self) -> ClusterSnapshot:
+        if self._stale:
+            self._rebuild_snapshot()
+        return self._snap
+
     def registered_nodes(self) -> list[str]:
         return [r.name for r in self.nodes.registered()]
 
@@ -456,14 +466,35 @@ class HeadController:
     def _free(self, e: LedgerEntry) -> None:
         """Give a formerly holding lease's devices back to the snapshot (no-op if it held none)."""
         a = e.lease.allocation
-        if (e.lease.holding or e.revoking) and a is not None and a.node_name in self._snapshot.static.index:
-            self._snapshot = self._snapshot.release(a)
+        if not ((e.lease.holding or e.revoking) and a is not None):
+            return
+        if self._stale:  # the rebuild reads the ledger, where the lease has ended already: nothing left to release
+            self._rebuild_snapshot()
+            self._dirty = True
+        elif a.node_name in self._snap.static.index:
+            self._snap = self._snap.release(a)
             self._dirty = True
 
     def _ack(self, node_name: str) -> dict[str, Any]:
         return {"ok": True, "heartbeat_interval_s": self.settings.heartbeat_interval_s,
                 "agent_ttl_s": self.settings.agent_ttl_s, "assignments": revocation.node_assignments(self.ledger, node_name),
                 "revocations": revocation.node_revocations(self.ledger, node_name)}
+
+    def _topology_changed(self, node_name: str) -> None:
+        """A node joined, left or changed its inventory: rebuild the snapshot now if leases occupy it
+        (one whose devices vanished is lost at once), else before the snapshot's next use -- a thousand
+        agents registering then cost one rebuild, not a thousand."""
+        if self.ledger.occupying_on(node_name):
+            self._rebuild_snapshot()
+        else:
+            self._stale = True
+
+    def _node_spec(self, inv: NodeInventory) -> NodeSpec:
+        """The engine's view of an inventory, kept while the node's inventory is the same object."""
+        cached = self._specs.get(inv.name)
+        if cached is None or cached[0] is not inv:
+            cached = self._specs[inv.name] = (inv, NodeSpec.from_inventory(inv))
+        return cached[1]
 
     def _rebuild_snapshot(self) -> None:
         """A fresh snapshot of the registered nodes with every holding lease applied again.
@@ -472,23 +503,29 @@ class HeadController:
         keeps the snapshot a pure function of (inventories, ledger). A holding lease that
         no longer fits (its GPU vanished from the inventory) is lost.
         """
+        self._stale = False
         invs = [r.inventory for r in self.nodes.registered()]
-        snap = ClusterSnapshot.build(invs, timeslice_capacity_milli=self.settings.timeslice_capacity_milli)
-        misfits: list[LedgerEntry] = []
-        for e in sorted(self.ledger.occupying(), key=lambda e: e.lease.fencing_token):
+        snap = ClusterSnapshot.build([self._node_spec(inv) for inv in invs],
+                                     timeslice_capacity_milli=self.settings.timeslice_capacity_milli)
+        misfits: list[tuple[int, LedgerEntry]] = []
+        located: list[tuple[int, LedgerEntry, Allocation]] = []
+        for k, e in enumerate(sorted(self.ledger.occupying(), key=lambda e: e.lease.fencing_token)):
             a = e.lease.allocation
             if a is None or a.node_name not in snap.static.index:
                 continue
             try:
-                moved = snap.locate(a)
-                snap = snap.apply(moved)
-            except (CapacityError, InvalidRequestError, IndexError):
-                misfits.append(e)
-                continue
-            if moved != a:  # column positions change when nodes come and go
+                located.append((k, e, snap.locate(a)))
+            except (InvalidRequestError, IndexError):
+                misfits.append((k, e))
+        snap, failed = snap.apply_many([moved for _, _, moved in located])
+        refused = set(failed)
+        for n, (k, e, moved) in enumerate(located):
+            if n in refused:
+                misfits.append((k, e))
+            elif moved != e.lease.allocation:  # column positions change when nodes come and go
                 self.ledger.soft(e, lease=replace(e.lease, allocation=moved))
-        self._snapshot = snap
+        self._snap = snap
         if misfits:  # a revoking one has ended already: it just stops occupying
             self.ledger.commit([revocation.confirmed(e) if e.revoking else
                                 self._end(e, LeaseState.LOST, "its devices are no longer in the node's inventory")
-                                for e in misfits])
+                                for _, e in sorted(misfits, key=lambda m: m[0])])

@@ -15,20 +15,26 @@ Invariants:
 * ``waiting`` and ``why_pending`` are soft state: recomputed every scheduling
   cycle, never persisted;
 * after :meth:`Ledger.restore`, ``fencing`` and ``seq`` are at least the
-  largest token and sequence of any restored entry.
+  largest token and sequence of any restored entry;
+* ``entries`` changes only through :meth:`Ledger.commit`, :meth:`Ledger.soft`,
+  :meth:`Ledger.drop` and :meth:`Ledger.restore`, which keep the indexes (by
+  state, and the occupying leases of each node) equal to a scan of it. Every
+  query answers in ``entries``' order, as a scan would: the head's cost then
+  grows with what a query returns, not with every lease the ledger keeps
+  (``docs/scaling.md``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Iterator
+from typing import Any, Collection, Iterable, Iterator
 
 from orchestrator.control.handout import Handout
 from orchestrator.control.store import StateStore
 from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import UnknownObjectError
-from orchestrator.core.lease import REDACTED, Lease, LeaseRequest, LeaseState
+from orchestrator.core.lease import HOLDING_STATES, LEASE_TRANSITIONS, REDACTED, Lease, LeaseRequest, LeaseState
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.cycle import Waiting
 
@@ -134,6 +140,15 @@ class Ledger:
         self.entries: dict[str, LedgerEntry] = {}
         self.fencing = 0
         self.seq = 0
+        # Indexes over ``entries`` (see the module docstring): lease ids by state, the occupying leases of
+        # each node, and each id's position in ``entries`` (what keeps answers in scan order).
+        self._pos: dict[str, int] = {}
+        self._next_pos = 0
+        self._by_state: dict[LeaseState, set[str]] = {s: set() for s in LeaseState}
+        self._occupying: set[str] = set()
+        self._on_node: dict[str, set[str]] = {}
+        self._node_versions: dict[str, int] = {}  # bumped whenever an occupying lease of the node changes
+        self._victims: dict[str, set[str]] = {}  # a request's id -> the leases preempted (or being) for it
 
     def restore(self) -> list[LedgerEntry]:
         meta = self.store.get(self.meta_key) or {}
@@ -145,7 +160,7 @@ class Ledger:
             if d is None:
                 continue
             e = LedgerEntry.from_json(d)
-            self.entries[e.lease_id] = e
+            self._put(e)
             self.seq = max(self.seq, e.seq)
             self.fencing = max(self.fencing, e.lease.fencing_token)
             out.append(e)
@@ -160,11 +175,54 @@ class Ledger:
         for e in entries:
             self.store.put(self.prefix + e.lease_id, e.to_json())
         for e in entries:
-            self.entries[e.lease_id] = e
+            self._put(e)
 
     def soft(self, e: LedgerEntry, **changes: Any) -> None:
         """Change soft state only (never persisted: ``waiting``, ``why_pending``, a moved column position)."""
-        self.entries[e.lease_id] = replace(e, **changes)
+        self._put(replace(e, **changes))
+
+    def _put(self, e: LedgerEntry) -> None:
+        """Make ``e`` current and move it in the indexes."""
+        lid = e.lease_id
+        old = self.entries.get(lid)
+        if old is None:
+            self._pos[lid] = self._next_pos
+            self._next_pos += 1
+        else:
+            self._unindex(old)
+        self.entries[lid] = e
+        self._by_state[e.lease.state].add(lid)
+        if e.preempt_for:
+            self._victims.setdefault(e.preempt_for, set()).add(lid)
+        if e.lease.holding or e.revoking:
+            self._occupying.add(lid)
+            if e.lease.allocation is not None:
+                self._on_node.setdefault(e.lease.allocation.node_name, set()).add(lid)
+                self._bump(e.lease.allocation.node_name)
+
+    def _unindex(self, e: LedgerEntry) -> None:
+        lid = e.lease_id
+        self._by_state[e.lease.state].discard(lid)
+        if e.preempt_for:
+            victims = self._victims[e.preempt_for]
+            victims.discard(lid)
+            if not victims:
+                del self._victims[e.preempt_for]
+        if lid in self._occupying:
+            self._occupying.discard(lid)
+            a = e.lease.allocation
+            ids = self._on_node.get(a.node_name) if a is not None else None
+            if a is not None:
+                self._bump(a.node_name)
+            if ids is not None:
+                ids.discard(lid)
+                if not ids:
+                    del self._on_node[a.node_name]  # type: ignore[union-attr]
+
+    def _in_order(self, ids: Collection[str]) -> list[LedgerEntry]:
+        """The entries of ``ids`` in ``entries``' order (what a scan would return)."""
+        pos = self._pos
+        return [self.entries[i] for i in sorted(ids, key=pos.__getitem__)]
 
     def prune_ended(self, cutoff: float) -> list[str]:
         """Drop leases that ended before ``cutoff``, from the store first; returns their ids.
@@ -173,8 +231,8 @@ class Ledger:
         ``latest`` keeps leading a client holding the first id to the running one),
         and while its devices await the agent's confirmation."""
         out = []
-        for e in self:
-            if not e.lease.terminal or e.revoking or e.lease.history[-1].at > cutoff:
+        for e in self.in_state(*LEASE_TRANSITIONS.terminal):
+            if e.revoking or e.lease.history[-1].at > cutoff:
                 continue
             if not self.latest(e.lease_id).lease.terminal:
                 continue
@@ -185,7 +243,8 @@ class Ledger:
     def drop(self, lease_id: str) -> None:
         """Forget an ended lease, from the store first."""
         self.store.delete(self.prefix + lease_id)
-        del self.entries[lease_id]
+        self._unindex(self.entries.pop(lease_id))
+        del self._pos[lease_id]
 
     def get(self, lease_id: str) -> LedgerEntry:
         try:
@@ -207,11 +266,32 @@ class Ledger:
         return iter(list(self.entries.values()))
 
     def in_state(self, *states: LeaseState) -> list[LedgerEntry]:
-        return [e for e in self.entries.values() if e.lease.state in states]
+        if len(states) == 1:
+            return self._in_order(self._by_state[states[0]])
+        return self._in_order(set().union(*(self._by_state[s] for s in states)))
 
     def holding(self) -> list[LedgerEntry]:
-        return [e for e in self.entries.values() if e.lease.holding]
+        return self.in_state(*HOLDING_STATES)
 
     def occupying(self) -> list[LedgerEntry]:
         """Entries whose devices are taken: holding ones, and ended ones awaiting their agent's confirmation."""
-        return [e for e in self.entries.values() if e.lease.holding or e.revoking]
+        return self._in_order(self._occupying)
+
+    def _bump(self, node: str) -> None:
+        self._node_versions[node] = self._node_versions.get(node, 0) + 1
+
+    def node_version(self, node: str) -> int:
+        """A number that changes whenever an occupying lease on ``node`` comes, goes or changes."""
+        return self._node_versions.get(node, 0)
+
+    def nodes_occupied(self) -> set[str]:
+        """The nodes some occupying lease is on."""
+        return set(self._on_node)
+
+    def victims_for(self, lease_id: str) -> list[LedgerEntry]:
+        """The entries preempted, or being preempted, for ``lease_id`` (``preempt_for``)."""
+        return self._in_order(self._victims.get(lease_id, ()))
+
+    def occupying_on(self, node: str) -> list[LedgerEntry]:
+        """The occupying entries (:meth:`occupying`) whose allocation is on ``node``."""
+        return self._in_order(self._on_node.get(node, ()))

@@ -68,7 +68,7 @@ from prometheus_client.exposition import start_http_server
 
 from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.core.allocation import Allocation
-from orchestrator.core.lease import LeaseState
+from orchestrator.core.lease import LEASE_TRANSITIONS, LeaseState
 from orchestrator.core.reasons import Cause
 
 MIB = 1024 * 1024
@@ -136,6 +136,10 @@ class HeadMetrics:
         self._holding_seen: set[str] = set()
         self._ended_seen: set[str] = set()
         self._server: Any = None
+        self._synced: dict[str, dict[tuple[str, ...], float]] = {}  # per gauge: the values it was last set to
+        self._node_series: dict[str, tuple[Any, dict[Gauge, dict[tuple[str, ...], float]]]] = {}  # node -> (key, series)
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}  # (gauge, labels) -> its child, to set it cheaply
+        self._gpu_caps: dict[str, tuple[Any, dict[tuple[str, str], float]]] = {}  # node -> (inventory, memory)
 
     # ---- from the controller, once per cycle ----------------------------------------------------------
     def update(self, ctl: HeadController, report: ReconcileReport | None = None,
@@ -148,41 +152,49 @@ class HeadMetrics:
         snap = ctl.snapshot()
         self.gpus_total.set(snap.capacity_milli() / 1000)
         self.gpus_allocated.set(snap.allocated_milli() / 1000)
-        entries = list(ctl.ledger)
+        # Live leases and the preempted ones are read through the ledger's indexes: the ended leases it
+        # keeps for a day cost nothing here.
+        ledger = ctl.ledger
+        live = ledger.in_state(*(s for s in LeaseState if s not in LEASE_TRANSITIONS.terminal))
+        preempted = ledger.in_state(LeaseState.PREEMPTED)
         queued: dict[tuple[str, ...], float] = {}
         by_state: dict[tuple[str, ...], float] = {}
         active: dict[tuple[str, ...], float] = {}
         holding: set[str] = set()
-        for e in entries:
+        first_held = []
+        for e in live:
             lease = e.lease
             kind = lease.allocation.kind.value if lease.allocation else (e.spec.request.kind or "any")
-            if not lease.terminal:
-                _inc(by_state, (str(getattr(kind, "value", kind)), lease.state.value))
+            _inc(by_state, (str(getattr(kind, "value", kind)), lease.state.value))
             if lease.state is LeaseState.PENDING:
                 _inc(queued, (lease.priority_class or "none", e.spec.queue or "default"))
             elif lease.holding and lease.allocation is not None:
                 _inc(active, (lease.allocation.kind.value,))
                 holding.add(lease.lease_id)
                 if lease.lease_id not in self._holding_seen:
-                    self._first_held(ctl, e)
+                    first_held.append(e)
+        for e in first_held:
+            self._first_held(e, [t.at for v in ledger.victims_for(e.lease_id) for t in v.lease.history
+                                 if t.state in (LeaseState.CHECKPOINTING, LeaseState.PREEMPTED)])
         self._holding_seen &= holding  # each lease is observed once, when it first holds
-        for e in entries:
-            if e.lease.state is LeaseState.PREEMPTED and e.lease.lease_id not in self._ended_seen:
+        for e in preempted:
+            if e.lease.lease_id not in self._ended_seen:
                 self._ended_seen.add(e.lease.lease_id)
                 asked, yielded = e.lease.entered(LeaseState.CHECKPOINTING), e.lease.entered(LeaseState.PREEMPTED)
                 if asked is not None and yielded is not None and e.lease.checkpoint_path:
                     self.checkpoint.observe(max(0.0, yielded - asked))
-        self._ended_seen &= {e.lease_id for e in entries if e.lease.state is LeaseState.PREEMPTED}
-        _sync(self.queue_length, queued, keep_zero=True)
-        _sync(self.leases, by_state, keep_zero=True)
-        _sync(self.leases_active, active, keep_zero=True)
+        self._ended_seen &= {e.lease_id for e in preempted}
+        self._sync(self.queue_length, queued, keep_zero=True)
+        self._sync(self.leases, by_state, keep_zero=True)
+        self._sync(self.leases_active, active, keep_zero=True)
         self._capacity(ctl, measured or {})
         now = ctl.clock()
-        _sync(self.heartbeat_age, {(r.name,): max(0.0, now - r.last_seen) for r in ctl.nodes.registered()})
+        self._sync(self.heartbeat_age, {(r.name,): max(0.0, now - r.last_seen) for r in ctl.nodes.registered()})
         if report is not None:
             self._count(ctl, report)
 
-    def _first_held(self, ctl: HeadController, e: Any) -> None:
+    def _first_held(self, e: Any, decided: list[float]) -> None:
+        """A lease seen holding for the first time; ``decided``: when victims were chosen for it."""
         lease = e.lease
         self._holding_seen.add(lease.lease_id)
         granted = lease.entered(LeaseState.GRANTED)
@@ -190,14 +202,12 @@ class HeadMetrics:
             return
         self.lease_wait.observe(max(0.0, granted - lease.history[0].at))
         self.granted.labels(lease.allocation.kind.value).inc()
-        decided = [t.at for v in ctl.ledger if v.preempt_for == lease.lease_id for t in v.lease.history
-                   if t.state in (LeaseState.CHECKPOINTING, LeaseState.PREEMPTED)]
         if decided:
             self.decision_to_grant.observe(max(0.0, granted - min(decided)))
 
     def _count(self, ctl: HeadController, report: ReconcileReport) -> None:
-        overdue = set(report.preempted) & {e.lease_id for e in ctl.ledger if e.lease.checkpoint_path is None
-                                           and e.lease.entered(LeaseState.CHECKPOINTING) is not None}
+        overdue = {lid for lid in report.preempted if (e := ctl.ledger.find(lid)) is not None
+                   and e.lease.checkpoint_path is None and e.lease.entered(LeaseState.CHECKPOINTING) is not None}
         for lease_id in report.checkpoint_requested:
             self.preemptions.labels("checkpoint", self._cause(ctl, lease_id)).inc()
         for lease_id in report.preempted:
@@ -212,20 +222,37 @@ class HeadMetrics:
         return (e.preempt_cause if e else "") or Cause.VICTIM_PRIORITY.value
 
     def _capacity(self, ctl: HeadController, measured: Mapping[str, Mapping[int, float]]) -> None:
-        cap: dict[tuple[str, ...], float] = {}
-        mem_cap: dict[tuple[str, ...], float] = {}
-        for rec in ctl.nodes.registered():
-            for g in rec.inventory.gpus:
-                cap[(rec.name, str(g.index))] = 1.0
-                mem_cap[(rec.name, str(g.index))] = float(g.total_memory_mib * MIB)
+        """The per-GPU and per-lease gauges, node by node: a node's series depend only on its inventory,
+        the leases on it and what its agent measured, so a node none of those changed for is skipped
+        (:meth:`Ledger.node_version`), and a cycle costs O(nodes) lookups plus the changed nodes' work."""
+        ledger = ctl.ledger
+        invs = {rec.name: rec.inventory for rec in ctl.nodes.registered()}
+        nodes = set(invs) | ledger.nodes_occupied()
+        for node in self._node_series.keys() - nodes:  # gone, and nothing on it: its series go too
+            self._set_node(node, {})
+            del self._node_series[node]
+        for node in nodes:
+            inv = invs.get(node)
+            m = measured.get(node)
+            key = (inv, ledger.node_version(node), None if m is None else tuple(m.items()))
+            cached = self._node_series.get(node)
+            if cached is not None and cached[0] == key:
+                continue
+            values = self._node_values(node, inv, [e for e in ledger.occupying_on(node) if e.lease.holding], m or {})
+            self._set_node(node, values)
+            self._node_series[node] = (key, values)
+
+    def _node_values(self, node: str, inv: Any, holding: list[Any], measured: Mapping[int, float]
+                     ) -> dict[Gauge, dict[tuple[str, ...], float]]:
+        """One node's series of the per-GPU and per-lease gauges."""
+        mem_cap = self._gpu_memory(node, inv) if inv is not None else {}
+        cap = dict.fromkeys(mem_cap, 1.0)
         committed = dict.fromkeys(cap, 0.0)
         mem = dict.fromkeys(cap, 0.0)
         busy = dict.fromkeys(cap, 0.0)
         per_lease: list[tuple[Any, tuple[tuple[str, str], ...], float]] = []
-        for e in ctl.ledger.holding():
+        for e in holding:
             a = e.lease.allocation
-            if a is None:
-                continue
             share = share_of_card(a)
             keys = tuple((a.node_name, str(i)) for i in a.gpu_indices)
             for k in keys:
@@ -237,8 +264,8 @@ class HeadMetrics:
             per_lease.append((e, keys, share if e.lease.state is LeaseState.ACTIVE else 0.0))
         util: dict[tuple[str, ...], float] = {}
         source: dict[tuple[str, str], str] = {}
-        for (node, gpu), b in busy.items():
-            m = measured.get(node, {}).get(int(gpu))
+        for (_, gpu), b in busy.items():
+            m = measured.get(int(gpu))
             source[(node, gpu)] = "nvml" if m is not None else "model"
             util[(node, gpu, source[(node, gpu)])] = min(1.0, b) if m is None else m
         lease_util: dict[tuple[str, ...], float] = {}
@@ -247,19 +274,69 @@ class HeadMetrics:
             for k in keys:
                 if source.get(k) == "nvml":
                     total = busy[k] or 1.0  # measured busy time, shared out by the leases' shares
-                    vals.append(measured[k[0]][int(k[1])] * (share / total if share else 0.0))
+                    vals.append(measured[int(k[1])] * (share / total if share else 0.0))
                 else:
                     vals.append(share)
             src = "nvml" if keys and all(source.get(k) == "nvml" for k in keys) else "model"
             a = e.lease.allocation
             lease_util[(e.lease_id, e.spec.owner, a.node_name, a.kind.value, src)] = (
                 sum(vals) / len(vals) if vals else 0.0)
-        _sync(self.compute_capacity, cap)
-        _sync(self.compute_committed, committed)
-        _sync(self.memory_capacity, mem_cap)
-        _sync(self.memory_committed, {k: min(v, mem_cap[k]) for k, v in mem.items()})
-        _sync(self.gpu_util, util)
-        _sync(self.lease_util, lease_util)
+        return {self.compute_capacity: cap, self.compute_committed: committed, self.memory_capacity: mem_cap,
+                self.memory_committed: {k: min(v, mem_cap[k]) for k, v in mem.items()}, self.gpu_util: util,
+                self.lease_util: lease_util}
+
+    def _set_node(self, node: str, values: dict[Gauge, dict[tuple[str, ...], float]]) -> None:
+        """Set one node's series to ``values``: those that changed are set, those it no longer has removed."""
+        before = self._node_series.get(node, (None, {}))[1]
+        for gauge in set(before) | set(values):
+            old, new = before.get(gauge, {}), values.get(gauge, {})
+            for labels, v in new.items():
+                if old.get(labels) != v:
+                    self._child(gauge, labels).set(v)
+            for labels in old.keys() - new.keys():
+                self._remove(gauge, labels)
+
+    def _child(self, gauge: Gauge, labels: tuple[str, ...]) -> Any:
+        key = (gauge._name, labels)  # noqa: SLF001 - the gauge's own name, unique in the registry
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = gauge.labels(*labels)
+        return child
+
+    def _remove(self, gauge: Gauge, labels: tuple[str, ...]) -> None:
+        self._children.pop((gauge._name, labels), None)  # noqa: SLF001
+        gauge.remove(*labels)
+
+    def _gpu_memory(self, node: str, inventory: Any) -> dict[tuple[str, str], float]:
+        """(node, gpu) -> memory in bytes of one node's GPUs, kept while its inventory is the same object."""
+        cached = self._gpu_caps.get(node)
+        if cached is None or cached[0] is not inventory:
+            cached = self._gpu_caps[node] = (inventory, {(node, str(g.index)): float(g.total_memory_mib * MIB)
+                                                         for g in inventory.gpus})
+        return cached[1]
+
+    def _sync(self, gauge: Gauge, values: Mapping[tuple[str, ...], float], *, keep_zero: bool = False) -> None:
+        """:func:`_sync`, touching only the children whose value changed since this gauge's last sync
+        (every gauge synced here is set nowhere else, so what it was set to is what it holds)."""
+        last = self._synced.get(gauge._name)  # noqa: SLF001 - the gauge's own name, unique in the registry
+        if last is None:
+            _sync(gauge, values, keep_zero=keep_zero)
+        else:
+            for labels, v in values.items():
+                if last.get(labels) != v:
+                    self._child(gauge, labels).set(v)
+            for labels in last:
+                if labels not in values:
+                    if keep_zero:
+                        if last[labels] != 0:
+                            self._child(gauge, labels).set(0)
+                    else:
+                        self._remove(gauge, labels)
+        now = dict(values)
+        if keep_zero:  # children not in values stay, at 0
+            for labels in (gauge._metrics if last is None else last):  # noqa: SLF001 - see _sync
+                now.setdefault(labels, 0)
+        self._synced[gauge._name] = now  # noqa: SLF001
 
     # ---- from elsewhere ---------------------------------------------------------------------------------
     def set_inventory_disagreements(self, counts: Mapping[tuple[str, str, str], int]) -> None:

@@ -83,6 +83,7 @@ class NodeRegistry:
         self.ray_nodes: dict[str, RayNodeInfo] = {}
         self.starts: dict[str, float] = {}
         self.measured: dict[str, dict[int, float]] = {}  # soft: per node, GPU index -> NVML utilisation
+        self._names: list[str] | None = None  # every record's name, sorted (registered() reads it)
 
     def measure(self, name: str, utilization: Mapping[str, float] | None) -> None:
         """The utilisation an agent measured per GPU in its last heartbeat (clamped to 0..1); none: forget."""
@@ -97,10 +98,13 @@ class NodeRegistry:
             if d is not None:
                 rec = NodeRecord.from_json(d, seen_at=now)
                 self.records[rec.name] = rec
+                self._names = None
 
     def commit(self, rec: NodeRecord) -> None:
         """Write ``rec`` to the store, then make it current."""
         self.store.put(self.prefix + rec.name, rec.to_json())
+        if rec.name not in self.records:
+            self._names = None
         self.records[rec.name] = rec
 
     def touch(self, rec: NodeRecord, now: float, allocated: tuple[str, ...] | None = None) -> None:
@@ -118,7 +122,11 @@ class NodeRegistry:
         return rec
 
     def registered(self) -> list[NodeRecord]:
-        return [r for _, r in sorted(self.records.items()) if r.state is NodeState.REGISTERED]
+        """The registered records, by name."""
+        if self._names is None:  # sorted again only when a record comes or changes state (commit), not per call
+            self._names = sorted(self.records)
+        records = self.records
+        return [r for n in self._names if (r := records[n]).state is NodeState.REGISTERED]
 
     def observe(self, nodes: Iterable[RayNodeInfo]) -> None:
         self.ray_nodes = {n.name: n for n in nodes}
@@ -141,10 +149,11 @@ class NodeRegistry:
     def agents_to_start(self, now: float, ttl: float) -> list[AgentStart]:
         """Every live Ray node without a registered agent, unless a start is in flight (one TTL to register)."""
         out = []
-        for name, rn in sorted(self.ray_nodes.items()):
+        records = self.records
+        unregistered = [(name, rn) for name, rn in self.ray_nodes.items()
+                        if (rec := records.get(name)) is None or rec.state is not NodeState.REGISTERED]
+        for name, rn in sorted(unregistered):  # sorting the few without an agent, not every node, each cycle
             rec = self.records.get(name)
-            if rec is not None and rec.state is NodeState.REGISTERED:
-                continue
             asked = self.starts.get(name)
             if asked is not None and now - asked < ttl:
                 continue

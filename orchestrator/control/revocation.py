@@ -69,7 +69,7 @@ def on_node(entries: Iterable[LedgerEntry], node: str) -> list[LedgerEntry]:
 
 
 def revoking_on(ledger: Ledger, node: str) -> list[LedgerEntry]:
-    return on_node((e for e in ledger if e.revoking), node)
+    return [e for e in ledger.occupying_on(node) if e.revoking]
 
 
 def confirmed(e: LedgerEntry) -> LedgerEntry:
@@ -88,7 +88,9 @@ def confirm(ledger: Ledger, node: str, lease_ids: Iterable[str] | None = None) -
 def node_assignments(ledger: Ledger, node: str) -> dict[str, Any]:
     """The desired set of one node: every holding lease with what the agent needs to hold it."""
     out = {}
-    for e in on_node(ledger.holding(), node):
+    for e in ledger.occupying_on(node):
+        if not e.lease.holding:
+            continue
         a = e.lease.allocation
         assert a is not None
         out[e.lease_id] = {"allocation": a.to_json(), "fencing_token": e.lease.fencing_token,
@@ -105,7 +107,7 @@ def node_revocations(ledger: Ledger, node: str) -> dict[str, Any]:
 
 def nominated(ledger: Ledger) -> set[str]:
     """Requests whose victims are still on their way out (checkpointing, or revoking): no second preemption."""
-    return {e.preempt_for for e in ledger if e.preempt_for and (
+    return {e.preempt_for for e in ledger.occupying() if e.preempt_for and (
         e.lease.state is LeaseState.CHECKPOINTING or e.revoking)}
 
 

@@ -99,9 +99,10 @@ class HeadService:
             self.ctl.observe_ray_nodes(self.port.alive_nodes())
             self._nodes_read_at = now
         report = self.ctl.reconcile()
+        sim_nodes = {n.name: n for n in self.cluster.nodes} if report.start_agents else {}
         for start in report.start_agents:
             try:
-                self.port.start_agent(start.node_name, start.ray_node_id, self.cluster.node(start.node_name))
+                self.port.start_agent(start.node_name, start.ray_node_id, sim_nodes.get(start.node_name))
                 log.info("started agent on %s (%s)", start.node_name, start.reason)
             except Exception:
                 log.exception("could not start the agent of %s", start.node_name)

@@ -398,20 +398,59 @@ class ClusterSnapshot:
         return ClusterSnapshot(self.static, gstate=_ro(gstate), cpu_used=_ro(cpu_used), mem_used=_ro(mem_used),
                                version=self.version + 1)
 
-    def _change(self, a: Allocation, sign: int) -> "ClusterSnapshot":
-        st = self.static
-        i = a.node
-        if not (0 <= i < st.n) or st.names[i] != a.node_name:
-            raise CapacityError(f"allocation names node {a.node_name!r} which this snapshot does not have at {i}")
+    def apply_many(self, allocations: Sequence[Allocation]) -> tuple["ClusterSnapshot", list[int]]:
+        """Every allocation that fits applied in order, and the positions of those that did not.
+
+        The snapshot equals the one successive :meth:`apply` calls would leave, skipping each that
+        raises (:class:`CapacityError`; ``InvalidRequestError`` for a MIG profile the node's model
+        lacks); but the vectors are copied once and each changed node's
+        state is interned once, so re-applying a whole ledger costs O(allocations + nodes), not
+        O(allocations x nodes). The receiver is never changed."""
         cpu = self.cpu_used.copy()
         mem = self.mem_used.copy()
+        rows: dict[int, dict[str, np.ndarray]] = {}
+        failed: list[int] = []
+        for k, a in enumerate(allocations):
+            i = a.node
+            if 0 <= i < self.static.n and i not in rows:
+                rows[i] = self.gpu_row(i)
+            before = (int(cpu[i]), int(mem[i]), {f: v.copy() for f, v in rows[i].items()}) if i in rows else None
+            try:
+                self._change_into(a, +1, cpu, mem, rows.get(i))
+            except (CapacityError, InvalidRequestError, IndexError):  # what a lone apply() would raise
+                failed.append(k)
+                if before is not None:
+                    cpu[i], mem[i], rows[i] = before
+        gstate = self.gstate.copy()
+        for i, row in rows.items():
+            gstate[i] = self.static.intern(i, row)
+        if not rows:
+            return self, failed
+        return ClusterSnapshot(self.static, gstate=_ro(gstate), cpu_used=_ro(cpu), mem_used=_ro(mem),
+                               version=self.version + 1), failed
+
+    def _change(self, a: Allocation, sign: int) -> "ClusterSnapshot":
+        cpu = self.cpu_used.copy()
+        mem = self.mem_used.copy()
+        row = self.gpu_row(a.node) if 0 <= a.node < self.static.n else None
+        self._change_into(a, sign, cpu, mem, row)
+        assert row is not None
+        return self._with(a.node, row, cpu, mem)
+
+    def _change_into(self, a: Allocation, sign: int, cpu: np.ndarray, mem: np.ndarray,
+                     row: dict[str, np.ndarray] | None) -> None:
+        """Apply (``sign`` +1) or release (-1) ``a`` to the working vectors and node row given;
+        raises :class:`CapacityError` (possibly half-way: the caller discards or restores them)."""
+        st = self.static
+        i = a.node
+        if not (0 <= i < st.n) or st.names[i] != a.node_name or row is None:
+            raise CapacityError(f"allocation names node {a.node_name!r} which this snapshot does not have at {i}")
         cpu[i] += sign * a.cpu_milli
         mem[i] += sign * a.host_memory_mib
         if sign > 0 and (cpu[i] > st.cpu_total[i] or mem[i] > st.mem_total[i]):
             raise CapacityError(f"node {a.node_name}: CPU or host memory over-committed")
         if sign < 0 and (cpu[i] < 0 or mem[i] < 0):
             raise CapacityError(f"node {a.node_name}: releasing more CPU or memory than allocated")
-        row = self.gpu_row(i)
         for j in a.gpus:
             if not st.present[i, j]:
                 raise CapacityError(f"node {a.node_name}: no GPU in column {j}")
@@ -419,7 +458,6 @@ class ClusterSnapshot:
                 self._change_mig(row, i, j, a, sign)
             else:
                 self._change_share(row, i, j, a, sign)
-        return self._with(i, row, cpu, mem)
 
     def _change_mig(self, row: dict[str, np.ndarray], i: int, j: int, a: Allocation, sign: int) -> None:
         st = self.static
