@@ -208,8 +208,11 @@ def parse_config(data: Any, source: str = "config") -> ClusterConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, type(data).__name__, "a mapping with 'settings' and 'nodes'")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(source, bad[0], "a mapping with 'settings' and 'nodes'", "its keys must be names")
     try:
-        return ClusterConfig(**data)
+        return ClusterConfig.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         inner = (err.get("ctx") or {}).get("error")
