@@ -93,6 +93,7 @@ class HeadController:
         self._specs: dict[str, tuple[NodeInventory, NodeSpec]] = {}  # per node: its inventory as the engine sees it
         self._dirty = False  # the queue may have become schedulable (new request, freed devices, new node)
         self._last_schedule = float("-inf")
+        self._last_reconcile = float("inf")  # no cycle yet: nothing to forgive
         self._last_prune = float("-inf")
 
     # ---- persistence ---------------------------------------------------------------------------
@@ -251,6 +252,11 @@ class HeadController:
         """One cycle; see the module docstring."""
         now = self.clock()
         report = ReconcileReport()
+        if now - self._last_reconcile > self.settings.agent_ttl_s / 2:
+            # The head itself was away (its loop blocked, a GC pause, a restart): it could not hear the agents
+            # meanwhile, so their silence says nothing about them. A fresh TTL each, from now.
+            self.nodes.heard_all(now)
+        self._last_reconcile = now
         self._expire_agents(now, report)        # 1
         self._release_dead_holders(report)      # 2
         self._expire_grants(now, report)        # 3

@@ -111,6 +111,13 @@ class NodeRegistry:
         """Soft state only: the node was heard from (not written to the store)."""
         self.records[rec.name] = replace(rec, last_seen=now, allocated=rec.allocated if allocated is None else allocated)
 
+    def heard_all(self, now: float) -> None:
+        """Soft state only: count every registered agent as heard from at ``now``, after the head could not
+        listen (a stall of its own); a dead agent is then found one TTL later instead of wrongly at once."""
+        for name, rec in self.records.items():
+            if rec.state is NodeState.REGISTERED and rec.last_seen < now:
+                self.records[name] = replace(rec, last_seen=now)
+
     def get(self, name: str) -> NodeRecord | None:
         return self.records.get(name)
 

@@ -156,6 +156,24 @@ def test_silent_agent_loses_its_node_and_requeues_its_leases(ctl: HeadController
     assert [n["state"] for n in ctl.status()["nodes"] if n["name"] == node] == ["registered"]
 
 
+def test_a_head_that_stalled_does_not_blame_the_agents_it_could_not_hear(
+        ctl: HeadController, agents: dict[str, SimAgent], clock: FakeClock) -> None:
+    """The head's own loop blocked past the TTL: nobody could be heard, so nobody is lost; an agent that stays
+    silent once the head listens again is lost one TTL later."""
+    ctl.reconcile()
+    clock.advance(ctl.settings.agent_ttl_s + 3)  # no cycle, no heartbeat handled: the head was away
+    assert ctl.reconcile().lost_nodes == []
+    quiet = "h100-0"
+    lost: list[str] = []
+    for _ in range(5):  # the head listens again; all but one agent beat
+        clock.advance(1.5)
+        for name, a in agents.items():
+            if name != quiet:
+                a.beat()
+        lost += ctl.reconcile().lost_nodes
+    assert lost == [quiet]
+
+
 def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSettings, store: MemoryStore,
                                                             clock: FakeClock, demo: Any) -> None:
     dead: set[str] = set()

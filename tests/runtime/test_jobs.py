@@ -233,11 +233,12 @@ def test_a_running_job_whose_node_is_lost_is_stopped_and_resumes_from_its_checkp
     cycle(ctl, jm, agents, 2)
     node = _running_on(jm, job)
     (ck / "checkpoint.pt").write_bytes(b"w")  # what jobs/train.py leaves behind
-    clock.advance(6)  # past agent_ttl_s=5 for the silent node only
-    for name, a in agents.items():
-        if name != node:
-            a.beat()
-    ctl.reconcile()
+    for _ in range(6):  # past agent_ttl_s=5 for the silent node only, the head cycling all along
+        clock.advance(1.0)
+        for name, a in agents.items():
+            if name != node:
+                a.beat()
+        ctl.reconcile()
     jm.reconcile()
     d = jm.get(job)
     assert d["state"] == "queued" and d["attempt"] == 2 and d["resume_from"] == str(ck / "checkpoint.pt")
