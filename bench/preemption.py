@@ -14,7 +14,17 @@ Prints one JSON object: the orchestrator's figures at the top level
 ``resumed_bit_identical``) and both runs under ``orchestrator`` and
 ``kubernetes``.
 
+``--holder actor`` runs training as Ray actors holding SDK leases
+(``orchestrator/scenarios/actors.py``; the orchestrator run only): the
+agent asks the victim actor to checkpoint and stops it. ``--victim rogue``
+makes the training actors ignore the request, so every victim is stopped by
+its agent at the grace deadline (``--grace``, default 3 s). The figures then
+also carry ``holder``, ``victim``, ``revoked``, ``revoke_after_grace_p99_s``
+and ``double_use_events`` (see that module).
+
     .venv/bin/python bench/preemption.py --rounds 20 --json
+    .venv/bin/python bench/preemption.py --holder actor --victim cooperative --rounds 20 --json
+    .venv/bin/python bench/preemption.py --holder actor --victim rogue --rounds 10 --json
 """
 
 from __future__ import annotations
@@ -32,24 +42,43 @@ ORCHESTRATOR = str(Path(sys.executable).parent / "orchestrator")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--steps", type=int, default=5000)
-    p.add_argument("--step-delay", type=float, default=0.05)
-    p.add_argument("--modes", default="orchestrator,kubernetes")
+    p.add_argument("--steps", type=int, default=None, help="default 5000 (jobs), max(4000, 1000 x rounds) (actors)")
+    p.add_argument("--step-delay", type=float, default=None, help="default 0.05 s (jobs), 0.01 s (actors)")
+    p.add_argument("--modes", default=None, help="default: orchestrator,kubernetes for jobs, orchestrator for actors")
+    p.add_argument("--holder", choices=("job", "actor"), default="job")
+    p.add_argument("--victim", choices=("cooperative", "rogue"), default="cooperative")
+    p.add_argument("--grace", type=float, default=None, help="training's grace period, s (actor default 3)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    if a.victim == "rogue" and a.holder != "actor":
+        p.error("--victim rogue needs --holder actor")
+    # actors: ~1000 steps of 0.01 s per round, so training outlasts the rounds (a resumed actor takes 5-30 s to
+    # start here, importing torch)
+    a.steps = a.steps or (max(4000, 1000 * a.rounds) if a.holder == "actor" else 5000)
+    a.step_delay = a.step_delay if a.step_delay is not None else (0.01 if a.holder == "actor" else 0.05)
+    a.modes = a.modes or ("orchestrator" if a.holder == "actor" else "orchestrator,kubernetes")
+    extra = ["--holder", a.holder, "--victim", a.victim]
+    grace = a.grace if a.grace is not None else (3.0 if a.holder == "actor" else None)
+    if grace is not None:
+        extra += ["--grace", str(grace)]
     out: dict = {}
     t0 = time.monotonic()
     for mode in a.modes.split(","):
         # One process per run: each starts and stops its own cluster, and Ray's client state does not carry over.
         print(f"[{time.monotonic() - t0:7.1f}s] {mode}: {a.rounds} rounds", file=sys.stderr, flush=True)
         proc = subprocess.run([ORCHESTRATOR, "demo", "--json", "--mode", mode, "--rounds", str(a.rounds),
-                               "--steps", str(a.steps), "--step-delay", str(a.step_delay)],
+                               "--steps", str(a.steps), "--step-delay", str(a.step_delay), *extra],
                               stdout=subprocess.PIPE, text=True, check=False)
         if proc.returncode not in (0, 1):
             print(f"{mode}: orchestrator demo exited {proc.returncode}", file=sys.stderr)
             return proc.returncode
-        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
-    top = dict(out.get("orchestrator", {}))
+        lines = proc.stdout.strip().splitlines()
+        if not lines:
+            print(f"{mode}: orchestrator demo printed no figures (exit {proc.returncode}); its log is above",
+                  file=sys.stderr)
+            return proc.returncode or 1
+        out[mode] = json.loads(lines[-1])
+    top = {"holder": a.holder, "victim": a.victim, **out.get("orchestrator", {})}
     top.update(out)
     print(json.dumps(top) if a.json else json.dumps(top, indent=2))
     return 0

@@ -2,7 +2,9 @@
 
 Run it plainly (``python jobs/train.py --steps 200 --checkpoint-dir /tmp/ck``),
 through ``orchestrator submit --priority training -- python jobs/train.py ...``
-or ``ray job submit -- python jobs/train.py``. Under the orchestrator it reads
+or ``ray job submit -- python jobs/train.py``; or, with ``--actor``, as a Ray
+actor holding a lease (:class:`TrainingActor`, :func:`run_as_actor`), which
+the node's agent asks to checkpoint and stops when the lease is preempted. Under the orchestrator it reads
 its job context from the environment (``ORCHESTRATOR_JOB_ID``,
 ``ORCHESTRATOR_CHECKPOINT_DIR``, ``ORCHESTRATOR_RESUME_FROM``) and polls the
 head for a checkpoint request between steps; when asked, it checkpoints,
@@ -155,6 +157,126 @@ def run(steps: int, *, seed: int = 0, width: int = 64, checkpoint_dir: str | Non
     return result
 
 
+class TrainingActor:
+    """The trainer as a Ray actor that holds a lease and really yields (the Preemptible protocol).
+
+    Start it with ``ray.remote(TrainingActor).options(**lease.actor_options(max_concurrency=4))`` (the
+    agent's ``checkpoint`` call must run while training does). Training runs on a thread of its own,
+    one step at a time; ``checkpoint(dir)`` asks it to stop at the next step boundary, write a checkpoint
+    and return its path -- the step it wrote is the step a resumed actor (``resume_from=path``) starts at,
+    so no step is lost. ``rogue=True`` makes an actor that ignores the request (its ``checkpoint`` never
+    returns): what a victim that does not cooperate looks like to the orchestrator.
+
+    Invariant: after ``checkpoint`` returns, the model is never stepped again by this actor.
+    """
+
+    def __init__(self, steps: int, seed: int = 0, width: int = 64, resume_from: str | None = None,
+                 step_delay_s: float = 0.0, rogue: bool = False) -> None:
+        import threading
+
+        self.steps, self.step_delay_s, self.rogue = steps, step_delay_s, rogue
+        self.trainer = Trainer(seed=seed, width=width)
+        self.resumed_at = 0
+        if resume_from and Path(resume_from).exists():
+            self.trainer.restore(resume_from)
+            self.resumed_at = self.trainer.step
+        self.checkpoint_s: float | None = None
+        self._asked: str | None = None  # the directory a checkpoint was asked into
+        self._written: str | None = None
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._train, name="train", daemon=True)
+        self._thread.start()
+
+    def _train(self) -> None:
+        t = self.trainer
+        while t.step < self.steps:
+            with self._cond:
+                if self._asked is not None:
+                    t0 = time.perf_counter()
+                    path = t.checkpoint(self._asked)
+                    self.checkpoint_s = time.perf_counter() - t0
+                    # beside it, for whoever measures the preemption (the actor is stopped right after)
+                    Path(path + ".meta.json").write_text(json.dumps({"step": t.step, "checkpoint_s": self.checkpoint_s}))
+                    self._written = path
+                    self._cond.notify_all()
+                    return
+            t.train_step()
+            if self.step_delay_s:
+                time.sleep(self.step_delay_s)
+
+    def checkpoint(self, directory: str) -> str:
+        """Stop at the next step boundary, write a checkpoint under ``directory``, return its path."""
+        if self.rogue:
+            time.sleep(10**6)  # ignores the request; the agent stops it at its grace deadline
+        with self._cond:
+            if self._written is None and not self.done():
+                self._asked = directory
+                while self._written is None and self._thread.is_alive():
+                    self._cond.wait(0.5)
+            if self._written is None:  # finished first: the final state is the checkpoint
+                self._written = self.trainer.checkpoint(directory)
+            return self._written
+
+    def done(self) -> bool:
+        return self.trainer.step >= self.steps
+
+    def status(self) -> dict:
+        t = self.trainer
+        return {"step": t.step, "steps": self.steps, "done": self.done(), "resumed_at": self.resumed_at,
+                "checkpointed": self._written, "checkpoint_s": self.checkpoint_s, "pid": os.getpid(),
+                "digest": t.digest() if self.done() else None,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+
+def run_as_actor(steps: int, *, checkpoint_dir: str, gpu: object = "1", seed: int = 0, width: int = 64,
+                 step_delay_s: float = 0.0, timeout_s: float = 3600.0, log: Callable[[str], None] = print,
+                 **lease_kw: object) -> dict:
+    """Train under a lease as a :class:`TrainingActor`, across preemptions, to ``steps``.
+
+    The lease is asked with ``requeue=True``: when it is preempted the node's agent asks the actor to
+    checkpoint and stops it, the head queues the lease again, and when it is granted again -- possibly on
+    another shape of share, a MIG slice after a whole card -- a new actor resumes from the checkpoint.
+    ``gpu`` is anything ``orchestrator.lease`` takes (``"1"``, ``"mem=20GiB,isolation=hard"``, a
+    ``GpuRequest``); ``lease_kw`` goes to it too (``head=``, ``namespace=``...). Returns the final status
+    with ``attempts``: each attempt's lease id, share kind and devices, and the step it started at."""
+    import ray
+
+    import orchestrator
+
+    if __name__ != "__main__":  # imported from a file path: the workers cannot import it, so ship it
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    remote = ray.remote(TrainingActor)
+    deadline = time.monotonic() + timeout_s
+    attempts: list[dict] = []
+    lease_kw.setdefault("priority", "training")
+    with orchestrator.lease(gpu, requeue=True, checkpoint_dir=checkpoint_dir, **lease_kw) as first:
+        le, resume_from = first, None
+        while True:
+            actor = remote.options(**le.actor_options(max_concurrency=4, num_cpus=0)).remote(
+                steps, seed=seed, width=width, resume_from=resume_from, step_delay_s=step_delay_s)
+            st = ray.get(actor.status.remote())
+            attempts.append({"lease_id": le.lease_id, "kind": le.allocation.get("kind"), "node": le.node,
+                             "cuda_visible_devices": st["cuda_visible_devices"], "resumed_at": st["resumed_at"]})
+            log(f"{le.lease_id}: training on {le.allocation.get('kind')} {st['cuda_visible_devices']} "
+                f"from step {st['resumed_at']}")
+            while not st["done"]:
+                try:
+                    st = ray.get(actor.status.remote(), timeout=30)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    break  # preempted: the agent stopped it after its checkpoint
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"training did not finish within {timeout_s:g}s")
+                time.sleep(0.1)
+            if st["done"]:
+                ray.kill(actor)
+                if le is not first:
+                    le.release("training finished")
+                return {**st, "attempts": attempts}
+            le = le.wait_resumed(max(1.0, deadline - time.monotonic()))
+            resume_from = le.resume_from
+            log(f"preempted; granted again as {le.lease_id}, resuming from {resume_from}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
@@ -165,7 +287,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-every", type=int, default=0, help="Also checkpoint every N steps (0: only on request)")
     p.add_argument("--step-delay", type=float, default=0.0, help="Seconds to sleep per step (to make runs observable)")
     p.add_argument("--log-every", type=int, default=0, help="Print the step and loss every N steps (0: never)")
+    p.add_argument("--actor", action="store_true",
+                   help="Train as a Ray actor holding an orchestrator lease (needs --checkpoint-dir): preempted, it "
+                        "checkpoints and yields, and resumes when granted again")
+    p.add_argument("--gpu", default="1", help="The lease's request with --actor (as `orchestrator submit --gpu`)")
     a = p.parse_args(argv)
+    if a.actor:
+        if not a.checkpoint_dir:
+            p.error("--actor needs --checkpoint-dir")
+        res = run_as_actor(a.steps, checkpoint_dir=a.checkpoint_dir, gpu=a.gpu, seed=a.seed, width=a.width,
+                           step_delay_s=a.step_delay, log=lambda s: print(s, flush=True))
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
     if a.resume_from is None and a.checkpoint_dir and (Path(a.checkpoint_dir) / CKPT_NAME).exists():
         a.resume_from = str(Path(a.checkpoint_dir) / CKPT_NAME)
     should, on_ck = None, None

@@ -33,11 +33,14 @@ app = typer.Typer()
 def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any, *,
                  state_dir: Path | None = None, keep: bool = False, progress: Any = None,
                  dashboard_port: int | None = None, out_dir: Path | None = None,
-                 status_line: Any = None) -> dict[str, Any]:
+                 status_line: Any = None, holder: str = "job", victim: str = "cooperative",
+                 grace_s: float | None = None) -> dict[str, Any]:
     """Up, page, scenario, report, down (always). Returns the figures.
 
     ``dashboard_port`` None: no page; ``out_dir`` None: no report; ``status_line``
-    receives a one-line summary of the pipeline about once a second.
+    receives a one-line summary of the pipeline about once a second. ``holder="actor"`` runs
+    :mod:`orchestrator.scenarios.actors` (training as lease-holding actors; ``victim`` cooperative or
+    rogue) instead of the job scenario; ``grace_s`` overrides the training class's grace period.
     """
     # Ray and the cluster code load only when the demo runs (`orchestrator --help` stays quick).
     from orchestrator.core.config import DEMO_CONFIG, load_config
@@ -50,7 +53,8 @@ def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any
     # The demo shortens training's minimum runtime (30 s in configs/priorities.yaml) so it is brief.
     sched = cfg.scheduler.model_copy(update={"classes": {
         **cfg.scheduler.classes,
-        "training": cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 1.0})}})
+        "training": cfg.scheduler.classes["training"].model_copy(update={
+            "min_runtime_s": 1.0, **({"grace_period_s": grace_s} if grace_s is not None else {})})}})
     settings = cfg.settings.model_copy(update={"metrics_port": launcher.free_port()}) if dashboard_port is not None \
         else cfg.settings
     cfg = cfg.model_copy(update={"scheduler": sched, "settings": settings})
@@ -66,6 +70,13 @@ def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any
         head = HeadClient(state.namespace, state.head_name)
         if dashboard_port is not None:
             page = _Page(head, dashboard_port, say, status_line).start()
+        if holder == "actor":
+            from orchestrator.scenarios.actors import ActorScenario, ActorScenarioConfig
+
+            acfg = ActorScenarioConfig(rounds=rounds, steps=steps, step_delay_s=step_delay, victim=victim)  # type: ignore[arg-type]
+            out = ActorScenario(head, state.namespace, work, acfg, say=say).run()
+            out["up_s"] = state.up_seconds
+            return out
         sc = Scenario(head, state.dashboard, work, ScenarioConfig(rounds=rounds, mode=mode, steps=steps,  # type: ignore[arg-type]
                                                                   step_delay_s=step_delay,
                                                                   report_inference=page is not None,
@@ -153,11 +164,20 @@ def demo(
     port: int = typer.Option(8090, "--port", help="Port of the live page (a free one when taken)"),
     headless: bool = typer.Option(False, "--headless", help="No live page and no report"),
     out: Path = typer.Option(Path("out"), "--out", help="Folder for the static report"),
+    holder: str = typer.Option("job", "--holder", help="job (training as Ray jobs) or actor (as lease-holding Ray actors)"),
+    victim: str = typer.Option("cooperative", "--victim", help="cooperative (checkpoints when asked) or rogue (ignores it; actor only)"),
+    grace: Optional[float] = typer.Option(None, "--grace", min=0.0, help="Training's grace period in seconds (default: the config's)"),
 ) -> None:
     """Run the preemption scenario on a local cluster with simulated GPUs, then stop it."""
-    if mode not in ("orchestrator", "kubernetes"):
-        typer.echo(f"error: invalid mode={mode!r} (allowed: orchestrator, kubernetes)", err=True)
+    for name, value, allowed in (("mode", mode, ("orchestrator", "kubernetes")), ("holder", holder, ("job", "actor")),
+                                 ("victim", victim, ("cooperative", "rogue"))):
+        if value not in allowed:
+            typer.echo(f"error: invalid {name}={value!r} (allowed: {', '.join(allowed)})", err=True)
+            raise typer.Exit(2)
+    if (victim == "rogue" and holder != "actor") or (holder == "actor" and mode != "orchestrator"):
+        typer.echo("error: --victim rogue needs --holder actor, and --holder actor needs --mode orchestrator", err=True)
         raise typer.Exit(2)
+    headless = headless or holder == "actor"  # the page follows jobs; the actor scenario has none
     console = Console(stderr=as_json)
     t0 = time.monotonic()
 
@@ -172,7 +192,8 @@ def demo(
             figures = run_scenario(rounds, mode, steps, step_delay, say, state_dir=state_dir,
                                    keep=state_dir is not None, dashboard_port=None if headless else port,
                                    out_dir=None if headless else out,
-                                   status_line=lambda text: line.update(text))
+                                   status_line=lambda text: line.update(text), holder=holder, victim=victim,
+                                   grace_s=grace)
     except KeyboardInterrupt:
         console.print("interrupted: everything the demo started has been stopped")
         raise typer.Exit(130) from None

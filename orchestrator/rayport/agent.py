@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.control.agent import AgentCore, CheckpointPoll, LocalWorkloads
@@ -40,6 +42,7 @@ class RayWorkloads:
         self._local = LocalWorkloads()
         self._jobs: ray_api.RayJobRunner | None = None
         self._actors: dict[str, Any] = {}  # workload -> the holder actor's handle (see watch)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-holders")
 
     def stop(self, workload: str) -> bool:
         kind, ref = parse_workload(workload)
@@ -57,15 +60,27 @@ class RayWorkloads:
         return self._local.stop(workload)
 
     def watch(self, workload: str) -> None:
-        """Look the holder actor up and send it a no-op now, so a later checkpoint request goes over a
-        channel that exists (the first call from a process to an actor can take seconds)."""
+        """Look the holder actor up and send it a no-op, so a later checkpoint request goes over a channel
+        that exists (the first call from a process to an actor can take seconds). On a thread of its own:
+        looking up an actor that is still being created blocks, and the agent's loop must keep beating."""
         kind, ref = parse_workload(workload)
-        if kind == "actor":
-            namespace, name = ref.split("/", 1)
-            self._actors[workload] = ray_api.get_actor(name, namespace)
-            self._actors[workload].__ray_ready__.remote()
-            for old in list(self._actors)[:-1024]:
-                del self._actors[old]
+        if kind == "actor" and workload not in self._actors:
+            self._pool.submit(self._reach, workload, *ref.split("/", 1))
+
+    def _reach(self, workload: str, namespace: str, name: str, tries: int = 60) -> None:
+        for _ in range(tries):  # registered with the head just before Ray creates it: a moment to appear
+            try:
+                handle = ray_api.get_actor(name, namespace)
+                handle.__ray_ready__.remote()
+                break
+            except Exception as e:  # not there yet (or any more): asked for directly when needed
+                log.debug("cannot reach %s yet: %s", workload, e)
+                time.sleep(0.5)
+        else:
+            return
+        self._actors[workload] = handle
+        for old in list(self._actors)[:-1024]:
+            del self._actors[old]
 
     def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
         kind, ref = parse_workload(workload)
@@ -107,7 +122,11 @@ class AgentActor:
                     ack = unwrap(ack)
                     self.core.apply_assignments(ack["assignments"], ack.get("revocations"))
                     registered = True
+                t0 = time.monotonic()
                 reply = unwrap(await head.heartbeat.remote(**self.core.heartbeat_payload()))
+                took = time.monotonic() - t0
+                if took > self.settings.heartbeat_interval_s:  # the head is slow to hear us: say so
+                    log.warning("agent %s: heartbeat took %.1fs", self.core.node_name, took)
                 self.heartbeats += 1
                 if reply.get("reregister"):
                     registered = False

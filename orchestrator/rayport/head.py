@@ -101,8 +101,12 @@ class HeadActor:
 
     async def _loop(self) -> None:
         while True:
+            t0 = time.monotonic()
             self.service.cycle_safely()
             self._wake_agents()
+            took = time.monotonic() - t0
+            if took > 1.0:  # the loop that hears heartbeats was busy this long
+                log.warning("head: one cycle took %.1fs", took)
             try:
                 await asyncio.wait_for(self._wake.wait(), self.service.settings.reconcile_interval_s)
             except asyncio.TimeoutError:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -176,3 +177,87 @@ def test_leases_json_from_another_driver_shows_no_token(head: Any, ray_cluster: 
         shown = {d["lease_id"]: d for d in json.loads(out.stdout)}
         assert shown["private"]["fencing_token"] is None
         assert shown["private"]["handout"]["env_vars"]["ORCHESTRATOR_FENCING_TOKEN"] == "<redacted>"
+
+
+def _train_in_thread(**kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """jobs/train.py's ``run_as_actor`` on a thread of this driver; its result (or error) lands in the dict."""
+    from orchestrator.scenarios.actors import load_train
+
+    train, out = load_train(), {}
+
+    def run() -> None:
+        try:
+            out["result"] = train.run_as_actor(log=lambda s: out.setdefault("log", []).append(s), **kw)
+        except Exception as e:  # reported by the test
+            out["error"] = repr(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def _reference_digest(steps: int, seed: int) -> str:
+    from orchestrator.scenarios.actors import load_train
+
+    return load_train().run(steps, seed=seed, log=lambda s: None)["digest"]
+
+
+def _training_stepped(head: Any, lease_id: str) -> bool:
+    from orchestrator.core.errors import UnknownObjectError
+
+    try:
+        le = head.get_lease(lease_id)
+    except UnknownObjectError:  # not requested yet
+        return False
+    return le["state"] == "active" and le["workload"] is not None
+
+
+def test_the_example_training_actor_yields_to_inference_and_ends_bit_identical(head: Any, tmp_path: Path) -> None:
+    """jobs/train.py --actor: preempted by an inference lease, it checkpoints through the agent, is stopped,
+    comes back from its checkpoint, and ends with the weights of an undisturbed run, no step lost."""
+    steps, seed = 400, 7
+    t, out = _train_in_thread(steps=steps, seed=seed, checkpoint_dir=str(tmp_path), gpu=BOTH_CARDS,
+                              step_delay_s=0.02, head=head, namespace=SETTINGS.namespace, lease_id="ex-train")
+    _until("the training actor at work", lambda: "error" in out or (
+        _training_stepped(head, "ex-train") and any("training on" in s for s in out.get("log", []))), 120)
+    time.sleep(1.0)  # some steps done
+    _preemptor(head, "urgent-3")
+    _until("the preemptor granted", lambda: head.get_lease("urgent-3")["state"] == "granted", 60)
+    victim = head.get_lease("ex-train")
+    assert victim["state"] == "preempted" and "through the agent" in victim["history"][-1]["reason"]
+    meta = json.loads(Path(victim["checkpoint_path"] + ".meta.json").read_text())
+    head.release("urgent-3", _owner_token(head, "urgent-3"))
+    t.join(timeout=180)
+    assert "error" not in out, out.get("error")
+    res = out["result"]
+    assert [a["lease_id"] for a in res["attempts"]] == ["ex-train", "ex-train.a2"]
+    assert res["attempts"][1]["resumed_at"] == meta["step"] > 0  # resumed where it stopped: no step lost
+    assert res["step"] == steps and res["digest"] == _reference_digest(steps, seed)
+
+
+def test_a_training_actor_resumes_on_another_shape_of_share(head: Any, tmp_path: Path) -> None:
+    """Whole card first, a MIG slice after its preemption: the checkpoint carries over and the weights still
+    match an undisturbed run. The request is one that either shape satisfies (20 GiB, hard isolation)."""
+    steps, seed = 300, 11
+    blocker = GpuRequest.mig("1g.20gb")  # a100-1's only slice of 20 GiB: while held, only a whole card fits
+    head.request_lease({"lease_id": "blocker", "request": blocker.model_dump(mode="json"), "owner": "it",
+                        "priority_class": "inference", "requester_digest": key_digest(KEY)})
+    _until("the blocker granted", lambda: head.get_lease("blocker")["state"] == "granted", 60)
+    unified = GpuRequest(memory_mib=20480, isolation="hard", node="a100-1")
+    t, out = _train_in_thread(steps=steps, seed=seed, checkpoint_dir=str(tmp_path), gpu=unified,
+                              step_delay_s=0.02, head=head, namespace=SETTINGS.namespace, lease_id="shape")
+    _until("the training actor at work", lambda: "error" in out or (
+        _training_stepped(head, "shape") and any("training on" in s for s in out.get("log", []))), 120)
+    assert head.get_lease("shape")["allocation"]["kind"] == "whole"
+    head.release("blocker", _owner_token(head, "blocker"))
+    time.sleep(1.0)
+    head.request_lease({"lease_id": "urgent-4", "request": GpuRequest.whole(2, node="a100-1").model_dump(mode="json"),
+                        "owner": "it", "priority_class": "inference", "requester_digest": key_digest(KEY)})
+    _until("the preemptor granted", lambda: head.get_lease("urgent-4")["state"] == "granted", 60)
+    t.join(timeout=180)
+    head.release("urgent-4", _owner_token(head, "urgent-4"))
+    assert "error" not in out, out.get("error")
+    res = out["result"]
+    assert [(a["lease_id"], a["kind"]) for a in res["attempts"]] == [("shape", "whole"), ("shape.a2", "mig")]
+    assert res["attempts"][1]["cuda_visible_devices"].startswith("MIG-") and res["attempts"][1]["resumed_at"] > 0
+    assert res["step"] == steps and res["digest"] == _reference_digest(steps, seed)
