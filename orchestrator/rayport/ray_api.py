@@ -81,7 +81,7 @@ def connect(address: str | None, namespace: str, *, timeout_s: float | None = No
     given = address or "auto"
     source = source or given
     _refresh_auth()
-    gcs = _resolve_address(given, source)
+    gcs, source = _resolve_address(given, source)
     _probe_gcs(gcs, source, deadline, budget)
     try:
         ray.init(address=gcs, namespace=namespace, logging_level="ERROR", log_to_driver=False,
@@ -152,25 +152,36 @@ def _readable_token_file(path: Path) -> bool:
         return False
 
 
-def _resolve_address(given: str, source: str) -> str:
+def _resolve_address(given: str, source: str) -> tuple[str, str]:
     """The GCS address ``given`` stands for, as ``ray.init`` would pick it (``RAY_ADDRESS`` first; ``auto``:
-    the last cluster started here, else any GCS running on this machine). For ``auto`` token auth is
-    turned on when a token exists, as ``ray.init("auto")`` does (we pass Ray the resolved address, for
-    which it would not)."""
+    the last cluster started here, else any GCS running on this machine), and ``source`` saying so when
+    ``auto`` chose among several (Ray's own warning about it would be a second line). For ``auto``, token
+    auth is turned on when a token exists, as ``ray.init("auto")`` does (we pass Ray the resolved address,
+    for which it would not)."""
+    import logging
+
     from ray._private import services
 
+    quiet = logging.getLogger(services.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
-        gcs = services.get_ray_address_from_environment(given, None)
+        gcs = str(services.get_ray_address_from_environment(given, None))
+        running = len(services.find_gcs_addresses()) if given == "auto" else 0
     except ConnectionError:
         raise ClusterNotFoundError(given, source, "no Ray cluster runs on this machine; start one with "
                                                   "`orchestrator up`, or give --address HOST:PORT") from None
+    finally:
+        quiet.setLevel(level)
+    if running > 1:
+        source = f"{source}; one of {running} Ray clusters running here"
     if given == "auto" and not os.environ.get(E.RAY_AUTH_MODE):
         from ray._raylet import AuthenticationTokenLoader
 
         if AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
             os.environ[E.RAY_AUTH_MODE] = "token"
             _refresh_auth()
-    return str(gcs)
+    return gcs, source
 
 
 def _probe_gcs(address: str, source: str, deadline: float, budget: float) -> None:

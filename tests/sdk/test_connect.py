@@ -141,6 +141,27 @@ def test_auto_with_no_cluster_on_the_machine_says_so(monkeypatch: pytest.MonkeyP
                              "runs on this machine; start one with `orchestrator up`, or give --address HOST:PORT")
 
 
+def test_auto_among_several_clusters_says_so_in_the_same_line(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from ray._private import services
+
+    address = f"127.0.0.1:{free_port()}"
+
+    def latest(addr: str, temp_dir: object) -> str:
+        logging.getLogger(services.__name__).warning("Found multiple active Ray instances")  # as Ray does
+        return address
+
+    monkeypatch.setattr(services, "get_ray_address_from_environment", latest)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset({address, "10.0.0.1:6379", "10.0.0.2:6379"}))
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(ClusterNotFoundError) as ei:
+            ray_api.connect("auto", "rgo", source="auto, no state file in /tmp/x")
+    assert "(found through auto, no state file in /tmp/x; one of 3 Ray clusters running here)" in str(ei.value)
+    assert "multiple active" not in caplog.text  # Ray's warning would be a second line on stderr
+
+
 # ---- the command line ---------------------------------------------------------------------------
 def test_a_command_without_a_cluster_exits_3_with_one_line_and_one_json_error(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
