@@ -1,7 +1,9 @@
 """``orchestrator up | down | status``: start, stop and look at the orchestrator on Ray.
 
 Exit codes: 0 ok; 1 the operation failed; 2 bad input (the message names the
-field) or an unknown object; 3 the orchestrator (or Ray) is not reachable. ``status --json``
+field) or an unknown object; 3 the orchestrator (or Ray) is not reachable, with
+one line saying why: no cluster, a refused token, or no head (see
+``--connect-timeout``). ``status --json``
 prints exactly one JSON object on stdout; progress and errors go to stderr.
 """
 
@@ -13,6 +15,7 @@ from typing import Any, Optional
 
 import typer
 
+from orchestrator.cli.options import ConnectTimeout
 from orchestrator.core.errors import OrchestratorError, exit_code
 
 app = typer.Typer(help="Start, stop and inspect the orchestrator on a Ray cluster.", no_args_is_help=True,
@@ -85,23 +88,20 @@ def status(
     address: Optional[str] = typer.Option(None, "--address", help="Ray address (default: the one `up` recorded, else auto)"),
     namespace: Optional[str] = typer.Option(None, "--namespace", help="Ray namespace of the head (default: recorded, else rgo)"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
+    connect_timeout_s: ConnectTimeout = None,
 ) -> None:
     """Nodes, GPUs (MIG slots included), health, leases and queue."""
     from orchestrator.deploy import local as launcher
+    from orchestrator.sdk.connect import open_connection  # Ray loads only for commands that reach a cluster
 
-    state = launcher.load_state(_state_dir(state_dir))
-    addr = address or (state.address if state else None)
-    ns = namespace or (state.namespace if state else "rgo")
-    head_name = state.head_name if state else "rgo-head"
+    sd = _state_dir(state_dir)
+    state = launcher.load_state(sd)
     try:
-        from orchestrator.rayport import ray_api  # Ray loads only for commands that reach a cluster
-        from orchestrator.rayport.client import HeadClient
-
-        ray_api.connect(addr, ns)
+        conn = open_connection(address, namespace=namespace, state_dir=sd, connect_timeout_s=connect_timeout_s)
         try:
-            data = HeadClient(ns, head_name).status()
+            data = conn.head.status()
         finally:
-            ray_api.disconnect()
+            conn.close()
     except OrchestratorError as e:
         raise _fail(e, as_json) from None
     if state is not None:

@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 
+from orchestrator.cli.options import ConnectTimeout
 from orchestrator.core.errors import OrchestratorError, exit_code
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -30,6 +31,7 @@ def dashboard(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Folder `up` wrote its state to"),
     poll_s: float = typer.Option(1.0, "--poll", help="Seconds between two reads of the head"),
     compare: bool = typer.Option(True, "--compare/--no-compare", help="Compute the sharing schemes' comparison (openb replay)"),
+    connect_timeout_s: ConnectTimeout = None,
 ) -> None:
     """Serve the live dashboard of a running cluster (pipeline, curves, schemes, cluster map)."""
     from orchestrator.dashboard.app import Comparison
@@ -40,7 +42,7 @@ def dashboard(
     conn = server = job = None
     try:
         resolve_token(host, token)  # bad input is refused before anything starts
-        conn = open_connection(address, namespace=namespace, state_dir=state_dir)
+        conn = open_connection(address, namespace=namespace, state_dir=state_dir, connect_timeout_s=connect_timeout_s)
         comparison = Comparison()
         server = DashboardServer(conn.head, host=host, port=port, token=token, poll_s=poll_s, comparison=comparison)
         if compare:

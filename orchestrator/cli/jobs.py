@@ -5,6 +5,9 @@ and renders the answer. Conventions, as ``up``/``down``/``status``:
 
 * the head is found as ``status`` finds it: ``--address``, else the state
   file ``up`` wrote (``--state-dir``), else ``auto``; ``--namespace`` overrides;
+* finding the cluster is bounded: ``--connect-timeout`` (default
+  ``$ORCHESTRATOR_CONNECT_TIMEOUT_S``, else 10 s); no cluster, a refused
+  token and a cluster without our head each get their own one-line error, exit 3;
 * ``--json`` on every read command prints exactly one JSON object or list on
   stdout; tables, progress and errors otherwise, progress and errors on stderr;
 * ``submit`` validates everything it can (``--gpu``, ``--env``, the command,
@@ -28,6 +31,7 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 
+from orchestrator.cli.options import ConnectTimeout, connect_timeout
 from orchestrator.core.errors import EXIT_FAILED, InvalidRequestError, OrchestratorError, UnknownObjectError, exit_code
 
 EXIT_CODES = ("Exit codes: 0 ok; 1 operation failed or timed out, or the job failed; 2 bad input (names the "
@@ -64,9 +68,11 @@ def _errors(as_json: bool) -> Iterator[None]:
 
 
 @contextmanager
-def _client(address: Optional[str], namespace: Optional[str], state_dir: Optional[Path], as_json: bool) -> Iterator[Any]:
+def _client(address: Optional[str], namespace: Optional[str], state_dir: Optional[Path], as_json: bool,
+            connect_timeout_s: Optional[float] = None) -> Iterator[Any]:
     with _errors(as_json):
-        client = make_client(address, namespace, state_dir)
+        with connect_timeout(connect_timeout_s):
+            client = make_client(address, namespace, state_dir)
         try:
             yield client
         finally:
@@ -89,9 +95,9 @@ def _console() -> Any:
 
 
 def _show(fetch: Callable[[Any], Any], table: Callable[[Any], Any], address: Optional[str], namespace: Optional[str],
-          state_dir: Optional[Path], as_json: bool) -> None:
+          state_dir: Optional[Path], as_json: bool, connect_timeout_s: Optional[float] = None) -> None:
     """A read command: fetch with a client, print one JSON value or a table."""
-    with _client(address, namespace, state_dir, as_json) as client:
+    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
         data = fetch(client)
     if as_json:
         _print_json(data)
@@ -172,13 +178,13 @@ def submit(
     as_json: AsJson = False,
     address: Address = None,
     namespace: Namespace = None,
-    state_dir: StateDir = None,
+    state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None,
 ) -> None:
     """Queue a command as a job on a GPU lease: `orchestrator submit --gpu mig:1g.10gb -- python jobs/inference.py`."""
     with _errors(as_json):  # everything local is checked before connecting
         spec = build_spec(command or [], gpu=gpu, priority=priority, name=name, queue=queue,
                           checkpoint_dir=checkpoint_dir, env=env or [], working_dir=working_dir)
-    with _client(address, namespace, state_dir, as_json) as client:
+    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
         handle = client.submit(spec, job_id=job_id)
         if not as_json:
             _progress(f"submitted {handle.job_id} ({spec.name}): {spec.gpu.describe()}, "
@@ -220,18 +226,20 @@ def _why(handle: Any, d: dict[str, Any]) -> str:
 # ---- read commands -------------------------------------------------------------------------------
 @app.command("jobs", epilog=EXIT_CODES)
 def jobs_cmd(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
-             state_dir: StateDir = None) -> None:
+             state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Every job the head knows, oldest first."""
-    _show(lambda c: c.jobs(), lambda d: jobs_table(d, now=time.time()), address, namespace, state_dir, as_json)
+    _show(lambda c: c.jobs(), lambda d: jobs_table(d, now=time.time()), address, namespace, state_dir, as_json,
+          connect_timeout_s)
 
 
 @app.command(epilog=EXIT_CODES)
 def logs(job_id: JobId, follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")] = False,
-         as_json: AsJson = False, address: Address = None, namespace: Namespace = None, state_dir: StateDir = None) -> None:
+         as_json: AsJson = False, address: Address = None, namespace: Namespace = None, state_dir: StateDir = None,
+         connect_timeout_s: ConnectTimeout = None) -> None:
     """The job's output (its Ray job's logs, current attempt)."""
     from orchestrator.sdk.jobs import TERMINAL_STATES
 
-    with _client(address, namespace, state_dir, as_json) as client:
+    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
         handle = _job(client, job_id)
         text = handle.logs()
         if as_json:
@@ -251,9 +259,9 @@ def logs(job_id: JobId, follow: Annotated[bool, typer.Option("--follow", "-f", h
 
 @app.command(epilog=EXIT_CODES)
 def cancel(job_id: JobId, as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
-           state_dir: StateDir = None) -> None:
+           state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Stop a job (queued, running or checkpointing) and release its lease. Cancelling an ended job changes nothing."""
-    with _client(address, namespace, state_dir, as_json) as client:
+    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
         handle = _job(client, job_id)
         was = handle.state
         d = handle.cancel()
@@ -265,9 +273,9 @@ def cancel(job_id: JobId, as_json: AsJson = False, address: Address = None, name
 
 @app.command(epilog=EXIT_CODES)
 def explain(job_id: JobId, as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
-            state_dir: StateDir = None) -> None:
+            state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Why a job waits (reasons grouped by node, queue position, what preemption would admit it), where it runs and why, who preempted it."""
-    with _client(address, namespace, state_dir, as_json) as client:
+    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
         d = _job(client, job_id).explain()
     if as_json:
         _print_json(d)
@@ -277,23 +285,24 @@ def explain(job_id: JobId, as_json: AsJson = False, address: Address = None, nam
 
 @app.command(epilog=EXIT_CODES)
 def nodes(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
-          state_dir: StateDir = None) -> None:
+          state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Nodes and their GPUs: model, memory, health, MIG slices and the leases holding them."""
-    _show(lambda c: c.nodes(), nodes_table, address, namespace, state_dir, as_json)
+    _show(lambda c: c.nodes(), nodes_table, address, namespace, state_dir, as_json, connect_timeout_s)
 
 
 @app.command(epilog=EXIT_CODES)
 def leases(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
-           state_dir: StateDir = None) -> None:
+           state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Live leases: pending, granted, active and checkpointing."""
-    _show(lambda c: c.leases(), lambda d: leases_table(d, now=time.time()), address, namespace, state_dir, as_json)
+    _show(lambda c: c.leases(), lambda d: leases_table(d, now=time.time()), address, namespace, state_dir, as_json,
+          connect_timeout_s)
 
 
 @app.command("queue", epilog=EXIT_CODES)
 def queue_cmd(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
-              state_dir: StateDir = None) -> None:
+              state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Pending leases in the order the scheduler considers them, each with why it waits."""
-    _show(lambda c: c.queue(), queue_table, address, namespace, state_dir, as_json)
+    _show(lambda c: c.queue(), queue_table, address, namespace, state_dir, as_json, connect_timeout_s)
 
 
 # ---- rendering (pure) ----------------------------------------------------------------------------

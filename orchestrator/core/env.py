@@ -52,6 +52,8 @@ RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 # ---- the tools -----------------------------------------------------------------------------------
 STATE_DIR = "ORCHESTRATOR_STATE_DIR"
+#: Seconds finding the cluster may take before a command says why it cannot (``--connect-timeout``).
+CONNECT_TIMEOUT_S = "ORCHESTRATOR_CONNECT_TIMEOUT_S"
 METRICS_PORT = "ORCHESTRATOR_METRICS_PORT"
 METRICS_HOST = "ORCHESTRATOR_METRICS_HOST"
 DASHBOARD_PORT = "ORCHESTRATOR_DASHBOARD_PORT"

@@ -109,6 +109,55 @@ class NotConnectedError(OrchestratorError):
     retryable = True
 
 
+class ConnectError(NotConnectedError):
+    """Finding the cluster failed in one of three ways (the subclasses), each with its own one-line
+    message (exit 3). ``address`` is where we looked, ``source`` how we came to look there (``--address``,
+    the state file, ``auto``)."""
+
+    def __init__(self, address: str, source: str, message: str) -> None:
+        self.address, self.source = address, source
+        super().__init__(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.update(address=self.address, source=self.source)
+        return d
+
+
+class ClusterNotFoundError(ConnectError):
+    """No Ray cluster answers at ``address``: nothing listens, what listens is not a Ray GCS, or nothing
+    answered within the connect timeout; ``detail`` says which. Retryable (a cluster may be starting)."""
+
+    def __init__(self, address: str, source: str, detail: str) -> None:
+        self.detail = detail
+        super().__init__(address, source, f"no Ray cluster at {address} (found through {source}): {detail}")
+
+
+class ClusterAuthError(ConnectError):
+    """The Ray cluster at ``address`` refused our auth token, or we had none to send (``sent``).
+    ``looked_in`` says where the token was looked for and what was there -- never the token itself.
+    Not retryable: the token must change."""
+
+    retryable = False
+
+    def __init__(self, address: str, source: str, looked_in: str, sent: bool) -> None:
+        self.looked_in, self.sent = looked_in, sent
+        what = "refused our auth token" if sent else "requires an auth token and we had none to send"
+        super().__init__(address, source, f"the Ray cluster at {address} (found through {source}) {what}; "
+                                          f"token looked for in: {looked_in}")
+
+
+class HeadNotFoundError(ConnectError):
+    """The Ray cluster answers but runs no orchestrator head ``head_name`` in namespace ``namespace``; the
+    message says how to start one. Retryable (a head may be starting)."""
+
+    def __init__(self, address: str, source: str, namespace: str, head_name: str) -> None:
+        self.namespace, self.head_name = namespace, head_name
+        super().__init__(address, source, f"the Ray cluster at {address} (found through {source}) has no "
+                                          f"orchestrator head {head_name!r} in namespace {namespace!r}; start "
+                                          f"one with `orchestrator up --address {address}`")
+
+
 #: Exit statuses of every command line of the project.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 

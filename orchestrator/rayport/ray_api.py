@@ -20,18 +20,33 @@ ray-project/ray#59110), so a cluster asked to stay on loopback would not.
 :func:`keep_loopback` makes loopback addresses resolve to themselves; the
 launcher's raylets (:mod:`orchestrator.deploy.raylet`) and our drivers call
 it before Ray does anything.
+
+**Finding the cluster** is bounded (``ORCHESTRATOR_CONNECT_TIMEOUT_S``, default
+10 s) and says why it failed. Left to itself, ``ray.init`` retries a refused
+token or a dead address for 20 s or more, printing a C++ error line each
+second, and then reports "no Ray cluster". :func:`connect` resolves the address
+as Ray would, then makes one TCP connect and one GCS call (``GetClusterId``,
+over Ray's own gRPC channel, with the token Ray would send) within the budget,
+and only then calls ``ray.init``. Each failure is its own typed error:
+nothing there (:class:`ClusterNotFoundError`), token refused or missing
+(:class:`ClusterAuthError`, naming where the token was looked for, never the
+token); a cluster without our head is found by the SDK (``HeadNotFoundError``).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import time
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import ray
 
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.core.config import CARD_RESOURCE_PREFIX, NODE_LABEL
-from orchestrator.core.errors import NotConnectedError
+from orchestrator.core import env as E
+from orchestrator.core.errors import ClusterAuthError, ClusterNotFoundError, InvalidRequestError, NotConnectedError
 from orchestrator.rayport.wire import unwrap
 
 __all__ = [
@@ -50,25 +65,32 @@ def keep_loopback() -> None:
     patch_services(services)
 
 
-def connect(address: str | None, namespace: str) -> None:
-    """Connect this process as a driver (no-op when already connected). Raises :class:`NotConnectedError`."""
-    if ray.is_initialized():
-        return
-    keep_loopback()
-    if address and address != "auto" and ":" in address:
-        import socket
+def connect(address: str | None, namespace: str, *, timeout_s: float | None = None, source: str | None = None) -> str:
+    """Connect this process as a driver (no-op when already connected); returns the cluster's GCS address.
 
-        host, _, port = address.rpartition(":")
-        try:  # fail fast: ray.init retries a dead address for a minute
-            socket.create_connection((host, int(port)), timeout=2.0).close()
-        except (OSError, ValueError) as e:
-            raise NotConnectedError(f"no Ray cluster at {address}: {e}") from None
+    Finding the cluster takes at most ``timeout_s`` (default :func:`connect_timeout_s`) and fails with its
+    own one-line error: :class:`ClusterNotFoundError` (nothing there, not a Ray GCS, no answer in time) or
+    :class:`ClusterAuthError` (our token refused, or none to send). ``source`` says how ``address`` was
+    found, for those messages. See "Finding the cluster" in the module docstring.
+    """
+    if ray.is_initialized():
+        return str(ray.get_runtime_context().gcs_address)
+    keep_loopback()
+    budget = connect_timeout_s() if timeout_s is None else timeout_s
+    deadline = time.monotonic() + budget
+    given = address or "auto"
+    source = source or given
     _refresh_auth()
+    gcs, source = _resolve_address(given, source)
+    _probe_gcs(gcs, source, deadline, budget)
     try:
-        ray.init(address=address or "auto", namespace=namespace, logging_level="ERROR", log_to_driver=False,
+        ray.init(address=gcs, namespace=namespace, logging_level="ERROR", log_to_driver=False,
                  configure_logging=False)
+    except ray.exceptions.AuthenticationError:
+        raise ClusterAuthError(gcs, source, token_sources(), sent=False) from None
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise NotConnectedError(f"no Ray cluster at {address or 'auto'}: {e}") from None
+        raise ClusterNotFoundError(gcs, source, _one_line(e)) from None
+    return gcs
 
 
 def _refresh_auth() -> None:
@@ -84,6 +106,135 @@ def _refresh_auth() -> None:
 def disconnect() -> None:
     if ray.is_initialized():
         ray.shutdown()
+
+
+#: Seconds finding the cluster may take when neither the caller nor ORCHESTRATOR_CONNECT_TIMEOUT_S says.
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+def connect_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """The connect budget: ``ORCHESTRATOR_CONNECT_TIMEOUT_S`` (seconds > 0), else 10 s."""
+    raw = (os.environ if environ is None else environ).get(E.CONNECT_TIMEOUT_S, "").strip()
+    if not raw:
+        return DEFAULT_CONNECT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise InvalidRequestError(E.CONNECT_TIMEOUT_S, raw, "seconds > 0, for example 10")
+    return value
+
+
+def token_sources(environ: Mapping[str, str] | None = None, home: Path | None = None) -> str:
+    """Where Ray looks for the auth token, in its order, what is there and which one it uses: never the token.
+
+    Ray (2.60) takes ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH`` names, else
+    ``~/.ray/auth_token``, and sends it only when ``RAY_AUTH_MODE`` is ``token``."""
+    e = os.environ if environ is None else environ
+    path = e.get(E.RAY_AUTH_TOKEN_PATH)
+    default = (home or Path.home()) / ".ray" / "auth_token"
+    places = [("RAY_AUTH_TOKEN", bool(e.get(E.RAY_AUTH_TOKEN, "").strip()), "set", "unset"),
+              (f"RAY_AUTH_TOKEN_PATH={path}" if path else "RAY_AUTH_TOKEN_PATH",
+               bool(path) and _readable_token_file(Path(str(path))), "a token file",
+               "no token file there" if path else "unset"),
+              (str(default), _readable_token_file(default), "a token file", "absent")]
+    used = next((i for i, (_, present, _, _) in enumerate(places) if present), None)
+    out = [f"{name} ({(yes + ', used') if i == used else yes if present else no})"
+           for i, (name, present, yes, no) in enumerate(places)]
+    return "; ".join(out) + f"; RAY_AUTH_MODE={e.get(E.RAY_AUTH_MODE) or 'unset'}"
+
+
+def _readable_token_file(path: Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _resolve_address(given: str, source: str) -> tuple[str, str]:
+    """The GCS address ``given`` stands for, as ``ray.init`` would pick it (``RAY_ADDRESS`` first; ``auto``:
+    the last cluster started here, else any GCS running on this machine), and ``source`` saying so when
+    ``auto`` chose among several (Ray's own warning about it would be a second line). For ``auto``, token
+    auth is turned on when a token exists, as ``ray.init("auto")`` does (we pass Ray the resolved address,
+    for which it would not)."""
+    import logging
+
+    from ray._private import services
+
+    quiet = logging.getLogger(services.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        gcs = str(services.get_ray_address_from_environment(given, None))
+        running = len(services.find_gcs_addresses()) if given == "auto" else 0
+    except ConnectionError:
+        raise ClusterNotFoundError(given, source, "no Ray cluster runs on this machine; start one with "
+                                                  "`orchestrator up`, or give --address HOST:PORT") from None
+    finally:
+        quiet.setLevel(level)
+    if running > 1:
+        source = f"{source}; one of {running} Ray clusters running here"
+    if given == "auto" and not os.environ.get(E.RAY_AUTH_MODE):
+        from ray._raylet import AuthenticationTokenLoader
+
+        if AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+            os.environ[E.RAY_AUTH_MODE] = "token"
+            _refresh_auth()
+    return gcs, source
+
+
+def _probe_gcs(address: str, source: str, deadline: float, budget: float) -> None:
+    """Fail fast, and say why, before ``ray.init`` (whose client retries a dead address, or a refused
+    token, for 20 s or more, printing a C++ error each second): one TCP connect, then one GCS call
+    (``GetClusterId``) on Ray's own channel -- TLS and auth token as Ray would send them -- both within
+    ``deadline``. Addresses with a scheme (``ray://``, ``http://``) are left to Ray."""
+    if "://" in address:
+        return
+    import grpc
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_left(deadline)).close()
+    except ValueError:
+        raise ClusterNotFoundError(address, source, "not a HOST:PORT address") from None
+    except socket.timeout:
+        raise ClusterNotFoundError(address, source, f"nothing answered within {budget:g}s") from None
+    except OSError as e:
+        raise ClusterNotFoundError(address, source, f"nothing listens there ({e.strerror or e})") from None
+    channel = init_grpc_channel(address)
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+            gcs_service_pb2.GetClusterIdRequest(), timeout=_left(deadline))
+    except grpc.RpcError as e:
+        code = e.code()
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            from ray._private.authentication.authentication_utils import is_token_auth_enabled
+            from ray._raylet import AuthenticationTokenLoader
+
+            sent = is_token_auth_enabled() and AuthenticationTokenLoader.instance().has_token()
+            raise ClusterAuthError(address, source, token_sources(), sent=sent) from None
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            detail = f"something listens there but no Ray GCS answered within {budget:g}s"
+        elif code == grpc.StatusCode.UNIMPLEMENTED:
+            detail = "something listens there, but not a Ray GCS"
+        else:
+            detail = f"the GCS call failed: {code.name} {_one_line(e.details() or '')}".strip()
+        raise ClusterNotFoundError(address, source, detail) from None
+    finally:
+        channel.close()
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.05)
+
+
+def _one_line(e: object, limit: int = 300) -> str:
+    """A message that stays one line (Ray's errors carry tracebacks and help paragraphs)."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class GcsKv:

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from orchestrator.core import env as E
 from orchestrator.core.api import HeadApi
-from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.errors import HeadNotFoundError, OrchestratorError
 from orchestrator.core.statefile import State, default_state_dir
 
 DEFAULT_NAMESPACE = "rgo"
@@ -69,16 +69,21 @@ def discover(address: str | None = None, *, namespace: str | None = None, head_n
     elif state is not None:
         addr, source = state.address, f"the state file in {sd}"
     else:
-        addr, source = "auto", f"auto (no state file in {sd})"
+        addr, source = "auto", f"auto, no state file in {sd}"
     ns = namespace or env.get(E.NAMESPACE) or (state.namespace if state else None) or DEFAULT_NAMESPACE
     hn = head_name or env.get(E.HEAD_NAME) or (state.head_name if state else None) or DEFAULT_HEAD_NAME
     return Target(addr, ns, hn, source, dict(state.env) if state else {})
 
 
 class Connection:
-    """A driver connection to the cluster plus a head client; closes only what it opened."""
+    """A driver connection to the cluster plus a head client; closes only what it opened.
 
-    def __init__(self, target: Target) -> None:
+    Finding the cluster takes at most ``connect_timeout_s`` (default ``ORCHESTRATOR_CONNECT_TIMEOUT_S``,
+    else 10 s) and each way it can fail has its own error (exit 3 on the command line):
+    :class:`~orchestrator.core.errors.ClusterNotFoundError`, :class:`~orchestrator.core.errors.ClusterAuthError`,
+    :class:`~orchestrator.core.errors.HeadNotFoundError`; each names the address and how it was found."""
+
+    def __init__(self, target: Target, *, connect_timeout_s: float | None = None) -> None:
         import ray
 
         from orchestrator.rayport import ray_api
@@ -89,12 +94,15 @@ class Connection:
         self.owned = not ray.is_initialized()
         if self.owned:
             os.environ.update(target.env)
-            ray_api.connect(target.address, target.namespace)
         try:
+            address = ray_api.connect(target.address, target.namespace, timeout_s=connect_timeout_s,
+                                      source=target.source)
+            if not ray_api.named_actor_alive(target.head_name, target.namespace):
+                raise HeadNotFoundError(address, target.source, target.namespace, target.head_name)
             self.head: HeadApi = HeadClient(target.namespace, target.head_name)
-        except OrchestratorError as e:
+        except OrchestratorError:
             self.close()
-            raise type(e)(f"{e} (found through {target.source})") from None
+            raise
 
     def start_holder(self) -> tuple[Any, str]:
         """A tiny actor owned by this driver: it dies with the driver, and the head frees what it held."""
@@ -129,10 +137,11 @@ def connected() -> bool:
 
 
 def open_connection(address: str | None = None, *, namespace: str | None = None, head_name: str | None = None,
-                    state_dir: str | os.PathLike[str] | None = None) -> Connection:
-    """Find the head (:func:`discover`) and connect this process to its cluster."""
+                    state_dir: str | os.PathLike[str] | None = None,
+                    connect_timeout_s: float | None = None) -> Connection:
+    """Find the head (:func:`discover`) and connect this process to its cluster (see :class:`Connection`)."""
     return Connection(discover(address, namespace=namespace, head_name=head_name, state_dir=state_dir,
-                               connected=connected()))
+                               connected=connected()), connect_timeout_s=connect_timeout_s)
 
 
 def connect_head(address: str | None = None, *, namespace: str | None = None, head_name: str | None = None,

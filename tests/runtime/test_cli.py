@@ -29,7 +29,7 @@ def test_status_without_an_orchestrator_exits_3_with_one_json_object(tmp_path: P
     r = runner.invoke(app, ["status", "--json", "--address", "127.0.0.1:1", "--state-dir", str(tmp_path)])
     assert r.exit_code == 3
     first_line = r.stdout.strip().splitlines()[0]
-    assert json.loads(first_line)["error"] == "NotConnectedError"
+    assert json.loads(first_line)["error"] == "ClusterNotFoundError"  # a NotConnectedError that says which way it failed
 
 
 def test_down_with_nothing_up_is_a_no_op(tmp_path: Path) -> None:

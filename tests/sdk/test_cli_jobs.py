@@ -86,7 +86,7 @@ def test_the_heads_refusals_exit_2_listing_what_is_allowed(head: InProcessHead) 
 def test_an_unreachable_orchestrator_exits_3_with_one_json_object(tmp_path: Path) -> None:
     r = run("jobs", "--json", "--address", "127.0.0.1:1", "--state-dir", str(tmp_path))
     assert r.exit_code == 3
-    assert json.loads(r.stdout)["error"] == "NotConnectedError"
+    assert json.loads(r.stdout)["error"] == "ClusterNotFoundError"  # a NotConnectedError that says which way it failed
 
 
 def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: InProcessHead, tmp_path: Path) -> None:
