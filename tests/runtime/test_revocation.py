@@ -211,3 +211,42 @@ def test_the_head_knows_which_agents_have_work_and_the_agent_beats_fast_while_a_
     _cycle(head, h100, 3)
     assert head.get_lease("i")["state"] == "granted" and revocation.agent_work(head.ledger) == {}
     assert not h100.core.urgent
+
+
+def test_while_its_victim_is_revoked_a_preemptor_takes_no_second_victim(
+        head: HeadController, demo: ClusterConfig, clock: FakeClock) -> None:
+    """Two training leases could each make room for the inference request; the one chosen is a rogue still
+    being revoked. The request stays nominated on it: the other training keeps running all along."""
+    agents = {n: SimAgent(head, demo, n) for n in ("a100-0", "a100-1", "h100-0")}
+    for a in agents.values():
+        a.core.workloads = FakeWorkloads(answers_checkpoint=False, stoppable=False)
+        a.register()
+
+    def cycle(n: int = 1) -> None:
+        for _ in range(n):
+            for a in agents.values():
+                a.beat()
+            head.reconcile()
+
+    def ask(lease_id: str, priority: str, request: dict[str, Any]) -> None:
+        head.request_lease({"lease_id": lease_id, "request": request, "priority_class": priority,
+                            "requester_digest": key_digest(KEY), "checkpoint_dir": "/ck"})
+
+    ask("fill", "inference", {"kind": "whole", "count": 4, "node": "a100-0"})  # no room left there
+    for lid, node in (("t1", "h100-0"), ("t2", "a100-1")):
+        ask(lid, "training", {"kind": "whole", "count": 2, "node": node})
+    cycle()
+    for lid in ("t1", "t2"):
+        head.activate(lid, head.get_lease(lid, KEY)["fencing_token"], None, f"actor:rgo/rgo-lease-{lid}")
+    ask("i", "inference", {"kind": "whole", "count": 2})  # either training's cards would do
+    cycle()
+    victims = [lid for lid in ("t1", "t2") if head.get_lease(lid)["state"] == "checkpointing"]
+    assert len(victims) == 1
+    other = "t2" if victims == ["t1"] else "t1"
+    clock.advance(11)  # past the grace: the victim is revoked, but its agent cannot stop it yet
+    for _ in range(10):
+        cycle()
+        clock.advance(1.0)
+        assert head.get_lease(victims[0])["revoking"] is True
+        assert head.get_lease(other)["state"] == "active", "a second victim was taken while the first is revoked"
+        assert head.get_lease("i")["state"] == "pending"
