@@ -42,7 +42,8 @@ ORCHESTRATOR = str(Path(sys.executable).parent / "orchestrator")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--steps", type=int, default=None, help="default 5000 (jobs), max(4000, 1000 x rounds) (actors)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps per job, default 5000; actors: steps after the last round, default 300")
     p.add_argument("--step-delay", type=float, default=None, help="default 0.05 s (jobs), 0.01 s (actors)")
     p.add_argument("--modes", default=None, help="default: orchestrator,kubernetes for jobs, orchestrator for actors")
     p.add_argument("--holder", choices=("job", "actor"), default="job")
@@ -52,9 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.victim == "rogue" and a.holder != "actor":
         p.error("--victim rogue needs --holder actor")
-    # actors: ~1000 steps of 0.01 s per round, so training outlasts the rounds (a resumed actor takes 5-30 s to
-    # start here, importing torch)
-    a.steps = a.steps or (max(4000, 1000 * a.rounds) if a.holder == "actor" else 5000)
+    # actors: training is open-ended while the rounds go on, then every run trains --steps more
+    a.steps = a.steps or (300 if a.holder == "actor" else 5000)
     a.step_delay = a.step_delay if a.step_delay is not None else (0.01 if a.holder == "actor" else 0.05)
     a.modes = a.modes or ("orchestrator" if a.holder == "actor" else "orchestrator,kubernetes")
     extra = ["--holder", a.holder, "--victim", a.victim]

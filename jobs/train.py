@@ -220,6 +220,12 @@ class TrainingActor:
     def done(self) -> bool:
         return self.trainer.step >= self.steps
 
+    def set_steps(self, steps: int) -> int:
+        """Train to ``steps`` instead (not below the step reached): the weights at step n do not depend on
+        the target, so the run still matches an undisturbed run of n steps. Returns the new target."""
+        self.steps = max(int(steps), self.trainer.step)
+        return self.steps
+
     def status(self) -> dict:
         t = self.trainer
         return {"step": t.step, "steps": self.steps, "done": self.done(), "resumed_at": self.resumed_at,

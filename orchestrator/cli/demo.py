@@ -157,7 +157,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def demo(
     rounds: int = typer.Option(1, min=1, help="How many times inference arrives"),
     mode: str = typer.Option("orchestrator", help="orchestrator (checkpoint and yield) or kubernetes (kill, restart from a periodic checkpoint)"),
-    steps: int = typer.Option(300, min=10, help="Training steps per job"),
+    steps: int = typer.Option(300, min=10, help="Training steps per job (--holder actor: steps after the last round)"),
     step_delay: float = typer.Option(0.03, min=0.0, help="Seconds per training step"),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Keep the cluster's files here (default: a temp folder, removed)"),

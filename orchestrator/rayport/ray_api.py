@@ -478,6 +478,20 @@ def kill(actor: Any) -> None:
     ray.kill(actor, no_restart=True)
 
 
+def actor_states(namespace: str, prefix: str = "") -> list[dict[str, Any]]:
+    """Ray's view of the named actors in ``namespace`` (name, state, pid, and why it waits, when it does):
+    what a scenario reports when an actor does not come up."""
+    from ray.util.state import list_actors
+
+    out = []
+    for a in list_actors(filters=[("ray_namespace", "=", namespace)], detail=True, limit=1000):
+        name = getattr(a, "name", "") or ""
+        if name.startswith(prefix):
+            out.append({"name": name, "state": a.state, "pid": getattr(a, "pid", None),
+                        "death_cause": str(getattr(a, "death_cause", "") or "")[:200]})
+    return out
+
+
 def actor_gone_errors() -> tuple[type[BaseException], ...]:
     """What a call to an actor raises once the actor is dead (killed, or its node lost), or when it
     did not answer in time."""

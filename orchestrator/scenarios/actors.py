@@ -77,7 +77,7 @@ class _Inference:
 @dataclass(frozen=True)
 class ActorScenarioConfig:
     rounds: int = 1
-    steps: int = 600
+    steps: int = 300  # trained after the last round (training is open-ended until then)
     step_delay_s: float = 0.02
     inference_s: float = 2.0
     victim: Literal["cooperative", "rogue"] = "cooperative"
@@ -173,6 +173,9 @@ class ActorScenario:
         self.trainer_cls = ray_api.remote_class(self.train.TrainingActor, by_value=self.train)
         self.inference_cls = ray_api.remote_class(_Inference)
         self.runs: list[_Run] = []
+        #: the step every run trains to: open-ended while rounds go on (no run may finish before the last
+        #: one), then the furthest step reached plus ``cfg.steps``; the reference runs use it too
+        self.target = 10**9
         self._lock = threading.Lock()
         self._inference: list[tuple[str, int, str]] = []
         self.t0 = time.monotonic()
@@ -192,8 +195,9 @@ class ActorScenario:
                 while True:
                     run.lease = le
                     granted_s = time.monotonic() - t0
+                    target = self.target
                     actor = self.trainer_cls.options(**le.actor_options(max_concurrency=4, num_cpus=0)).remote(
-                        cfg.steps, seed=run.seed, resume_from=resume_from, step_delay_s=cfg.step_delay_s,
+                        target, seed=run.seed, resume_from=resume_from, step_delay_s=cfg.step_delay_s,
                         rogue=cfg.victim == "rogue")
                     st = ray_api.get(actor.status.remote(), timeout=120)
                     att = {"lease_id": le.lease_id, "pid": st["pid"], "devices": st["cuda_visible_devices"],
@@ -205,6 +209,8 @@ class ActorScenario:
                     while not st["done"]:
                         time.sleep(0.1)
                         try:
+                            if target != self.target:  # the rounds are over: finish at the common step
+                                target = ray_api.get(actor.set_steps.remote(self.target), timeout=10)
                             st = ray_api.get(actor.status.remote(), timeout=10)
                         except gone:
                             break  # stopped by the agent: after its checkpoint, or at its deadline
@@ -256,8 +262,12 @@ class ActorScenario:
                 self._wait_stepping()
                 time.sleep(cfg.settle_s)
                 preemptions.append(self._round(r))
+            self._wait_stepping()
+            with self._lock:
+                self.target = max(a["last_step"] for r in self.runs for a in r.attempts) + cfg.steps
+            self.say(f"rounds over: every training run finishes at step {self.target}")
             for t in threads:
-                t.join(timeout=60 + cfg.steps * (cfg.step_delay_s + 0.02) * 4)
+                t.join(timeout=120 + self.target * (cfg.step_delay_s + 0.02) * 2)
         finally:
             checker.stop()
         self._fill_stops(preemptions)
@@ -279,13 +289,19 @@ class ActorScenario:
     def _round(self, r: int) -> ActorPreemption:
         cfg = self.cfg
         before = {run.seed: len(run.attempts) for run in self.runs}
-        if any(run.final is not None for run in self.runs):
-            raise RuntimeError(f"round {r + 1}: a training run finished before inference arrived; give more steps")
+        if any(run.final is not None or run.error for run in self.runs):
+            raise RuntimeError(f"round {r + 1}: a training run ended before inference arrived: "
+                               f"{[(run.seed, run.error) for run in self.runs if run.final or run.error]}")
         self.say(f"round {r + 1}: an inference actor needs one whole card")
         with lease(GpuRequest.whole(1), priority="inference", head=self.head, namespace=self.namespace,
                    owner="bench:inference", lease_id=f"serve-{r + 1}", timeout=300) as inf:
             actor = self.inference_cls.options(**inf.actor_options(num_cpus=0)).remote()
-            where = ray_api.get(actor.where.remote(), timeout=120)
+            try:
+                where = ray_api.get(actor.where.remote(), timeout=120)
+            except ray_api.actor_gone_errors() as e:
+                raise RuntimeError(f"round {r + 1}: the inference actor did not come up ({type(e).__name__}); "
+                                   f"Ray's actors: {ray_api.actor_states(self.namespace, 'rgo-lease-')}; "
+                                   f"ledger: {[(x['lease_id'], x['state'], x.get('revoking')) for x in self.head.status()['leases']]}") from e
             with self._lock:
                 self._inference.append((inf.lease_id, where["pid"], where["cuda_visible_devices"]))
             granted = next(t["at"] for t in self.head.get_lease(inf.lease_id)["history"] if t["state"] == "granted")
@@ -361,7 +377,7 @@ class ActorScenario:
         after = [p.stopped_at - p.grace_deadline for p in preemptions if p.stopped_at and p.grace_deadline]
         lost = [p.lost_steps for p in preemptions if p.lost_steps is not None]
         finished = [r for r in self.runs if r.final is not None]
-        ref = {r.seed: self.train.run(self.cfg.steps, seed=r.seed, log=lambda s: None)["digest"] for r in self.runs}
+        ref = {r.seed: self.train.run(self.target, seed=r.seed, log=lambda s: None)["digest"] for r in self.runs}
         same = bool(finished) and len(finished) == len(self.runs) and all(
             r.final["digest"] == ref[r.seed] for r in finished)  # type: ignore[index]
         for r in self.runs:

@@ -1,0 +1,51 @@
+"""jobs/train.py's TrainingActor as a plain object (no Ray): it yields at a step boundary, resumes from its
+checkpoint, and its weights match an undisturbed run of the same number of steps, whatever the target was."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the example trainer needs torch (the train extra)")
+
+from orchestrator.scenarios.actors import load_train  # noqa: E402
+
+
+def _until(cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_checkpoint_stops_it_at_a_step_boundary_and_a_resumed_one_ends_bit_identical(tmp_path: Path) -> None:
+    train = load_train()
+    first = train.TrainingActor(10**9, seed=3, step_delay_s=0.001)  # open-ended, as the scenario starts it
+    _until(lambda: first.status()["step"] >= 20)
+    path = first.checkpoint(str(tmp_path))
+    stopped = first.status()["step"]
+    time.sleep(0.05)
+    assert first.status()["step"] == stopped and first.status()["checkpointed"] == path  # never stepped again
+    meta = (Path(path + ".meta.json")).read_text()
+    assert f'"step": {stopped}' in meta
+    second = train.TrainingActor(10**9, seed=3, resume_from=path)
+    assert second.status()["resumed_at"] == stopped
+    assert second.set_steps(stopped + 30) == stopped + 30  # the rounds are over: finish 30 steps on
+    _until(lambda: second.status()["done"])
+    st = second.status()
+    assert st["step"] == stopped + 30
+    assert st["digest"] == train.run(stopped + 30, seed=3, log=lambda s: None)["digest"]
+    assert second.set_steps(0) == stopped + 30  # never below the step reached
+
+
+def test_a_rogue_one_never_answers(tmp_path: Path) -> None:
+    import threading
+
+    rogue = load_train().TrainingActor(300, seed=1, rogue=True, step_delay_s=0.001)
+    answered = threading.Event()
+    threading.Thread(target=lambda: (rogue.checkpoint(str(tmp_path)), answered.set()), daemon=True).start()
+    assert not answered.wait(0.3) and not list(tmp_path.iterdir())
+    _until(rogue.done)  # it trains on regardless (and its thread ends before the interpreter does)
+    assert not answered.is_set()
