@@ -281,17 +281,29 @@ class HeadController:
         for rec, why in self.nodes.silent(now, self.settings.agent_ttl_s):
             self.nodes.commit(replace(rec, state=NodeState.LOST, reason=why))
             report.lost_nodes.append(rec.name)
-            for e in revocation.confirm(self.ledger, rec.name):  # a lost node frees what it was stopping
-                self._free(e)
+            # A silent agent on a Ray node that is still there: its holders may well run on. Their leases end,
+            # but stay fenced (revoking) until the node's next agent stops them and confirms; only a node that
+            # left Ray frees its devices at once.
+            fence = self.nodes.ray_node_alive(rec)
+            if not fence:
+                for e in revocation.confirm(self.ledger, rec.name):  # a node gone frees what it was stopping
+                    self._free(e)
             self._lose([e for e in self.ledger.occupying_on(rec.name) if e.lease.holding], f"node {rec.name} lost: {why}",
-                       report)
+                       report, fence=fence)
             self._topology_changed(rec.name)
+        for rec in self.nodes.gone_while_lost():  # fenced leases of a node that has since left Ray: free now
+            for e in revocation.confirm(self.ledger, rec.name):
+                self._free(e)
 
-    def _lose(self, entries: list[LedgerEntry], reason: str, report: ReconcileReport, *, requeue: bool = True) -> None:
+    def _lose(self, entries: list[LedgerEntry], reason: str, report: ReconcileReport, *, requeue: bool = True,
+              fence: bool = False) -> None:
+        """End ``entries`` as LOST (a retry for those asked with ``requeue_on_loss``). ``fence``: one whose
+        workload may still run keeps its devices, revoking, until an agent confirms it stopped."""
         if not entries:
             return
         now = self.clock()
         out: list[LedgerEntry] = []
+        fenced: set[str] = set()
         for e in entries:
             new_id = None
             if requeue and e.spec.requeue_on_loss:
@@ -299,11 +311,16 @@ class HeadController:
                 new_id = retry.lease_id
                 out.append(retry)
                 report.requeued.append(new_id)
-            out.append(replace(self._end(e, LeaseState.LOST, reason), requeued_as=new_id))
+            lost = replace(self._end(e, LeaseState.LOST, reason), requeued_as=new_id)
+            if fence and e.workload and e.lease.state in (LeaseState.ACTIVE, LeaseState.CHECKPOINTING):
+                lost = replace(lost, revoking=True)
+                fenced.add(e.lease_id)
+            out.append(lost)
             report.lost_leases.append(e.lease_id)
         self.ledger.commit(out)  # the retry is written before the lost lease that points to it
         for e in entries:
-            self._free(e)
+            if e.lease_id not in fenced:
+                self._free(e)
         self._dirty = True
 
     def _release_dead_holders(self, report: ReconcileReport) -> None:

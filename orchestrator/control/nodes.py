@@ -153,6 +153,17 @@ class NodeRegistry:
                 out.append((rec, "its Ray node left the cluster"))
         return out
 
+    def ray_node_alive(self, rec: NodeRecord) -> bool:
+        """Whether Ray positively lists ``rec``'s node as alive (False while no node table has been read)."""
+        ray_node = self.ray_nodes.get(rec.name)
+        return ray_node is not None and ray_node.ray_node_id == rec.ray_node_id
+
+    def gone_while_lost(self) -> list[NodeRecord]:
+        """Lost nodes whose Ray node has left since (per the last node table read)."""
+        if not self.ray_nodes:
+            return []
+        return [r for r in self.records.values() if r.state is NodeState.LOST and not self.ray_node_alive(r)]
+
     def agents_to_start(self, now: float, ttl: float) -> list[AgentStart]:
         """Every live Ray node without a registered agent, unless a start is in flight (one TTL to register)."""
         out = []

@@ -250,3 +250,47 @@ def test_while_its_victim_is_revoked_a_preemptor_takes_no_second_victim(
         assert head.get_lease(victims[0])["revoking"] is True
         assert head.get_lease(other)["state"] == "active", "a second victim was taken while the first is revoked"
         assert head.get_lease("i")["state"] == "pending"
+
+
+def test_a_silent_agent_on_a_live_ray_node_keeps_its_holders_cards_fenced_until_its_successor_stops_them(
+        head: HeadController, h100: SimAgent, demo: ClusterConfig, clock: FakeClock) -> None:
+    """The agent went quiet but Ray still lists its node: the holder may run on. Its lease is lost (and requeued
+    where asked), but the cards stay taken until the node's next agent has stopped the holder."""
+    from orchestrator.control.nodes import RayNodeInfo
+
+    head.nodes.observe([RayNodeInfo("ray-h100-0", "h100-0", False)])
+    _ask(head, "t", "training")
+    _cycle(head, h100)
+    head.activate("t", head.get_lease("t", KEY)["fencing_token"], None, ROGUE)
+    for _ in range(7):  # the agent is silent past the TTL; the head cycles all along
+        clock.advance(1.0)
+        head.reconcile()
+    t = head.get_lease("t")
+    assert t["state"] == "lost" and t["revoking"] is True
+    _ask(head, "i", "inference")
+    head.reconcile()
+    assert head.get_lease("i")["state"] == "pending"  # fenced: the old holder may still run on the cards
+    successor = SimAgent(head, demo, "h100-0", incarnation="inc-2")
+    successor.core.workloads = FakeWorkloads()
+    successor.register()  # its registration lists the revocation: it stops the holder
+    assert successor.core.workloads.stopped == [ROGUE]  # type: ignore[attr-defined]
+    successor.beat()
+    head.reconcile()
+    assert head.get_lease("t")["revoking"] is False and head.get_lease("i")["state"] == "granted"
+
+
+def test_a_node_that_left_ray_frees_its_lost_leases_at_once(head: HeadController, h100: SimAgent,
+                                                             clock: FakeClock) -> None:
+    from orchestrator.control.nodes import RayNodeInfo
+
+    head.nodes.observe([RayNodeInfo("ray-h100-0", "h100-0", False)])
+    _ask(head, "t", "training")
+    _cycle(head, h100)
+    head.activate("t", head.get_lease("t", KEY)["fencing_token"], None, ROGUE)
+    for _ in range(7):
+        clock.advance(1.0)
+        head.reconcile()
+    assert head.get_lease("t")["revoking"] is True
+    head.nodes.observe([RayNodeInfo("ray-other", "a100-0", True)])  # h100-0's raylet is gone now
+    head.reconcile()
+    assert head.get_lease("t")["revoking"] is False
