@@ -188,8 +188,8 @@ class HeadMetrics:
         # Live leases and the preempted ones are read through the ledger's indexes: the ended leases it
         # keeps for a day cost nothing here.
         ledger = ctl.ledger
-        live = ledger.in_state(*(s for s in LeaseState if s not in LEASE_TRANSITIONS.terminal))
-        preempted = ledger.in_state(LeaseState.PREEMPTED)
+        live = ledger.in_state_any_order(*(s for s in LeaseState if s not in LEASE_TRANSITIONS.terminal))
+        preempted = ledger.in_state_any_order(LeaseState.PREEMPTED)
         queued: dict[tuple[str, ...], float] = {}
         by_state: dict[tuple[str, ...], float] = {}
         active: dict[tuple[str, ...], float] = {}
