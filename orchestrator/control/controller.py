@@ -324,11 +324,11 @@ class HeadController:
         self._dirty = True
 
     def _release_dead_holders(self, report: ReconcileReport) -> None:
-        active = [e for e in self.ledger.in_state(LeaseState.ACTIVE) if e.holder]
+        active = [e for e in self.ledger.in_state_any_order(LeaseState.ACTIVE) if e.holder]
         if not active:
             return
         alive = self.holder_probe([e.holder for e in active if e.holder])
-        dead = [e for e in active if alive.get(e.holder or "", True) is False]
+        dead = self.ledger.in_order([e.lease_id for e in active if alive.get(e.holder or "", True) is False])
         # A dead holder is not requeued: what to do about a crashed workload is the job layer's call.
         self._lose(dead, "holder died", report, requeue=False)
 

@@ -219,7 +219,7 @@ class Ledger:
                 if not ids:
                     del self._on_node[a.node_name]  # type: ignore[union-attr]
 
-    def _in_order(self, ids: Collection[str]) -> list[LedgerEntry]:
+    def in_order(self, ids: Collection[str]) -> list[LedgerEntry]:
         """The entries of ``ids`` in ``entries``' order (what a scan would return)."""
         pos = self._pos
         return [self.entries[i] for i in sorted(ids, key=pos.__getitem__)]
@@ -267,15 +267,21 @@ class Ledger:
 
     def in_state(self, *states: LeaseState) -> list[LedgerEntry]:
         if len(states) == 1:
-            return self._in_order(self._by_state[states[0]])
-        return self._in_order(set().union(*(self._by_state[s] for s in states)))
+            return self.in_order(self._by_state[states[0]])
+        return self.in_order(set().union(*(self._by_state[s] for s in states)))
+
+    def in_state_any_order(self, *states: LeaseState) -> list[LedgerEntry]:
+        """:meth:`in_state` without the ledger's order: for counting and probing, where it does not
+        matter, it saves sorting every live lease by position each cycle."""
+        entries = self.entries
+        return [entries[i] for s in states for i in self._by_state[s]]
 
     def holding(self) -> list[LedgerEntry]:
         return self.in_state(*HOLDING_STATES)
 
     def occupying(self) -> list[LedgerEntry]:
         """Entries whose devices are taken: holding ones, and ended ones awaiting their agent's confirmation."""
-        return self._in_order(self._occupying)
+        return self.in_order(self._occupying)
 
     def _bump(self, node: str) -> None:
         self._node_versions[node] = self._node_versions.get(node, 0) + 1
@@ -290,8 +296,8 @@ class Ledger:
 
     def victims_for(self, lease_id: str) -> list[LedgerEntry]:
         """The entries preempted, or being preempted, for ``lease_id`` (``preempt_for``)."""
-        return self._in_order(self._victims.get(lease_id, ()))
+        return self.in_order(self._victims.get(lease_id, ()))
 
     def occupying_on(self, node: str) -> list[LedgerEntry]:
         """The occupying entries (:meth:`occupying`) whose allocation is on ``node``."""
-        return self._in_order(self._on_node.get(node, ()))
+        return self.in_order(self._on_node.get(node, ()))

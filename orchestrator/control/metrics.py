@@ -41,7 +41,7 @@ Preemption and latency
 
 Agents, inventory, inference
 
-* ``orchestrator_agent_heartbeat_age_seconds{node}``;
+* ``orchestrator_agent_heartbeat_age_seconds{node}`` -- refreshed at most once a second;
 * ``orchestrator_inventory_disagreements{node,field,severity}`` -- the latest Kubernetes
   cross-check (node labels vs the agents' NVML inventory, ``HeadApi.report_inventory_check``);
   one series per severity with empty ``node`` and ``field`` (which Prometheus stores
@@ -53,7 +53,10 @@ Agents, inventory, inference
   through ``HeadApi.record_inference``.
 
 :class:`HeadMetrics` holds its own registry (several heads in one test process
-never collide) and is updated once per reconcile cycle; it imports no Ray.
+never collide) and is updated once per reconcile cycle; it imports no Ray. The
+per-GPU, per-lease and per-node families are :class:`SeriesTable` s (a dict of
+series read at scrape time), not labelled gauges: a cluster has hundreds of
+thousands of those series.
 :meth:`HeadMetrics.serve` starts the HTTP endpoint; :meth:`HeadMetrics.samples`
 is the same data as JSON for the head's API.
 """
@@ -64,6 +67,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import start_http_server
 
 from orchestrator.control.controller import HeadController, ReconcileReport
@@ -74,6 +78,35 @@ from orchestrator.core.reasons import Cause
 MIB = 1024 * 1024
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 SEVERITIES = ("error", "warning")
+#: How often the heartbeat ages are refreshed (head clock seconds): every node's series changes each
+#: time, so refreshing them every cycle cost O(nodes) per cycle for a value scraped every 15 s or so.
+HEARTBEAT_AGE_EVERY_S = 1.0
+
+
+class SeriesTable:
+    """A gauge family whose series live in one plain dict, ``values`` (label values -> value), read
+    at scrape time.
+
+    A labelled :class:`~prometheus_client.Gauge` keeps a child object, a lock and a value holder
+    per series: 40,000 GPUs x 5 per-GPU gauges were 600,000 objects for the garbage collector to
+    walk on every full collection, and a lock taken per set. Here a series is a dict entry.
+    ``values`` is changed only by the head's thread; a scrape (another thread) copies it first,
+    in one C call, so it sees the dict as it was between two changes."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.values: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, v in self.values.copy().items():
+            family.add_metric(labels, v)
+        return [family]
+
 
 
 def share_of_card(a: Allocation) -> float:
@@ -107,19 +140,19 @@ class HeadMetrics:
                                    registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                         0.5, 1, 2.5))
         gpu = ["node", "gpu"]
-        self.compute_capacity = Gauge("orchestrator_gpu_compute_capacity", "GPU compute capacity (GPUs)", gpu,
-                                      registry=r)
-        self.compute_committed = Gauge("orchestrator_gpu_compute_committed", "GPU compute committed to leases (GPUs)",
-                                       gpu, registry=r)
-        self.memory_capacity = Gauge("orchestrator_gpu_memory_capacity_bytes", "GPU memory", gpu, registry=r)
-        self.memory_committed = Gauge("orchestrator_gpu_memory_committed_bytes", "GPU memory committed to leases",
-                                      gpu, registry=r)
-        self.gpu_util = Gauge("orchestrator_gpu_utilization_ratio", "Busy fraction of the card", gpu + ["source"],
-                              registry=r)
-        self.lease_util = Gauge("orchestrator_lease_gpu_utilization_ratio", "Busy fraction of a lease's cards",
-                                ["lease", "owner", "node", "kind", "source"], registry=r)
-        self.heartbeat_age = Gauge("orchestrator_agent_heartbeat_age_seconds", "Since the agent's last heartbeat",
-                                   ["node"], registry=r)
+        self.compute_capacity = SeriesTable("orchestrator_gpu_compute_capacity", "GPU compute capacity (GPUs)", gpu, r)
+        self.compute_committed = SeriesTable("orchestrator_gpu_compute_committed",
+                                             "GPU compute committed to leases (GPUs)", gpu, r)
+        self.memory_capacity = SeriesTable("orchestrator_gpu_memory_capacity_bytes", "GPU memory", gpu, r)
+        self.memory_committed = SeriesTable("orchestrator_gpu_memory_committed_bytes",
+                                            "GPU memory committed to leases", gpu, r)
+        self.gpu_util = SeriesTable("orchestrator_gpu_utilization_ratio", "Busy fraction of the card",
+                                    gpu + ["source"], r)
+        self.lease_util = SeriesTable("orchestrator_lease_gpu_utilization_ratio", "Busy fraction of a lease's cards",
+                                      ["lease", "owner", "node", "kind", "source"], r)
+        self.heartbeat_age = SeriesTable("orchestrator_agent_heartbeat_age_seconds", "Since the agent's last heartbeat",
+                                         ["node"], r)
+        self._heartbeat_ages_at = float("-inf")  # head clock time of the last refresh
         self.inventory_disagreements = Gauge(
             "orchestrator_inventory_disagreements",
             "Disagreements between Kubernetes node labels (GPU feature discovery) and the agents' NVML inventory",
@@ -137,7 +170,7 @@ class HeadMetrics:
         self._ended_seen: set[str] = set()
         self._server: Any = None
         self._synced: dict[str, dict[tuple[str, ...], float]] = {}  # per gauge: the values it was last set to
-        self._node_series: dict[str, tuple[Any, dict[Gauge, dict[tuple[str, ...], float]]]] = {}  # node -> (key, series)
+        self._node_series: dict[str, tuple[Any, dict[SeriesTable, dict[tuple[str, ...], float]]]] = {}  # node -> (key, series)
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}  # (gauge, labels) -> its child, to set it cheaply
         self._gpu_caps: dict[str, tuple[Any, dict[tuple[str, str], float]]] = {}  # node -> (inventory, memory)
 
@@ -155,8 +188,8 @@ class HeadMetrics:
         # Live leases and the preempted ones are read through the ledger's indexes: the ended leases it
         # keeps for a day cost nothing here.
         ledger = ctl.ledger
-        live = ledger.in_state(*(s for s in LeaseState if s not in LEASE_TRANSITIONS.terminal))
-        preempted = ledger.in_state(LeaseState.PREEMPTED)
+        live = ledger.in_state_any_order(*(s for s in LeaseState if s not in LEASE_TRANSITIONS.terminal))
+        preempted = ledger.in_state_any_order(LeaseState.PREEMPTED)
         queued: dict[tuple[str, ...], float] = {}
         by_state: dict[tuple[str, ...], float] = {}
         active: dict[tuple[str, ...], float] = {}
@@ -189,7 +222,9 @@ class HeadMetrics:
         self._sync(self.leases_active, active, keep_zero=True)
         self._capacity(ctl, measured or {})
         now = ctl.clock()
-        self._sync(self.heartbeat_age, {(r.name,): max(0.0, now - r.last_seen) for r in ctl.nodes.registered()})
+        if now - self._heartbeat_ages_at >= HEARTBEAT_AGE_EVERY_S:
+            self._heartbeat_ages_at = now
+            self.heartbeat_age.values = {(r.name,): max(0.0, now - r.last_seen) for r in ctl.nodes.registered()}
         if report is not None:
             self._count(ctl, report)
 
@@ -243,7 +278,7 @@ class HeadMetrics:
             self._node_series[node] = (key, values)
 
     def _node_values(self, node: str, inv: Any, holding: list[Any], measured: Mapping[int, float]
-                     ) -> dict[Gauge, dict[tuple[str, ...], float]]:
+                     ) -> dict[SeriesTable, dict[tuple[str, ...], float]]:
         """One node's series of the per-GPU and per-lease gauges."""
         mem_cap = self._gpu_memory(node, inv) if inv is not None else {}
         cap = dict.fromkeys(mem_cap, 1.0)
@@ -285,16 +320,14 @@ class HeadMetrics:
                 self.memory_committed: {k: min(v, mem_cap[k]) for k, v in mem.items()}, self.gpu_util: util,
                 self.lease_util: lease_util}
 
-    def _set_node(self, node: str, values: dict[Gauge, dict[tuple[str, ...], float]]) -> None:
-        """Set one node's series to ``values``: those that changed are set, those it no longer has removed."""
+    def _set_node(self, node: str, values: dict[SeriesTable, dict[tuple[str, ...], float]]) -> None:
+        """Set one node's series to ``values``; those it no longer has go."""
         before = self._node_series.get(node, (None, {}))[1]
-        for gauge in set(before) | set(values):
-            old, new = before.get(gauge, {}), values.get(gauge, {})
-            for labels, v in new.items():
-                if old.get(labels) != v:
-                    self._child(gauge, labels).set(v)
+        for table in set(before) | set(values):
+            old, new = before.get(table, {}), values.get(table, {})
+            table.values.update(new)
             for labels in old.keys() - new.keys():
-                self._remove(gauge, labels)
+                del table.values[labels]
 
     def _child(self, gauge: Gauge, labels: tuple[str, ...]) -> Any:
         key = (gauge._name, labels)  # noqa: SLF001 - the gauge's own name, unique in the registry

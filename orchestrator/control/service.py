@@ -26,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -90,6 +91,7 @@ class HeadService:
         self.restored = self.ctl.restore()
         self.jobs.restore()
         self.started_at = clock()
+        self._nodes_seen = (0, 0)  # node records (when the heap was last frozen, at the last cycle)
 
     # ---- time ----------------------------------------------------------------------------------
     def cycle(self) -> ReconcileReport:
@@ -110,10 +112,30 @@ class HeadService:
         for event in self.jobs.reconcile():
             log.info("%s", event)
         self.metrics.update(self.ctl, report, measured=self.ctl.measured)
+        self._freeze_when_settled()
         if report.lost_nodes or report.lost_leases:
             log.warning("lost nodes %s, lost leases %s, requeued %s", report.lost_nodes, report.lost_leases,
                         report.requeued)
         return report
+
+    def _freeze_when_settled(self) -> None:
+        """Once nodes have joined (at start-up, after a restore, when the cluster grows) and the
+        agents asked for have registered -- or no more registered for a cycle -- collect garbage
+        once and freeze what survives (``gc.freeze``).
+
+        What the nodes brought (inventories, node records, the snapshot's static part, the
+        per-GPU series) lives as long as the nodes do; frozen, later full collections walk only
+        what came after it, instead of a million objects per pause at 5,000 nodes. The price:
+        a frozen object that later becomes part of a garbage cycle is not reclaimed (none of
+        these form cycles; they are freed by reference counting when dropped)."""
+        nodes = len(self.ctl.nodes.records)
+        frozen_at, last = self._nodes_seen
+        self._nodes_seen = (frozen_at, nodes)
+        if nodes > frozen_at and (not self.ctl.nodes.starts or nodes == last):
+            gc.collect()
+            gc.freeze()
+            self._nodes_seen = (nodes, nodes)
+            log.info("heap frozen after %d nodes joined: %d objects", nodes - frozen_at, gc.get_freeze_count())
 
     def cycle_safely(self) -> ReconcileReport | None:
         """:meth:`cycle`, logging instead of raising: one bad cycle never stops the loop (the next one retries)."""

@@ -145,7 +145,9 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
              config: SchedulerConfig, now: float, policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset()) -> Plan:
     """Run one cycle; see the module docstring. ``in_flight``: lease ids already being preempted."""
     work = snapshot
-    usage = queue_usage(holding)
+    # Only a quota reads what queues hold: without one, skip the pass over every holding lease.
+    quotas = any(q.quota_gpus is not None for q in config.queues.values())
+    usage = queue_usage(holding) if quotas else {}
     grants: list[Grant] = []
     preemptions: list[Preemption] = []
     waiting: list[Waiting] = []

@@ -30,7 +30,7 @@ answer; a :class:`Placement` always fits the snapshot it was decided on
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -161,24 +161,33 @@ _NOT_ENOUGH_HOST_MEMORY = Reason(Cause.FIT_HOST_MEMORY, "not enough free host me
 _NO_SUCH_MIG_PROFILE = Reason(Cause.FIT_MIG_PROFILE, "GPU model offers no such MIG profile")
 
 
-def _node_filter(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative) -> tuple[np.ndarray | None, list[tuple[np.ndarray, Reason]]]:
-    """Node-wide checks, in order; returns the passing mask (None: every node passes) and the
-    (passing mask, reason) of each check, for :func:`_filter_reasons` when nothing fits."""
+def _node_filter(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, nodes: np.ndarray | None = None
+                 ) -> tuple[np.ndarray | None, list[tuple[np.ndarray, Reason]]]:
+    """Node-wide checks, in order, over ``nodes`` (None: every node); returns the passing mask
+    (None: every node passes) and the (passing mask, reason) of each check, for
+    :func:`_filter_reasons` when nothing fits. Each check reads only its own node."""
     st = snap.static
     checks: list[tuple[np.ndarray, Reason]] = []
+    model = st.model if nodes is None else st.model[nodes]
     if req.node is not None:
-        m = np.zeros(st.n, dtype=bool)
-        if req.node in st.index:
-            m[st.index[req.node]] = True
+        pin = st.index.get(req.node, -1)
+        if nodes is None:
+            m = np.zeros(st.n, dtype=bool)
+            if pin >= 0:
+                m[pin] = True
+        else:
+            m = nodes == pin
         checks.append((m, Reason(Cause.FIT_NODE_PIN, f"not node {req.node}")))
     if req.models:
         allowed = np.array([MODEL_INDEX[x] for x in req.models], dtype=np.int16)
-        checks.append((np.isin(st.model, allowed), Reason(Cause.FIT_MODEL, f"GPU model not in {'|'.join(req.models)}")))
+        checks.append((np.isin(model, allowed), Reason(Cause.FIT_MODEL, f"GPU model not in {'|'.join(req.models)}")))
     if alt.kind is ShareKind.MIG:
         allowed = np.array([MODEL_INDEX[x] for x, _ in alt.profiles], dtype=np.int16)
-        checks.append((np.isin(st.model, allowed), _NO_SUCH_MIG_PROFILE))
+        checks.append((np.isin(model, allowed), _NO_SUCH_MIG_PROFILE))
     if req.cpu_milli or req.host_memory_mib:
         cpu_free, mem_free = _host_free(snap)
+        if nodes is not None:
+            cpu_free, mem_free = cpu_free[nodes], mem_free[nodes]
         if req.cpu_milli:
             checks.append((cpu_free >= req.cpu_milli, _NOT_ENOUGH_CPU))
         if req.host_memory_mib:
@@ -231,48 +240,123 @@ def _ensure_scored(st: SnapshotStatic, states: np.ndarray, alt: Alternative, pol
         _score_states(st, ids, alt, policy, table)
 
 
-def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: PlacementPolicy,
-                       rng: np.random.Generator | None) -> Placement | Counter[Reason]:
+@dataclass(slots=True)
+class _NodeTotals:
+    """One (policy, alternative, request)'s total score on every node of
+    the snapshot whose dynamic vectors are ``gstate``/``cpu_used``/``mem_used``: ``total`` (N,)
+    the state's best score plus the policy's node-wide term, INF where the node fails a node-wide
+    check or its state has no slot; ``feasible`` (N,) the nodes that have a slot; ``memo`` the
+    per-candidate terms ``node_score`` kept in its :class:`NodeContext` memo, per node, for
+    the winner's ``explain``."""
+
+    gstate: np.ndarray
+    cpu_used: np.ndarray
+    mem_used: np.ndarray
+    total: np.ndarray
+    feasible: np.ndarray
+    memo: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+# How many requests' node totals a snapshot family keeps (least recently used go first); a
+# request whose totals are gone is scored over every node again.
+_NODE_TOTALS_KEPT = 64
+
+
+def _node_totals(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: PlacementPolicy,
+                 table: _StateTable) -> _NodeTotals:
+    """The request's :class:`_NodeTotals` on ``snap``.
+
+    A node's total is a pure function of that node's GPU state, free CPU and free memory (and
+    of the family's static part): the state's memo, the node-wide checks, and the policy's
+    ``node_score``, which reads only its own node (:class:`~.policy.PlacementPolicy`). So the
+    totals kept from the last snapshot this request was placed on are recomputed only for the
+    nodes whose state, CPU or memory differ (values are compared, so any order of snapshots is
+    fine): after a placement, one node. Each value is computed as a full pass would (the same
+    elementwise operations on the same inputs), so keeping them never changes an answer."""
     st = snap.static
-    ok, checks = _node_filter(snap, req, alt)
-    table = st.cache(("engine", policy.key, alt_key(alt)), _StateTable)
-    if ok is None:
-        idx = np.arange(st.n)
-        states = snap.gstate
+    kept = st.cache(("engine", "node_totals"), OrderedDict)
+    key = (policy.key, alt_key(alt), req)  # the whole request: whatever of it node_score reads
+    e = kept.get(key)
+    if e is None:
+        nodes = None
+        e = _NodeTotals(snap.gstate, snap.cpu_used, snap.mem_used, np.full(st.n, INF), np.zeros(st.n, dtype=bool))
+        kept[key] = e
+        if len(kept) > _NODE_TOTALS_KEPT:
+            kept.popitem(last=False)
     else:
-        idx = np.flatnonzero(ok)
-        states = snap.gstate[idx]
+        kept.move_to_end(key)
+        if e.gstate is snap.gstate and e.cpu_used is snap.cpu_used and e.mem_used is snap.mem_used:
+            return e
+        nodes = np.flatnonzero((snap.gstate != e.gstate) | (snap.cpu_used != e.cpu_used) | (snap.mem_used != e.mem_used))
+        e.gstate, e.cpu_used, e.mem_used = snap.gstate, snap.cpu_used, snap.mem_used
+        if not len(nodes):
+            return e
+        e.total[nodes] = INF
+        e.feasible[nodes] = False
+    ok, _ = _node_filter(snap, req, alt, nodes)
+    idx = np.arange(st.n) if nodes is None else nodes
+    if ok is not None:
+        idx = idx[ok]
+    states = snap.gstate[idx]
     _ensure_scored(st, states, alt, policy, table)
     scores = table.score.values[states]
     feasible = np.isfinite(scores)
-    n_feasible = int(np.count_nonzero(feasible))
+    cand, total, cand_states = idx[feasible], scores[feasible], states[feasible]
+    if len(cand):
+        ctx = _context(snap, cand, cand_states, table, policy)
+        extra = policy.node_score(snap, cand, alt, req, ctx)
+        e.total[cand] = total if extra is None else total + extra
+        e.feasible[cand] = True
+        for name, values in (ctx.memo.items() if ctx is not None else ()):
+            col = e.memo.get(name)
+            if col is None:
+                col = e.memo[name] = np.full(st.n, np.nan)
+            col[cand] = values
+    return e
+
+
+def _context(snap: ClusterSnapshot, cand: np.ndarray, cand_states: np.ndarray, table: _StateTable,
+             policy: PlacementPolicy) -> NodeContext | None:
+    """The :class:`NodeContext` of candidate nodes ``cand`` (in states ``cand_states``), when the policy asks for one."""
+    if not policy.capabilities.node_context:
+        return None
+    cpu_free, mem_free = _host_free(snap)
+    return NodeContext(snap.static, cand_states, table.slot.values[cand_states], cpu_free[cand], mem_free[cand])
+
+
+def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: PlacementPolicy,
+                       rng: np.random.Generator | None) -> Placement | Counter[Reason]:
+    st = snap.static
+    table = st.cache(("engine", policy.key, alt_key(alt)), _StateTable)
+    totals = _node_totals(snap, req, alt, policy, table)
+    n_feasible = int(np.count_nonzero(totals.feasible))
     if not n_feasible:
+        ok, checks = _node_filter(snap, req, alt)
+        states = snap.gstate if ok is None else snap.gstate[np.flatnonzero(ok)]
         reasons = _filter_reasons(checks, st.n)
         for code, c in zip(*np.unique(table.reason.values[states], return_counts=True)):
             reasons[FIT_REASONS[int(code)]] += int(c)  # type: ignore[index]
         return reasons
-    if n_feasible < len(idx):
-        cand, total, cand_states = idx[feasible], scores[feasible], states[feasible]
-    else:
-        cand, total, cand_states = idx, scores, states
-    ctx = None
-    if policy.capabilities.node_context:
-        cpu_free, mem_free = _host_free(snap)
-        ctx = NodeContext(st, cand_states, table.slot.values[cand_states], cpu_free[cand], mem_free[cand])
-    extra = policy.node_score(snap, cand, alt, req, ctx)
-    if extra is not None:
-        total = total + extra
+    total = totals.total
     best = total.min()
-    ties = np.flatnonzero(total == best)
-    pick = ties[0] if rng is None or len(ties) == 1 else ties[int(rng.integers(len(ties)))]
-    node = int(cand[pick])
+    if not np.isfinite(best):  # a node-wide term of +inf: rank among the feasible nodes only
+        total = np.where(totals.feasible, total, np.nan)
+        best = np.nanmin(total)
+    ties = np.flatnonzero(total == best)  # node indices, ascending: the lowest index first
+    node = int(ties[0] if rng is None or len(ties) == 1 else ties[int(rng.integers(len(ties)))])
     slot = int(table.slot.values[snap.gstate[node]])
     if rng is not None and policy.capabilities.random_slot:
         slot = random_slot(st, int(snap.gstate[node]), alt, rng, slot)
     alloc = _allocation(snap, node, slot, alt, req)
-    why = policy.explain(ctx, int(pick)) if ctx is not None else ""
-    return Placement(alloc, alt, policy.name, float(best), len(cand),
-                     _placed_reason(alloc, alt, policy.name, float(best), len(cand), len(ties), why))
+    why = ""
+    if policy.capabilities.node_context:  # the winner's terms, as node_score kept them for it
+        one = np.array([node])
+        ctx = _context(snap, one, snap.gstate[one], table, policy)
+        assert ctx is not None
+        ctx.memo.update((name, col[one]) for name, col in totals.memo.items())
+        why = policy.explain(ctx, 0)
+    return Placement(alloc, alt, policy.name, float(best), n_feasible,
+                     _placed_reason(alloc, alt, policy.name, float(best), n_feasible, len(ties), why))
 
 
 def _placed_reason(alloc: Allocation, alt: Alternative, policy: str, score: float, feasible: int, tied: int,

@@ -10,13 +10,18 @@ vectorised:
 * ``node_score(snapshot, nodes, alt, request, ctx)``: an optional node-wide
   term (free CPU, host memory) added to the best GPU score of each node's
   state; ``ctx`` is a :class:`NodeContext` when the policy's capabilities ask
-  for one, else None.
+  for one, else None. A node's term reads only that node -- its GPU state,
+  free CPU and memory, and the static part -- never which other nodes are
+  candidates: the engine keeps each request's totals per node and asks again
+  only for the nodes that changed since (after a placement, one).
 
 What the engine does differently for a policy is said once, in its
 :class:`Capabilities`, never found out by probing attributes.
 
 Invariants: ``key`` is equal for policies that score alike and never changes
 after construction; ``gpu_score`` is a pure function of (view, alt, key);
+``node_score`` is elementwise over ``nodes`` (a pure function of each node's
+GPU state, free CPU and memory, the request and the key);
 ``remember_best`` and ``explain`` never change a score.
 """
 
@@ -63,7 +68,9 @@ class NodeContext:
     (MiB) before the request; ``static`` the snapshot's static part (for
     per-state tables a policy keeps). All arrays are read-only views.
     ``memo`` is scratch space for this one request: a policy may keep the terms
-    of its ``node_score`` there and name them in ``explain`` for the winner.
+    of its ``node_score`` there, each a (K,) array with one value per candidate
+    (the engine keeps them per node with the node's total), and name them in
+    ``explain`` for the winner -- which is given a context of that one node.
     """
 
     static: SnapshotStatic
@@ -96,7 +103,8 @@ class PlacementPolicy(Protocol):
 
     def node_score(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
                    ctx: NodeContext | None) -> np.ndarray | None:
-        """(K,) node-wide term for the candidate ``nodes``, or None for none."""
+        """(K,) node-wide term for the candidate ``nodes``, or None for none; each node's
+        value depends on that node alone (see the module docstring)."""
         ...
 
     def explain(self, ctx: NodeContext, k: int) -> str:

@@ -118,3 +118,16 @@ def test_restore_keeps_the_stored_counter_when_the_leases_it_covered_were_pruned
     again = Ledger(store, "ns")
     again.restore()
     assert (again.fencing, again.seq) == (12, 9)
+
+
+def test_in_state_any_order_holds_what_in_state_holds() -> None:
+    """The same entries as ``in_state``, which alone promises the ledger's order."""
+    ledger = Ledger(MemoryStore(), "ns")
+    first = _active()
+    retry = preempting.retry_of(first, "lost", 1.0)
+    ledger.commit([first, retry])
+    for states in ((LeaseState.ACTIVE,), (LeaseState.PENDING,), (LeaseState.ACTIVE, LeaseState.PENDING),
+                   (LeaseState.RELEASED,)):
+        assert sorted(e.lease_id for e in ledger.in_state_any_order(*states)) == \
+            sorted(e.lease_id for e in ledger.in_state(*states))
+    assert [e.lease_id for e in ledger.in_order({retry.lease_id, first.lease_id})] == [first.lease_id, retry.lease_id]

@@ -155,3 +155,16 @@ def test_inference_reports_count_requests_latency_and_slo_misses() -> None:
     assert value(m, "orchestrator_inference_latency_seconds_count", service="svc") == 3
     got = {s[0] for s in m.samples()}
     assert "orchestrator_inference_requests_total" in got
+
+
+def test_heartbeat_ages_are_refreshed_at_most_once_a_second(ctl, agents, clock) -> None:
+    """Every node's age changes each time: the gauge is set once a second of head time, not each cycle."""
+    m = HeadMetrics()
+    m.update(ctl)
+    first = value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0")
+    clock.advance(0.6)
+    m.update(ctl)
+    assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0") == first
+    clock.advance(0.4)
+    m.update(ctl)
+    assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0") == pytest.approx(first + 1.0)

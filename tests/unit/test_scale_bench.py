@@ -40,6 +40,7 @@ def test_every_lease_is_accounted_for(result: dict) -> None:
 def test_the_figures_are_present_and_sane(result: dict) -> None:
     assert (result["nodes"], result["leases"]) == (NODES, LEASES)
     assert 0 < result["cycle_p50_ms"] <= result["cycle_p99_ms"] <= result["cycle_max_ms"]
+    assert 0 <= result["cycle_cpu_p50_ms"] <= result["cycle_cpu_p99_ms"]
     # every agent beats once per heartbeat interval: a quarter of them each 0.25 s cycle
     assert result["heartbeats"] == result["cycles"] * NODES // 4
     assert result["heartbeats_per_s"] > 0 and result["heartbeat_mean_us"] > 0

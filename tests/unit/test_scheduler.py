@@ -65,6 +65,18 @@ def test_quota_without_borrowing_waits_with_reason() -> None:
     assert "quota" in plan.waiting[0].reason.text and plan.waiting[0].reason.cause is Cause.WAIT_QUOTA
 
 
+def test_quota_counts_what_the_queue_already_holds() -> None:
+    """A lease granted in an earlier cycle counts against its queue's quota (``queue_usage`` of the holding)."""
+    s = snap(2)
+    first = schedule(s, [item("a", GpuRequest.whole(1), queue="small")], [], CFG, now=10, policy=POLICY)
+    (g,) = first.grants
+    held = Lease.new("a", GpuRequest.whole(1), now=10, queue="small").grant(g.placement.allocation, 1, now=10,
+                                                                              reason="granted")
+    plan = schedule(s.apply(g.placement.allocation), [item("b", GpuRequest.whole(1), queue="small", t=1)], [held],
+                    CFG, now=11, policy=POLICY)
+    assert not plan.grants and plan.waiting[0].reason.cause is Cause.WAIT_QUOTA
+
+
 def test_borrowing_grants_idle_capacity_and_says_so() -> None:
     pending = [item("a", GpuRequest.whole(1), queue="lender", t=0), item("b", GpuRequest.whole(1), queue="lender", t=1)]
     plan = schedule(snap(2), pending, [], CFG, now=10, policy=POLICY)

@@ -14,6 +14,11 @@ health changes, under every policy of ``POLICY_NAMES``:
   (the held allocations and health changes replayed on a fresh build) says it
   was, and ``apply``/``release``/``with_health`` leave their receiver so;
   releasing everything gives back the original snapshot exactly;
+* **memos change no answer** -- the engine keeps each request's totals per
+  node and recomputes only the nodes that changed since it last placed that
+  request; every answer (allocation, score, feasible and tied counts, reason)
+  equals the one a fresh snapshot family gives, also when an older snapshot
+  is asked again;
 * **complete and sound** -- a brute-force oracle that reads only the node
   specs, the catalogue and the snapshot's per-GPU rows (none of the engine's
   candidate code) lists every slot a request could take; the engine places
@@ -24,6 +29,7 @@ health changes, under every policy of ``POLICY_NAMES``:
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from itertools import combinations
 
@@ -236,6 +242,41 @@ def test_no_overcommit_and_release_restores(cluster, ops, policy) -> None:
     assert usage(run.snap) == usage(ClusterSnapshot.build(specs, timeslice_capacity_milli=run.ts_cap)), \
         "releasing everything must restore the original snapshot"
     assert run.snap.same_state(run.s0)
+
+
+def _answer(res: Placement | Unschedulable) -> dict:
+    return res.to_json()
+
+
+# As OPS, but a request is an index into a small pool (so the same request comes back on later
+# snapshots), and "again" asks an earlier snapshot once more.
+POOL_OPS = st.lists(st.tuples(st.sampled_from(("place", "place", "place", "release", "health", "again")),
+                              st.integers(0, 2), st.integers(0, 10**6), st.booleans()), min_size=2, max_size=25)
+
+
+@settings(PROPERTY, max_examples=120)
+@given(cluster=clusters(max_nodes=6), pool=st.lists(requests(), min_size=1, max_size=3), ops=POOL_OPS,
+       policy=st.sampled_from(POLICY_NAMES))
+# A node whose free CPU changed and whose GPU state did not (a CPU-only task) must be scored again.
+@example(cluster=([NodeSpec("n0", "T4", 2, cpu_milli=8000), NodeSpec("n1", "T4", 2, cpu_milli=8000)], 1000),
+         pool=[GpuRequest.whole(0, cpu_milli=4000), GpuRequest.timeslice(0.5, cpu_milli=4000)],
+         ops=[("place", 1, 0, True), ("again", 1, 1, True), ("place", 0, 0, True), ("place", 1, 0, True)],
+         policy="bestfit")
+def test_kept_totals_never_change_an_answer(cluster, pool, ops, policy) -> None:
+    run = Replay(*cluster, policy)
+    seen = [(run.snap, run.rebuilt())]
+    for op, k, pick, healthy in ops:
+        req = pool[k % len(pool)]
+        if op == "again":
+            old, fresh = seen[pick % len(seen)]
+            assert _answer(place(old, req, run.policy)) == _answer(place(fresh, req, run.policy)), \
+                f"{req.describe()} on an earlier snapshot"
+            continue
+        fresh, rng = run.rebuilt(), copy.deepcopy(run.rng)
+        res = run.step(op, req, pick, healthy)
+        if res is not None:
+            assert _answer(res) == _answer(place(fresh, req, run.policy, rng=rng)), req.describe()
+        seen.append((run.snap, run.rebuilt()))
 
 
 # ---- the brute-force oracle --------------------------------------------------------------------------
