@@ -34,6 +34,21 @@ URGENT_BEAT_S = 0.1
 _JOB_ENDED = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
 
 
+def process_alive(pid: int) -> bool:
+    """A process on this node that exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)  # no /proc (not Linux): existence only
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 class RayWorkloads:
     """The agent's :class:`~orchestrator.control.agent.WorkloadPort` on a Ray cluster: ``ray.kill`` of a
     named actor, stop of a Ray job through the job API, SIGKILL of a process."""
@@ -42,14 +57,25 @@ class RayWorkloads:
         self._local = LocalWorkloads()
         self._jobs: ray_api.RayJobRunner | None = None
         self._actors: dict[str, Any] = {}  # workload -> the holder actor's handle (see watch)
+        self._pids: dict[str, int | None] = {}  # workload being stopped -> its process id
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-holders")
 
     def stop(self, workload: str) -> bool:
         kind, ref = parse_workload(workload)
         if kind == "actor":
             namespace, name = ref.split("/", 1)
+            if workload not in self._pids:  # before the kill: afterwards the GCS may not say any more
+                self._pids[workload] = ray_api.named_actor_pid(name, namespace)
             ray_api.kill_named(name, namespace)
-            return not ray_api.named_actor_alive(name, namespace)
+            if ray_api.named_actor_alive(name, namespace):
+                return False
+            # Ray marks the actor dead before its process has exited; a dying process still holds its
+            # device (its CUDA context), so confirm only once the process is gone from this node too.
+            pid = self._pids[workload]
+            if pid is not None and process_alive(pid):
+                return False
+            self._pids.pop(workload, None)
+            return True
         if kind == "job":
             self._jobs = self._jobs or ray_api.RayJobRunner()
             status = self._jobs.status(ref)

@@ -290,6 +290,18 @@ def kill_named(name: str, namespace: str) -> bool:
     return True
 
 
+def named_actor_pid(name: str, namespace: str) -> int | None:
+    """The process id of a named actor as the GCS records it (None: no such actor, or not started yet)."""
+    from ray._private.state import state
+
+    try:
+        aid = ray.get_actor(name, namespace=namespace)._actor_id.hex()
+        pid = (state.actor_table(aid) or {}).get("Pid")
+    except Exception:
+        return None
+    return int(pid) if pid else None
+
+
 def named_actor_alive(name: str, namespace: str) -> bool:
     """Whether a named actor exists and is not dead."""
     try:

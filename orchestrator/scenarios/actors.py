@@ -49,10 +49,12 @@ import numpy as np
 from orchestrator.core.api import HeadApi
 from orchestrator.core.request import GpuRequest
 from orchestrator.rayport import ray_api
+from orchestrator.rayport.agent import process_alive
 from orchestrator.sdk.leases import LeaseHandle, lease
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "jobs" / "train.py"
+OPEN_ENDED = 10**9  # a training run's target while the rounds go on
 
 
 def load_train() -> Any:
@@ -141,7 +143,7 @@ class DoubleUseChecker:
     def sample(self) -> None:
         users: dict[str, dict[str, list[str]]] = {}  # device -> lease -> who says it holds it
         for lease_id, pid, devices in self.holders():
-            if _alive(pid):
+            if process_alive(pid):
                 for d in filter(None, devices.split(",")):
                     users.setdefault(d, {}).setdefault(lease_id, []).append(f"pid {pid}")
         for le in self.head.status()["leases"]:
@@ -154,15 +156,6 @@ class DoubleUseChecker:
                 self.events.append({"at": time.time(), "device": d, "leases": sorted(who), "seen": who})
 
 
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a killed worker not yet reaped holds no device)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
 class ActorScenario:
     """Runs the actor scenario against a running head; ``say`` receives one line per event."""
 
@@ -173,9 +166,9 @@ class ActorScenario:
         self.trainer_cls = ray_api.remote_class(self.train.TrainingActor, by_value=self.train)
         self.inference_cls = ray_api.remote_class(_Inference)
         self.runs: list[_Run] = []
-        #: the step every run trains to: open-ended while rounds go on (no run may finish before the last
-        #: one), then the furthest step reached plus ``cfg.steps``; the reference runs use it too
-        self.target = 10**9
+        #: the step each run (by seed) trains to: open-ended while rounds go on (no run may finish before the
+        #: last one), then the step it reached plus ``cfg.steps``; its reference run uses it too
+        self.targets: dict[int, int] = {}
         self._lock = threading.Lock()
         self._inference: list[tuple[str, int, str]] = []
         self.t0 = time.monotonic()
@@ -195,7 +188,7 @@ class ActorScenario:
                 while True:
                     run.lease = le
                     granted_s = time.monotonic() - t0
-                    target = self.target
+                    target = self.targets.get(run.seed, OPEN_ENDED)
                     actor = self.trainer_cls.options(**le.actor_options(max_concurrency=4, num_cpus=0)).remote(
                         target, seed=run.seed, resume_from=resume_from, step_delay_s=cfg.step_delay_s,
                         rogue=cfg.victim == "rogue")
@@ -209,8 +202,8 @@ class ActorScenario:
                     while not st["done"]:
                         time.sleep(0.1)
                         try:
-                            if target != self.target:  # the rounds are over: finish at the common step
-                                target = ray_api.get(actor.set_steps.remote(self.target), timeout=10)
+                            if target != self.targets.get(run.seed, OPEN_ENDED):  # the rounds are over
+                                target = ray_api.get(actor.set_steps.remote(self.targets[run.seed]), timeout=10)
                             st = ray_api.get(actor.status.remote(), timeout=10)
                         except gone:
                             break  # stopped by the agent: after its checkpoint, or at its deadline
@@ -264,10 +257,10 @@ class ActorScenario:
                 preemptions.append(self._round(r))
             self._wait_stepping()
             with self._lock:
-                self.target = max(a["last_step"] for r in self.runs for a in r.attempts) + cfg.steps
-            self.say(f"rounds over: every training run finishes at step {self.target}")
+                self.targets = {r.seed: r.attempts[-1]["last_step"] + cfg.steps for r in self.runs}
+            self.say(f"rounds over: the training runs finish at steps {self.targets}")
             for t in threads:
-                t.join(timeout=120 + self.target * (cfg.step_delay_s + 0.02) * 2)
+                t.join(timeout=120 + cfg.steps * (cfg.step_delay_s + 0.02) * 4)
         finally:
             checker.stop()
         self._fill_stops(preemptions)
@@ -326,6 +319,9 @@ class ActorScenario:
                      f"inference granted {p.decision_to_grant_s:.2f}s after the decision")
             time.sleep(cfg.inference_s)
             ray_api.kill(actor)
+            deadline = time.monotonic() + 30  # release only once its process has gone, as a careful holder does
+            while process_alive(where["pid"]) and time.monotonic() < deadline:
+                time.sleep(0.02)
         victim = victims[0]
         deadline = time.monotonic() + 300
         while len(victim.attempts) <= before[victim.seed] and victim.final is None and victim.error is None:
@@ -377,7 +373,8 @@ class ActorScenario:
         after = [p.stopped_at - p.grace_deadline for p in preemptions if p.stopped_at and p.grace_deadline]
         lost = [p.lost_steps for p in preemptions if p.lost_steps is not None]
         finished = [r for r in self.runs if r.final is not None]
-        ref = {r.seed: self.train.run(self.target, seed=r.seed, log=lambda s: None)["digest"] for r in self.runs}
+        ref = {r.seed: self.train.run(self.targets[r.seed], seed=r.seed, log=lambda s: None)["digest"]
+               for r in self.runs}
         same = bool(finished) and len(finished) == len(self.runs) and all(
             r.final["digest"] == ref[r.seed] for r in finished)  # type: ignore[index]
         for r in self.runs:
