@@ -94,9 +94,8 @@ def connect(address: str | None, namespace: str, *, timeout_s: float | None = No
 
 
 def _refresh_auth() -> None:
-    """Make Ray see auth settings put in the environment after it was imported (the CLI reads them from the state file)."""
-    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
-        return
+    """Make Ray see the auth settings the environment has now (the CLI reads them from the state file after
+    Ray was imported; a process that connects twice may have turned them on or off in between)."""
     from ray._raylet import AuthenticationTokenLoader, Config
 
     Config.initialize("")
@@ -204,10 +203,15 @@ def _probe_gcs(address: str, source: str, deadline: float, budget: float) -> Non
         raise ClusterNotFoundError(address, source, f"nothing answered within {budget:g}s") from None
     except OSError as e:
         raise ClusterNotFoundError(address, source, f"nothing listens there ({e.strerror or e})") from None
-    channel = init_grpc_channel(address)
+    try:
+        channel = init_grpc_channel(address)
+    except ray.exceptions.AuthenticationError:  # token auth is on here and no token was found to send
+        raise ClusterAuthError(address, source, token_sources(), sent=False) from None
     try:
         gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
             gcs_service_pb2.GetClusterIdRequest(), timeout=_left(deadline))
+    except ray.exceptions.AuthenticationError:
+        raise ClusterAuthError(address, source, token_sources(), sent=False) from None
     except grpc.RpcError as e:
         code = e.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:

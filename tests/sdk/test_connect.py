@@ -163,6 +163,18 @@ def test_auto_among_several_clusters_says_so_in_the_same_line(monkeypatch: pytes
 
 
 # ---- the command line ---------------------------------------------------------------------------
+def test_token_auth_on_with_no_token_to_send_is_a_typed_error_not_a_crash(
+        mute_listener: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RAY_AUTH_MODE=token with no token anywhere: Ray refuses to open the channel; we say so and exit 3."""
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-such-token"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    r = runner.invoke(cli.app, ["jobs", "--address", mute_listener, "--state-dir", str(tmp_path),
+                                "--connect-timeout", "0.5"])
+    assert r.exit_code == 3 and "we had none to send" in r.stderr, r.output
+
+
 def test_a_command_without_a_cluster_exits_3_with_one_line_and_one_json_error(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
     r = runner.invoke(cli.app, ["leases", "--json", "--address", address, "--state-dir", str(tmp_path)])
@@ -172,7 +184,9 @@ def test_a_command_without_a_cluster_exits_3_with_one_line_and_one_json_error(tm
 
 
 def test_connect_timeout_option_bounds_finding_the_cluster_and_is_not_left_behind(
-        mute_listener: str, tmp_path: Path) -> None:
+        mute_listener: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):  # no token auth here, whatever ran before
+        monkeypatch.delenv(k, raising=False)
     t0 = time.monotonic()
     r = runner.invoke(cli.app, ["jobs", "--address", mute_listener, "--state-dir", str(tmp_path),
                                 "--connect-timeout", "0.5"])
