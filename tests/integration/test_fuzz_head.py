@@ -27,6 +27,8 @@ from orchestrator.core.api import HEAD_METHODS
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.lease import key_digest
 
+from tests.integration.heads import running_head
+
 pytestmark = pytest.mark.ray
 
 SETTINGS = RuntimeSettings(namespace="rgo-fuzz", head_name="rgo-fuzz-head", heartbeat_interval_s=0.5, agent_ttl_s=6.0,
@@ -46,21 +48,8 @@ calls = st.tuples(st.sampled_from(HEAD_METHODS), st.lists(values, max_size=5),
 
 @pytest.fixture(scope="module")
 def head(ray_cluster: Any) -> Iterator[Any]:
-    import ray
-
-    from orchestrator.rayport import ray_api
-    from orchestrator.rayport.actors import start_head
-
-    handle = start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
-    deadline = time.monotonic() + 120
-    while ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"] != ["a100-0", "a100-1", "h100-0"]:
-        assert time.monotonic() < deadline, "agents did not register"
-        time.sleep(0.25)
-    yield handle
-    for node in ray_cluster.config.nodes:
-        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
-    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
-    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+    with running_head(SETTINGS, ray_cluster.config) as handle:
+        yield handle
 
 
 def _call(handle: Any, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from orchestrator.core.lease import key_digest
 from orchestrator.core.request import GpuRequest
 from orchestrator.sdk.leases import lease
 
+from tests.integration.heads import running_head
+
 pytestmark = pytest.mark.ray
 
 SETTINGS = RuntimeSettings(namespace="rgo-rv", heartbeat_interval_s=0.5, agent_ttl_s=6.0, reconcile_interval_s=0.1)
@@ -78,24 +80,14 @@ def _until(what: str, cond: Callable[[], Any], timeout: float = 60) -> Any:
 
 @pytest.fixture(scope="module")
 def head(ray_cluster: Any) -> Iterator[Any]:
-    import ray
-
-    from orchestrator.rayport import ray_api
-    from orchestrator.rayport.actors import start_head
     from orchestrator.rayport.client import HeadClient
 
     cfg = ray_cluster.config
     training = cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 0.0, "grace_period_s": GRACE_S})
     cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(
         update={"classes": {**cfg.scheduler.classes, "training": training}})})
-    handle = start_head(SETTINGS, cfg, node_id=ray_api.head_node_id())
-    _until("three agents", lambda: ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"] == [
-        "a100-0", "a100-1", "h100-0"], 120)
-    yield HeadClient(handle=handle)
-    for node in cfg.nodes:
-        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
-    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
-    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+    with running_head(SETTINGS, cfg) as handle:
+        yield HeadClient(handle=handle)
 
 
 def _preemptor(head: Any, lease_id: str) -> None:

@@ -27,6 +27,8 @@ from orchestrator.core.lease import key_digest
 from orchestrator.core.statefile import State
 from orchestrator.deploy.local import session_members
 
+from tests.integration.heads import running_head
+
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,22 +80,10 @@ def test_up_status_down_leaves_nothing_behind() -> None:
 # ---- a head and agents on the shared cluster ------------------------------------------------------
 @pytest.fixture(scope="module")
 def head(ray_cluster: Any) -> Iterator[Any]:
-    from orchestrator.rayport import ray_api
-    from orchestrator.rayport.actors import start_head
     from orchestrator.rayport.client import HeadClient
 
-    handle = start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
-    client = HeadClient(handle=handle)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if ray_api.unwrap(__import__("ray").get(handle.ping.remote()))["registered_nodes"] == ["a100-0", "a100-1", "h100-0"]:
-            break
-        time.sleep(0.25)
-    yield client
-    for node in ray_cluster.config.nodes:
-        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
-    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
-    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+    with running_head(SETTINGS, ray_cluster.config) as handle:
+        yield HeadClient(handle=handle)
 
 
 def test_agents_register_their_nodes_gpus(head: Any) -> None:
