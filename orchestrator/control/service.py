@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from pydantic import ValidationError
 
-from orchestrator.control import edge
+from orchestrator.control import edge, revocation
 from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.control.inventory_check import InventoryCheck
 from orchestrator.control.jobs import JobManager, JobRunner
@@ -144,6 +144,10 @@ class HeadService:
         except Exception:
             log.exception("reconcile cycle failed; the next one retries")
             return None
+
+    def agent_work(self) -> dict[str, set[tuple[str, str]]]:
+        """Per node, what its agent must act on now (:func:`revocation.agent_work`): whom the head wakes."""
+        return revocation.agent_work(self.ctl.ledger)
 
     def _holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         at, cached = self._alive

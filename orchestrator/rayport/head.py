@@ -13,7 +13,7 @@ loop:
   :meth:`HeadService.cycle`;
 * ``wait_lease``, which waits on the event loop without blocking other calls;
 * waking a node's agent when the head has a checkpoint to ask for or a lease to
-  revoke there (:func:`~orchestrator.control.revocation.agent_work`), so the
+  revoke there (:meth:`HeadService.agent_work`), so the
   agent acts within a call's latency instead of a heartbeat interval.
 
 Its public methods are made from :data:`orchestrator.core.api.HEAD_METHODS`,
@@ -33,7 +33,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.control.edge import check_args
 from orchestrator.control.metrics import HeadMetrics
-from orchestrator.control import revocation
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
 from orchestrator.core import env
@@ -90,7 +89,7 @@ class HeadActor:
 
     def _wake_agents(self) -> None:
         """Wake the agents whose work gained an item this cycle (fire and forget: the heartbeat is the backstop)."""
-        work = revocation.agent_work(self.service.ctl.ledger)
+        work = self.service.agent_work()
         for node, items in work.items():
             if items - self._told:
                 try:
