@@ -200,8 +200,8 @@ class LeasedReplica:
     """One replica on one lease (its actor options are given per application: see the module docstring)."""
 
     def __init__(self, lease_id: str, seed: int = 0, width: int = 256, max_batch_size: int = 8,
-                 batch_wait_timeout_s: float = 0.01) -> None:
-        self.core = ReplicaCore(lease_id, seed=seed, width=width)
+                 batch_wait_timeout_s: float = 0.01, perf: dict[str, float] | None = None) -> None:
+        self.core = ReplicaCore(lease_id, seed=seed, width=width, model=InferenceModel(**(perf or {})))
         self._batch.set_max_batch_size(max_batch_size)
         self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
@@ -269,10 +269,12 @@ class Ingress:
 
 
 def replica_app(lease_id: str, actor_options: Mapping[str, Any], *, seed: int = 0, width: int = 256,
-                max_batch_size: int = 8, batch_wait_timeout_s: float = 0.01) -> Any:
-    """The Serve application of one leased replica (``actor_options``: :func:`rayport.serve_api.replica_options`)."""
+                max_batch_size: int = 8, batch_wait_timeout_s: float = 0.01, perf: InferenceModel | None = None) -> Any:
+    """The Serve application of one leased replica (``actor_options``: :func:`rayport.serve_api.replica_options`;
+    ``perf``: the batch cost model on simulated GPUs, default :class:`InferenceModel`)."""
+    p = perf or InferenceModel()
     return LeasedReplica.options(num_replicas=1, ray_actor_options=dict(actor_options)).bind(
-        lease_id, seed, width, max_batch_size, batch_wait_timeout_s)
+        lease_id, seed, width, max_batch_size, batch_wait_timeout_s, {"base_ms": p.base_ms, "per_item_ms": p.per_item_ms})
 
 
 def ingress_app() -> Any:
