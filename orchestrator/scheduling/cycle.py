@@ -18,6 +18,9 @@ It reads as a numbered script (Kueue's scheduling cycle):
       (``nominated``), **plan a preemption** on the working snapshot; the
       victims go into the plan and are excluded from later items' plans, so
       nothing is preempted twice;
+      an item that preempts (or waits for victims chosen for it) counts
+      against its queue's quota as if granted, so two items never both
+      claim the last of a quota, each preempting for it;
    d. otherwise it stays **pending** with the engine's grouped reasons, its
       queue position and what would admit it -- or, when no card of the
       cluster could hold it even idle (:func:`~.admission.never_fits`: the
@@ -186,6 +189,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
                 Cause.WAIT_NEVER_FITS, f"{never.detail}: it can run only once a node that has it joins"), res))
             continue
         if item.nominated:
+            usage[item.queue] = usage.get(item.queue, 0.0) + item.demand  # what is being freed for it counts
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_VICTIMS, "waiting for the leases being preempted for it to be released"), res))
             continue
@@ -200,6 +204,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
         plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
                                config=config, now=now, policy=policy, in_flight=frozenset(taken), demand=item.demand)
         if isinstance(plan, PreemptionPlan):
+            usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
             for v in plan.victims:
                 taken.add(v.lease_id)
                 preemptions.append(Preemption(v, item.item_id, v.reason))

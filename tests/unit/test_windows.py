@@ -145,3 +145,28 @@ def test_at_night_inference_beyond_its_floor_only_borrows_and_the_wait_names_the
     w = plan.waiting_for("i2")
     assert w.reason.cause is Cause.WAIT_WINDOW and not w.would_preempt
     assert "over its quota of 1 GPUs, set by time window night 22:00-08:00 until 08:00" in w.reason.text
+
+
+def test_two_requests_never_both_preempt_for_the_last_of_a_quota() -> None:
+    """The night floor is 1 card: the first inference request preempts training for it, the second one
+    counts that card as its queue's and only borrows -- in the cycle that plans, and while victims checkpoint."""
+    from orchestrator.core.lease import Lease
+
+    snap = ClusterSnapshot.build([NodeSpec("n0", "A100-80GB", 4)])
+    held = []
+    for k in range(4):
+        r = schedule(snap, [_item(f"t{k}", "training", "training")], [], CFG, now=0, policy=POLICY)
+        a = r.grants[0].placement.allocation
+        snap = snap.apply(a)
+        held.append(Lease.new(f"t{k}", GpuRequest.whole(1), now=0, queue="training", priority=100,
+                              priority_class="training").grant(a, k + 1, now=0, reason="granted"))
+    night, _ = effective_config(CFG, 23 * H, 10)  # a floor of 1 card
+    st = window_status(CFG, 23 * H, 10)
+    pending = [_item("i0", "inference", "inference", 1), _item("i1", "inference", "inference", 2)]
+    plan = schedule(snap, pending, held, night, now=100, policy=POLICY, window=st)
+    assert [p.for_item for p in plan.preemptions] == ["i0"], plan.to_json()["waiting"]
+    assert plan.waiting_for("i1").reason.cause is Cause.WAIT_WINDOW and not plan.waiting_for("i1").would_preempt
+    nominated = [PendingItem("i0", GpuRequest.whole(1), 1000, "inference", 1, "inference", nominated=True), pending[1]]
+    again = schedule(snap, nominated, held, night, now=101, policy=POLICY, window=st,
+                     in_flight=frozenset(p.victim.lease_id for p in plan.preemptions))
+    assert not again.preemptions and again.waiting_for("i1").reason.cause is Cause.WAIT_WINDOW
