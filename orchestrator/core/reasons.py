@@ -57,7 +57,7 @@ class Cause(str, Enum):
     WAIT_BORROW_ONLY = "wait.borrow_only"            # over its quota: it only borrows idle capacity, preempts nothing
     WAIT_VICTIMS = "wait.victims"                    # victims chosen for it are checkpointing
     WAIT_PREEMPTING = "wait.preempting"              # this cycle chose victims for it
-    WAIT_WINDOW = "wait.window"                      # its queue is at the cap the time window in force sets
+    WAIT_WINDOW = "wait.window"                      # over the quota the time window in force sets its queue (capped, or borrow-only)
     # ---- victim: why a lease is preempted ------------------------------------------------------
     VICTIM_PRIORITY = "victim.priority"              # a lower priority than the requester
     VICTIM_RECLAIM = "victim.reclaim"                # capacity borrowed beyond its queue's quota is reclaimed
