@@ -180,13 +180,15 @@ class Router:
         for n in [n for n, k in self.ongoing.items() if k == 0 and n not in self.routable]:
             del self.ongoing[n]
 
-    def load(self) -> dict[str, Any]:
+    def load(self, reset: bool = True) -> dict[str, Any]:
         """``ongoing`` per replica (routable or draining), their sum now, ``mean_ongoing`` (the time-average
-        of that sum since the previous ``load``: the smoothed signal the autoscaler reads), and the p99 (ms)
-        of the requests that finished in the last window."""
+        of that sum since the previous ``load`` with ``reset``: the smoothed signal the autoscaler reads),
+        and the p99 (ms) of the requests that finished in the last window. ``reset=False`` reads without
+        starting a new averaging window (a drain watching one replica's count)."""
         now = self._accumulate()
         mean = self._area / (now - self._since) if now > self._since else float(sum(self.ongoing.values()))
-        self._area, self._since = 0.0, now
+        if reset:
+            self._area, self._since = 0.0, now
         self._trim(now)
         lat = sorted(x for _, x in self.recent)
         p99 = lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] * 1000 if lat else None
@@ -242,8 +244,8 @@ class Ingress:
         self.router.set_replicas(sorted(apps))
         return self.router.routable
 
-    def load(self) -> dict[str, Any]:
-        return self.router.load()
+    def load(self, reset: bool = True) -> dict[str, Any]:
+        return self.router.load(reset)
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import JSONResponse

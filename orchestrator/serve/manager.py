@@ -137,9 +137,10 @@ class LeasedService:
             serve_api.shutdown()
 
     # ---- the loop --------------------------------------------------------------------------------
-    def load(self) -> dict[str, Any]:
-        """The ingress's router figures (see :meth:`.leased.Router.load`); resets the averaging window."""
-        return serve_api.call(self._ingress, "load")
+    def load(self, reset: bool = True) -> dict[str, Any]:
+        """The ingress's router figures (see :meth:`.leased.Router.load`); ``reset`` starts a new averaging
+        window (only :meth:`sample` should)."""
+        return serve_api.call(self._ingress, "load", reset)
 
     def sample(self) -> LoadSample:
         """Replicas serving, mean ongoing requests since the last sample, recent p99 (ms)."""
@@ -219,7 +220,7 @@ class LeasedService:
         info = self.replicas.pop()  # the newest: see "Which replica goes"
         self._route()
         deadline = time.monotonic() + self.drain_timeout_s
-        while info.name in self.load()["ongoing"] and time.monotonic() < deadline:
+        while info.name in self.load(reset=False)["ongoing"] and time.monotonic() < deadline:
             time.sleep(0.05)
         info.final = self._replica_stats(info)
         serve_api.delete(info.name)

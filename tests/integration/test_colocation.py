@@ -98,7 +98,7 @@ def test_a_spike_grows_the_service_training_yields_and_resumes_after(head: Any, 
             until("the service to shrink", lambda: len(svc.replicas) == 1, 60, step=svc.step)
         finally:
             calm.stop()
-        calm.join(60)
+        lines.append(f"calm at 2 rps: {lg.summarize(calm.join(60), SERVICE.slo_p99_ms)}")
         shrink = next(h for h in svc.history if h["event"] == "decide" and h["replicas"] == 1)
         assert shrink["before"] == 2 and shrink["cause"] == "scale.down", shrink
         assert svc.replicas == [first] and svc.retired[-1].lease_id == second.lease_id

@@ -76,6 +76,9 @@ def test_routing_goes_to_the_least_loaded_replica_then_the_least_served() -> Non
     assert r.pick() == "b"
     r.end("a", 0.01)  # a and b: 0 ongoing, 1 served each; c busy
     assert r.pick() == "a"
+    r.begin("a")
+    r.end("a", 0.01)  # a and b idle; a has served 2, b 1
+    assert r.pick() == "b"
 
 
 def test_a_replica_being_removed_gets_nothing_new_and_stays_counted_until_drained() -> None:
@@ -105,6 +108,7 @@ def test_the_load_signal_is_the_time_average_of_ongoing_since_the_last_read() ->
     clock.t = 1.0
     r.end("a", 1.0)        # 1 ongoing for 3 s
     clock.t = 4.0
+    assert r.load(reset=False)["mean_ongoing"] == pytest.approx((2 * 1 + 1 * 3) / 4)  # a peek starts no window
     ld = r.load()
     assert ld["mean_ongoing"] == pytest.approx((2 * 1 + 1 * 3) / 4) and ld["total_ongoing"] == 1
     clock.t = 6.0          # a new window: 1 ongoing throughout
