@@ -404,6 +404,12 @@ class HeadController:
         """The time window in force now, its quotas and the next change (:func:`.windows.window_status`)."""
         return window_status(self.sched_config, self.day_clock.time_of_day_s(), self.capacity_gpus())
 
+    def set_day_clock(self, clock: Clock) -> None:
+        """Read the time of day from ``clock`` from now on; the next cycle applies the window in force."""
+        self.day_clock = clock
+        self._window_key = None
+        self._dirty = True
+
     def _apply_window(self) -> None:
         """Step 5's config: the configured one with the quotas of the window in force. Rebuilt only when the
         window or the capacity changes, which marks the queue for scheduling."""

@@ -45,7 +45,7 @@ from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
 from orchestrator.core.api import HEAD_METHODS, Json
-from orchestrator.core.clock import Clock, SystemClock
+from orchestrator.core.clock import Clock, DayClock, SystemClock
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError
 from orchestrator.core.inventory import NodeInventory
@@ -227,6 +227,19 @@ class HeadService:
 
     def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None, token: int | None = None) -> Json:
         return self.jobs.ack_checkpoint(job_id, path, step, token)
+
+    def set_day_clock(self, day_clock: Mapping[str, Any]) -> Json:
+        if not isinstance(day_clock, Mapping):
+            raise InvalidRequestError("day_clock", day_clock, 'a mapping like {"speedup": 720, "start": "06:00"}')
+        try:
+            dc = DayClock.model_validate(dict(day_clock))
+        except (ValidationError, InvalidRequestError) as e:
+            t = typed_error(e, "day_clock", DayClock) if isinstance(e, ValidationError) else e
+            if not t.field.startswith("day_clock"):  # a validator's own error: name it where it stands
+                t = InvalidRequestError(f"day_clock.{t.field}", t.value, t.allowed, detail=t.detail)
+            raise t from None
+        self.ctl.set_day_clock(dc.build())
+        return self.ctl.window().to_json() if self.ctl.sched_config.windows else {}
 
     # ---- the cluster ---------------------------------------------------------------------------
     def status(self) -> Json:
