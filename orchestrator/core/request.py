@@ -548,6 +548,12 @@ class GangMember(BaseModel):
     same_node: bool = False
     fewest_nodes: bool = True
 
+    def __init__(self, **data: object) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise typed_error(e, "gang", GangMember) from None
+
     @model_validator(mode="after")
     def _index_in_gang(self) -> "GangMember":
         if self.index >= self.size:
