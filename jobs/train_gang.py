@@ -11,8 +11,8 @@ The driver side (:func:`fit`)::
             result = fit(gang, steps=300, ..., resume_from=gang.resume_from)
 
 Each Train worker (:func:`train_loop`) first binds itself to its own lease's devices
-(``CUDA_VISIBLE_DEVICES`` and the rest, :func:`orchestrator.sdk.leases.worker_env`, by node and local
-rank), then trains a small DDP model with gloo on CPU (NCCL on GPUs where present). Between steps
+(``CUDA_VISIBLE_DEVICES`` and the rest, :func:`orchestrator.sdk.leases.worker_env`, by its Ray node and
+its rank among the workers there), then trains a small DDP model with gloo on CPU (NCCL on GPUs where present). Between steps
 rank 0 looks for ``stop_file``; all ranks agree through an all-reduce, and rank 0 reports a Ray Train
 checkpoint (model, optimiser, step) and every rank returns: the run ends at a step boundary, so
 nothing is lost.
@@ -62,8 +62,13 @@ def train_loop(config: dict[str, Any]) -> None:
     from ray.train.torch import prepare_model
 
     ctx = rt.get_context()
-    rank, local = ctx.get_world_rank(), ctx.get_local_rank()
+    rank = ctx.get_world_rank()
     node_id = ray.get_runtime_context().get_node_id()
+    # This worker's rank among the workers on its Ray node. Not Train's local rank: Train counts workers
+    # per node *IP*, and Ray nodes may share one (several raylets on one machine, as in our tests).
+    nodes: list[Any] = [None] * ctx.get_world_size()
+    dist.all_gather_object(nodes, node_id)
+    local = sum(1 for r in range(rank) if nodes[r] == node_id)
     env: dict[str, str] = {}
     if config.get("handouts"):
         from orchestrator.sdk.leases import worker_env
