@@ -149,7 +149,7 @@ class HeadController:
             self._last_enqueued = enqueued = max(now, self._last_enqueued + 1e-6)
         entry = LedgerEntry(Lease.new(spec.lease_id, spec.request, now=now, owner=spec.owner,
                                       priority=spec.priority or priority, priority_class=class_name,
-                                      queue=spec.queue),
+                                      queue=spec.queue, gang=spec.gang.gang_id if spec.gang else None),
                             spec, self.ledger.seq, enqueued)
         self.ledger.commit([entry])
         self._dirty = True
@@ -362,8 +362,11 @@ class HeadController:
         report.plan_seconds = time.perf_counter() - started
         grants: list[LedgerEntry] = []
         snap = self._snapshot
+        stale_gangs = _stale_gangs(snap, plan, self.ledger)  # a gang is granted whole or not at all
         for g in plan.grants:
             e = self.ledger.get(g.item_id)
+            if e.spec.gang is not None and e.spec.gang.gang_id in stale_gangs:
+                continue
             try:
                 snap = snap.apply(g.placement.allocation)
             except CapacityError:
@@ -387,7 +390,7 @@ class HeadController:
         checkpointing = self.ledger.in_state(LeaseState.CHECKPOINTING)
         nominated = revocation.nominated(self.ledger)
         items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at,
-                             queue=e.spec.queue, nominated=e.lease_id in nominated)
+                             queue=e.spec.queue, nominated=e.lease_id in nominated, gang=e.spec.gang)
                  for e in pending]
         holding = [e.lease for e in self.ledger.holding()]
         in_flight = frozenset(e.lease_id for e in checkpointing)
@@ -596,3 +599,17 @@ class HeadController:
             self.ledger.commit([revocation.confirmed(e) if e.revoking else
                                 self._end(e, LeaseState.LOST, "its devices are no longer in the node's inventory")
                                 for _, e in sorted(misfits, key=lambda m: m[0])])
+
+
+def _stale_gangs(snap: ClusterSnapshot, plan: Plan, ledger: Ledger) -> set[str]:
+    """Gangs of the plan some worker of which no longer fits ``snap`` (a stale plan): none of their
+    workers is granted this cycle, so no gang is ever granted in part."""
+    stale: set[str] = set()
+    for g in plan.grants:  # in plan order, as the grant loop applies them
+        spec = ledger.get(g.item_id).spec.gang
+        try:
+            snap = snap.apply(g.placement.allocation)
+        except CapacityError:
+            if spec is not None:
+                stale.add(spec.gang_id)
+    return stale

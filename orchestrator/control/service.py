@@ -200,6 +200,10 @@ class HeadService:
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
         return self.ctl.release(lease_id, token, reason)
 
+    def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None) -> Json:
+        return self.ctl.ack_preemption(lease_id, checkpoint_path, token,
+                                       reason="checkpoint acknowledged by its requester")
+
     def explain_lease(self, lease_id: str) -> Json:
         return self.ctl.explain_lease(lease_id)
 

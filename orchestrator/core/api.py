@@ -49,6 +49,13 @@ class HeadApi(Protocol):
         """Give the devices back (a pending lease needs no token). Idempotent."""
         ...
 
+    def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None) -> Json:
+        """The holder of a lease being preempted (checkpointing) checkpointed to ``checkpoint_path`` (None: it
+        just stopped): the lease ends preempted, its devices go on, and a lease asked with ``requeue_on_preempt``
+        is queued again to resume from the path. Idempotent; a stale token is refused. A gang's requester acks
+        each worker's lease with the one checkpoint of the run."""
+        ...
+
     def explain_lease(self, lease_id: str) -> Json:
         """Why the lease is where it is: its position and reasons while pending, its placement once granted."""
         ...

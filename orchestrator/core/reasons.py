@@ -47,9 +47,12 @@ class Cause(str, Enum):
     FIT_MIG_FULL = "fit.mig_full"                    # no free valid placement for the MIG profile
     FIT_MIG_PROFILE = "fit.mig_profile"              # the model does not offer the profile
     FIT_MODE = "fit.mode"                            # the cards are in another sharing mode
+    FIT_GANG = "fit.gang"                            # a gang's worker finds no room once the workers before it are placed
+    FIT_GANG_SAME_NODE = "fit.gang_same_node"        # no one node holds every worker of a same-node gang
     # ---- placed --------------------------------------------------------------------------------
     PLACED = "placed"                                # granted where the policy scored best
     PLACED_BORROWING = "placed.borrowing"            # granted on idle capacity beyond the queue's quota
+    PLACED_GANG = "placed.gang"                      # every worker of a gang granted at once
     # ---- wait: why a queued request still waits ------------------------------------------------
     WAIT_NO_FIT = "wait.no_fit"                      # nothing fits now and no preemption helps
     WAIT_NEVER_FITS = "wait.never_fits"              # no card of the cluster could hold it, even idle: a node must join
@@ -58,6 +61,7 @@ class Cause(str, Enum):
     WAIT_VICTIMS = "wait.victims"                    # victims chosen for it are checkpointing
     WAIT_PREEMPTING = "wait.preempting"              # this cycle chose victims for it
     WAIT_WINDOW = "wait.window"                      # over the quota the time window in force sets its queue (capped, or borrow-only)
+    WAIT_GANG_MEMBERS = "wait.gang_members"          # some workers of its gang are not queued (yet, or again)
     # ---- victim: why a lease is preempted ------------------------------------------------------
     VICTIM_PRIORITY = "victim.priority"              # a lower priority than the requester
     VICTIM_RECLAIM = "victim.reclaim"                # capacity borrowed beyond its queue's quota is reclaimed
