@@ -228,11 +228,10 @@ class AgentCore:
             except Exception as e:  # typed errors and NVML's: the head fails the repartition and uncordons
                 log.warning("agent %s: MIG layout of GPU %s not applied: %s", self.node_name, idx, e)
                 self.reconfigure_failed[idx_text] = f"{type(e).__name__}: {e}"
+                if gpu is not None and not held:  # the card may have changed half-way: report what it has now
+                    self._set_mig_devices(idx, self._backend_mig_devices(idx, gpu.mig_devices))
                 continue
-            gpus = tuple(g.model_copy(update={"mig_devices": devices}) if g.index == idx else g
-                         for g in self.inventory.gpus)
-            self.inventory = self.inventory.model_copy(update={"gpus": gpus, "generation": self.inventory.generation + 1})
-            self._unpushed = True
+            self._set_mig_devices(idx, devices)
             log.info("agent %s: GPU %s now has MIG layout %s", self.node_name, idx,
                      ", ".join(f"{d.profile}@{d.start}" for d in devices))
 
@@ -310,6 +309,23 @@ class AgentCore:
                 self.stopped_at[lease_id] = time.time()
                 for old in list(self.stopped_at)[:-256]:
                     del self.stopped_at[old]
+
+    def _set_mig_devices(self, idx: int, devices: tuple[Any, ...]) -> None:
+        """The inventory with GPU ``idx``'s MIG devices replaced (a higher generation, to push); no change: as is."""
+        if next(g for g in self.inventory.gpus if g.index == idx).mig_devices == devices:
+            return
+        gpus = tuple(g.model_copy(update={"mig_devices": devices}) if g.index == idx else g for g in self.inventory.gpus)
+        self.inventory = self.inventory.model_copy(update={"gpus": gpus, "generation": self.inventory.generation + 1})
+        self._unpushed = True
+
+    def _backend_mig_devices(self, idx: int, known: tuple[Any, ...]) -> tuple[Any, ...]:
+        """GPU ``idx``'s MIG devices as the backend reports them now (``known`` if it cannot say)."""
+        try:
+            g = next((g for g in self.backend.inventory().gpus if g.index == idx), None)
+        except Exception as e:  # NVML unreadable now: the next change of inventory will tell
+            log.warning("agent %s: cannot re-read GPU %s: %s", self.node_name, idx, e)
+            return known
+        return known if g is None else g.mig_devices
 
     def poll_health(self, timeout_s: float = 0.0) -> NodeInventory | None:
         """Apply pending health events; the new inventory if any GPU changed (or a new MIG layout was
