@@ -360,12 +360,15 @@ def plan_repartition(snap: ClusterSnapshot, holding: Sequence[Lease], target: Mi
             for idx in a.gpu_indices:
                 on_gpu.setdefault((a.node_name, idx), []).append(lease)
     nodes = set(target.nodes)
+    wants: dict[str, tuple[MigSlot, ...] | None] = {}  # per model: one layout for all its cards
     eligible: list[tuple[tuple[Any, ...], _Gpu, tuple[MigSlot, ...], list[Lease]]] = []
     skipped: list[GpuSkipped] = []
     have = 0  # GPUs at the target layout, or free instances of the target's profile
     need_all = 0
     for g in _mig_gpus(snap):
-        want = target.layout_for(g.model)
+        if g.model.name not in wants:
+            wants[g.model.name] = target.layout_for(g.model)
+        want = wants[g.model.name]
         if want is None or (nodes and g.node not in nodes):
             continue
         leases = sorted(on_gpu.get((g.node, g.index), []), key=lambda x: x.lease_id)
@@ -394,8 +397,9 @@ def plan_repartition(snap: ClusterSnapshot, holding: Sequence[Lease], target: Mi
         eligible.append((cost, g, want, leases))
     eligible.sort(key=lambda e: e[0])
     if target.free_profile is not None:
-        chosen = _by_gain(eligible, target.free_profile, max(0, (target.free_at_least or 0) - have))
-        short = have + sum(_gain(e, target.free_profile) for e in chosen) < (target.free_at_least or 0)
+        gains = {id(e): _gain(e, target.free_profile) for e in eligible}
+        chosen = _by_gain(eligible, gains, max(0, (target.free_at_least or 0) - have))
+        short = have + sum(gains[id(e)] for e in chosen) < (target.free_at_least or 0)
         goal = f"at least {target.free_at_least} free {target.free_profile} (now {have})"
     else:
         need = need_all if target.gpus is None else max(0, target.gpus - have)
@@ -431,20 +435,19 @@ def _gain(e: tuple[Any, _Gpu, tuple[MigSlot, ...], list[Lease]], profile: str) -
     return sum(1 for s in want if s.profile == profile) - _free_count(g, profile)
 
 
-def _by_gain(eligible: list[Any], profile: str, missing: int) -> list[Any]:
-    """Cheapest GPU whose gain alone covers what is missing, else the largest gain (then cheapest); repeat."""
-    left = [e for e in eligible if _gain(e, profile) > 0]
+def _by_gain(eligible: list[Any], gains: Mapping[int, int], missing: int) -> list[Any]:
+    """Cheapest GPU whose gain alone covers what is missing, else the largest gain (then cheapest); repeat.
+    ``eligible`` is in drain-cost order; ``gains`` by ``id`` of its items."""
+    left = [e for e in eligible if gains[id(e)] > 0]
     out = []
     while missing > 0 and left:
-        covering = [e for e in left if _gain(e, profile) >= missing]
-        if covering:  # left is sorted by drain cost: the first that covers is the cheapest
-            pick = covering[0]
-        else:  # the largest gain; among equals the cheapest
-            best = max(_gain(e, profile) for e in left)
-            pick = next(e for e in left if _gain(e, profile) == best)
+        pick = next((e for e in left if gains[id(e)] >= missing), None)  # the cheapest that covers it
+        if pick is None:  # the largest gain; among equals the cheapest
+            best = max(gains[id(e)] for e in left)
+            pick = next(e for e in left if gains[id(e)] == best)
         out.append(pick)
         left.remove(pick)
-        missing -= _gain(pick, profile)
+        missing -= gains[id(pick)]
     return out
 
 
