@@ -32,6 +32,11 @@ apply, uncordon); (5) schedule the queue over the snapshot (:meth:`_plan`, the
 one call site of :func:`orchestrator.scheduling.cycle.schedule`) and grant what fits; (6) ask for
 an agent on every live Ray node without one; (7) every 10 s, prune leases ended
 ``ended_retention_s`` ago, from the store first, keeping one while its retry lives.
+
+Time windows: step 5 schedules with the quotas of the window in force at the injected
+``day_clock``'s time of day (:func:`orchestrator.scheduling.windows.effective_config`,
+percentages of the registered GPUs); a change of window counts as a change (the queue is
+scheduled again at once). ``clock`` stays the monotonic time of leases and delays.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from orchestrator.control.nodes import AgentStart, NodeRecord, NodeRegistry, Nod
 from orchestrator.control.repartition import Repartitions
 from orchestrator.control.store import StateStore
 from orchestrator.core.allocation import Allocation
+from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import CapacityError, InvalidRequestError, StaleFencingTokenError
 from orchestrator.core.inventory import NodeInventory
@@ -57,6 +63,7 @@ from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.repartition import MigTarget, RepartitionPlan, plan_repartition
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.scheduling.windows import WindowStatus, effective_config, window_status
 
 
 @dataclass(slots=True)
@@ -84,9 +91,13 @@ class HeadController:
     """The head's state and decisions; see the module docstring for the contract."""
 
     def __init__(self, settings: RuntimeSettings, store: StateStore, *, clock: Callable[[], float],
-                 holder_probe: HolderProbe = lambda hs: {h: True for h in hs}, sched_config: SchedulerConfig | None = None) -> None:
+                 holder_probe: HolderProbe = lambda hs: {h: True for h in hs}, sched_config: SchedulerConfig | None = None,
+                 day_clock: Clock | None = None) -> None:
         self.settings = settings
         self.sched_config = sched_config or SchedulerConfig()
+        self.day_clock: Clock = day_clock or SystemClock()  # the time of day time windows read
+        self._window_key: tuple[str | None, float] | None = None  # (window in force, GPU capacity) last applied
+        self._window_cfg = self.sched_config
         self.store = store
         self.clock = clock
         self.holder_probe = holder_probe
@@ -277,6 +288,7 @@ class HeadController:
             self._uncordon()
         # 5: schedule on change, and at least once a second while anything waits: time alone
         # makes work preemptible (minimum runtimes pass) and ages the queue.
+        self._apply_window()
         if self._dirty or (now - self._last_schedule >= 1.0 and self.ledger.in_state(LeaseState.PENDING)):
             self._last_schedule = now
             self._schedule(now, report)
@@ -393,7 +405,36 @@ class HeadController:
                  for e in pending]
         holding = [e.lease for e in self.ledger.holding()]
         in_flight = frozenset(e.lease_id for e in checkpointing)
-        return schedule(self._snapshot, items, holding, self.sched_config, now, self.policy, in_flight=in_flight)
+        window = self.window() if self.sched_config.windows else None
+        return schedule(self._snapshot, items, holding, self._window_cfg, now, self.policy, in_flight=in_flight,
+                        window=window)
+
+    # ---- time windows ----------------------------------------------------------------------------
+    def capacity_gpus(self) -> float:
+        """The cards of the registered nodes: what a window's ``quota_pct`` is a share of."""
+        return float(self._snapshot.static.present.sum())
+
+    def window(self) -> WindowStatus:
+        """The time window in force now, its quotas and the next change (:func:`.windows.window_status`)."""
+        return window_status(self.sched_config, self.day_clock.time_of_day_s(), self.capacity_gpus())
+
+    def set_day_clock(self, clock: Clock) -> None:
+        """Read the time of day from ``clock`` from now on; the next cycle applies the window in force."""
+        self.day_clock = clock
+        self._window_key = None
+        self._dirty = True
+
+    def _apply_window(self) -> None:
+        """Step 5's config: the configured one with the quotas of the window in force. Rebuilt only when the
+        window or the capacity changes, which marks the queue for scheduling."""
+        if not self.sched_config.windows:
+            return
+        tod, capacity = self.day_clock.time_of_day_s(), self.capacity_gpus()
+        cfg, w = effective_config(self.sched_config, tod, capacity)
+        key = (w.name if w else None, capacity)
+        if key != self._window_key:
+            self._window_key, self._window_cfg = key, cfg
+            self._dirty = True
 
     # ---- preemption ------------------------------------------------------------------------------
     def _start_preemptions(self, plan: Plan, now: float, report: ReconcileReport) -> None:
@@ -512,8 +553,11 @@ class HeadController:
         return views.explain_lease(self.ledger, lease_id)
 
     def status(self) -> dict[str, Any]:
-        return views.status(self.ledger, self.nodes, settings=self.settings, policy=self.sched_config.policy,
-                            now=self.clock())
+        st = views.status(self.ledger, self.nodes, settings=self.settings, policy=self.sched_config.policy,
+                          now=self.clock())
+        if self.sched_config.windows:
+            st["head"]["window"] = self.window().to_json()
+        return st
 
     def snapshot(self) -> ClusterSnapshot:
         """The current cluster snapshot (immutable; the head's ledger applied to the registered nodes)."""

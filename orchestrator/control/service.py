@@ -21,7 +21,10 @@ Invariants:
   the loops call :meth:`cycle_safely`, which logs an exception and lets the
   next cycle retry;
 * :meth:`HeadService.wait_lease` in-process drives :meth:`cycle` itself; the
-  actor answers it from :meth:`lease_settled` on its event loop instead.
+  actor answers it from :meth:`lease_settled` on its event loop instead;
+* time windows read ``day_clock`` (an injected :class:`~orchestrator.core.clock.Clock`):
+  the one given, else a compressed day when ``settings.day_clock`` is set, else the
+  machine's local time (:func:`day_clock_of`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
 from orchestrator.core.api import HEAD_METHODS, Json
+from orchestrator.core.clock import Clock, DayClock, SystemClock
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError
 from orchestrator.core.inventory import NodeInventory
@@ -73,7 +77,7 @@ class HeadService:
 
     def __init__(self, settings: RuntimeSettings, cluster: ClusterConfig, store: StateStore, runner: JobRunner,
                  port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = 0.5,
-                 metrics: HeadMetrics | None = None) -> None:
+                 metrics: HeadMetrics | None = None, day_clock: Clock | None = None) -> None:
         self.settings = settings
         self.cluster = cluster
         self.port = port
@@ -81,7 +85,7 @@ class HeadService:
         self._alive: tuple[float, dict[str, bool]] = (float("-inf"), {})
         self._nodes_read_at = float("-inf")
         self.ctl = HeadController(settings, store, clock=clock, holder_probe=self._holders_alive,
-                                  sched_config=cluster.scheduler)
+                                  sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings))
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
                                head_name=settings.head_name, status_poll_s=status_poll_s)
         self.metrics = metrics or HeadMetrics()
@@ -228,6 +232,19 @@ class HeadService:
     def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None, token: int | None = None) -> Json:
         return self.jobs.ack_checkpoint(job_id, path, step, token)
 
+    def set_day_clock(self, day_clock: Mapping[str, Any]) -> Json:
+        if not isinstance(day_clock, Mapping):
+            raise InvalidRequestError("day_clock", day_clock, 'a mapping like {"speedup": 720, "start": "06:00"}')
+        try:
+            dc = DayClock.model_validate(dict(day_clock))
+        except (ValidationError, InvalidRequestError) as e:
+            t = typed_error(e, "day_clock", DayClock) if isinstance(e, ValidationError) else e
+            if not t.field.startswith("day_clock"):  # a validator's own error: name it where it stands
+                t = InvalidRequestError(f"day_clock.{t.field}", t.value, t.allowed, detail=t.detail)
+            raise t from None
+        self.ctl.set_day_clock(dc.build())
+        return self.ctl.window().to_json() if self.ctl.sched_config.windows else {}
+
     # ---- the cluster ---------------------------------------------------------------------------
     def status(self) -> Json:
         st = self.ctl.status()
@@ -300,6 +317,11 @@ class HeadService:
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         return self.ctl.update_inventory(node_name, incarnation, _inventory(inventory))
+
+
+def day_clock_of(settings: RuntimeSettings) -> Clock:
+    """The head's time of day: a compressed day from ``settings.day_clock`` (started now), else local time."""
+    return settings.day_clock.build() if settings.day_clock is not None else SystemClock()
 
 
 def _inventory(data: Mapping[str, Any]) -> NodeInventory:

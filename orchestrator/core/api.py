@@ -115,6 +115,12 @@ class HeadApi(Protocol):
         ``dry_run`` plans only."""
         ...
 
+    def set_day_clock(self, day_clock: Mapping[str, Any]) -> Json:
+        """Start the head's time of day anew: ``{"speedup": 720, "start": "06:00"}`` (a compressed day that
+        begins now, as ``settings.day_clock`` does at start-up). A scenario calls it when its day begins, so
+        time windows change when its load does. Returns the window status at the new time."""
+        ...
+
     def announce_dashboard(self, url: str, ttl_s: float = 30.0) -> Json:
         """A live dashboard serves at ``url``; ``status`` reports it for ``ttl_s`` unless announced again."""
         ...

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.core import validation
 from orchestrator.core.catalogue import gpu_model
+from orchestrator.core.clock import DayClock
 from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
 from orchestrator.core.priorities import SchedulerConfig
@@ -84,6 +85,9 @@ class RuntimeSettings(_Frozen):
     ended_retention_s: Annotated[float, Field(ge=0, description="Ended leases leave the ledger and the GCS this long "
                                               "after they end (also how long a retried lease id is recognised); "
                                               "0 keeps them forever")] = 86400.0
+    day_clock: DayClock | None = Field(default=None, description="A compressed day for the head's time windows "
+                                       "({speedup: 720, start: '06:00'}: a day in 120 s from 06:00); "
+                                       "null: the machine's local time of day")
 
     @model_validator(mode="after")
     def _ttl_above_heartbeat(self) -> "RuntimeSettings":

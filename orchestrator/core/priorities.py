@@ -13,7 +13,15 @@ Nomenclature:
   queue within its quota needs room (as Kueue's cohorts and KAI's reclaim do);
 * **aging** raises a waiting job's effective priority by ``aging_per_minute``
   each minute, capped below the next class up, so nothing starves but aging
-  never turns batch work into inference.
+  never turns batch work into inference;
+* a **time window** (``windows:``) overrides queues' quotas and borrowing
+  between two times of day (``08:00``-``22:00``; it may wrap midnight), in
+  GPUs or as ``quota_pct`` of the cluster's GPU capacity: by day inference
+  guaranteed 60% and training capped at 40%, by night training borrowing
+  everything above an inference floor. Windows may not overlap; outside every
+  window the queues stand as configured. The head applies the window in force
+  each cycle (:func:`orchestrator.scheduling.windows.effective_config`);
+  no ``windows`` (the default) is the behaviour without them.
 
 The config is frozen pydantic; validators name the offending value.
 """
@@ -23,9 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from orchestrator.core import validation
+from orchestrator.core.clock import DAY_S, format_hhmm, parse_hhmm
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.yamlfile import read_yaml
 
@@ -50,6 +59,64 @@ class QueueConfig(_Frozen):
 
     quota_gpus: Annotated[float, Field(ge=0, description="Guaranteed GPUs (fractions count); None = unlimited")] | None = None
     borrowing: bool = Field(default=True, description="May use idle capacity beyond the quota (reclaimable)")
+
+
+class QueueOverride(_Frozen):
+    """What a time window changes of one queue: its quota (in GPUs, or in percent of the
+    cluster's GPU capacity) and whether it borrows. A field left out keeps the configured value."""
+
+    quota_gpus: Annotated[float, Field(ge=0, description="Guaranteed GPUs while the window is in force")] | None = None
+    quota_pct: Annotated[float, Field(ge=0, le=100, description="Guaranteed share of the cluster's GPU capacity, "
+                                      "percent, while the window is in force")] | None = None
+    borrowing: bool | None = Field(default=None, description="Whether the queue borrows idle capacity beyond its "
+                                   "quota while the window is in force (false: capped at the quota)")
+
+    @model_validator(mode="after")
+    def _one_quota(self) -> "QueueOverride":
+        if self.quota_gpus is not None and self.quota_pct is not None:
+            raise ConfigError("quota_pct", self.quota_pct, "either quota_gpus or quota_pct, not both")
+        return self
+
+
+class Window(_Frozen):
+    """Quota overrides in force from ``start`` to ``end`` each day (``end`` <= ``start`` wraps midnight;
+    ``end`` 24:00 is midnight). Covers ``[start, end)``."""
+
+    name: str = Field(min_length=1, max_length=63, description="Window name, shown in status and reasons")
+    start: str = Field(description="Time of day it begins, HH:MM")
+    end: str = Field(description="Time of day it ends, HH:MM (24:00 = midnight; before start: wraps midnight)")
+    queues: dict[str, QueueOverride] = Field(default_factory=dict, description="Queue name -> what changes")
+
+    @field_validator("start", "end")
+    @classmethod
+    def _hhmm(cls, v: str, info: ValidationInfo) -> str:
+        parse_hhmm(v, info.field_name or "time")
+        return v
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "Window":
+        if self.start_s >= DAY_S:
+            raise ConfigError("start", self.start, "a time of day from 00:00 to 23:59")
+        if self.start_s == self.end_s:
+            raise ConfigError("end", self.end, f"a time other than start={self.start} (00:00-24:00 is the whole day)",
+                              detail="a window from a time to the same time is ambiguous")
+        return self
+
+    @property
+    def start_s(self) -> float:
+        return parse_hhmm(self.start)
+
+    @property
+    def end_s(self) -> float:
+        return parse_hhmm(self.end)
+
+    def contains(self, time_of_day_s: float) -> bool:
+        """Whether the window is in force at ``time_of_day_s`` (seconds after midnight)."""
+        t, a, b = time_of_day_s % DAY_S, self.start_s, self.end_s % DAY_S
+        return a <= t < b if a < b else (t >= a or t < b)
+
+    def describe(self) -> str:
+        return f"{self.name} {format_hhmm(self.start_s)}-{self.end}"
 
 
 DEFAULT_CLASSES: dict[str, PriorityClass] = {
@@ -77,6 +144,8 @@ class SchedulerConfig(_Frozen):
     aging_per_minute: Annotated[float, Field(ge=0, description="Effective-priority points gained per minute waiting")] = 1.0
     policy: str = Field(default="default", description="Placement policy name: one of POLICY_NAMES. The one "
                         "place the head's policy is set (cluster config `scheduler.policy` or priorities.yaml)")
+    windows: tuple[Window, ...] = Field(default=(), description="Time windows overriding queue quotas by time "
+                                        "of day (none: the queues always stand as configured)")
 
     @field_validator("policy")
     @classmethod
@@ -98,7 +167,25 @@ class SchedulerConfig(_Frozen):
             raise ValueError(f"default_class {self.default_class!r} is not one of {sorted(self.classes)}")
         if "default" not in self.queues:
             raise ValueError(f"queues must include 'default' (have {sorted(self.queues)})")
+        self._check_windows()
         return self
+
+    def _check_windows(self) -> None:
+        """Window names unique, their queues known, and no two in force at the same minute."""
+        seen: dict[str, int] = {}
+        for i, w in enumerate(self.windows):
+            if w.name in seen:
+                raise ConfigError(f"windows.{i}.name", w.name, "a name no other window has")
+            seen[w.name] = i
+            for q in w.queues:
+                if q not in self.queues:
+                    raise ConfigError(f"windows.{i}.queues", q, sorted(self.queues), detail="unknown queue")
+        for minute in range(0, int(DAY_S), 60):
+            on = [i for i, w in enumerate(self.windows) if w.contains(minute)]
+            if len(on) > 1:
+                a, b = self.windows[on[0]], self.windows[on[1]]
+                raise ConfigError(f"windows.{on[1]}.start", b.start, f"a time outside window {a.describe()}",
+                                  detail=f"windows {a.name} and {b.name} overlap at {format_hhmm(minute)}")
 
     def priority_class(self, name: str | None) -> tuple[str, PriorityClass]:
         """(name, class) for ``name``; None means the default class. Unknown names are refused."""

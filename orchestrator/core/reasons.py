@@ -15,6 +15,10 @@ Groups:
 * **ineligible** / **no_preemption** -- why a lease may not be preempted, or
   why no preemption can help;
 * **lease** -- why a lease changed state (granted, lost, expired...);
+* **scale** -- why the inference service's autoscaler wants the replica count it
+  returns (:func:`orchestrator.scheduling.autoscale.decide`);
+* **window** -- which time window's quotas are in force
+  (:mod:`orchestrator.scheduling.windows`); a wait a window causes is ``wait.window``;
 * **repartition** -- why a GPU is (or is not) given a new MIG layout, and how that ended.
 
 Invariant: a :class:`Reason` always has a cause; its text is never parsed.
@@ -54,6 +58,7 @@ class Cause(str, Enum):
     WAIT_BORROW_ONLY = "wait.borrow_only"            # over its quota: it only borrows idle capacity, preempts nothing
     WAIT_VICTIMS = "wait.victims"                    # victims chosen for it are checkpointing
     WAIT_PREEMPTING = "wait.preempting"              # this cycle chose victims for it
+    WAIT_WINDOW = "wait.window"                      # over the quota the time window in force sets its queue (capped, or borrow-only)
     # ---- victim: why a lease is preempted ------------------------------------------------------
     VICTIM_PRIORITY = "victim.priority"              # a lower priority than the requester
     VICTIM_RECLAIM = "victim.reclaim"                # capacity borrowed beyond its queue's quota is reclaimed
@@ -93,6 +98,19 @@ class Cause(str, Enum):
     REPARTITION_SHORT = "repartition.short"          # not enough eligible GPUs to meet the target in full
     REPARTITION_DONE = "repartition.done"            # the agent's inventory shows the new layout
     REPARTITION_FAILED = "repartition.failed"        # the agent could not apply it, or it took too long: old layout kept
+    # ---- scale: the inference autoscaler's decision ---------------------------------------------
+    SCALE_UP = "scale.up"                            # load per replica over the target for upscale_delay_s
+    SCALE_DOWN = "scale.down"                        # load per replica under the target for downscale_delay_s
+    SCALE_SLO = "scale.slo"                          # p99 latency over the SLO for upscale_delay_s
+    SCALE_COLD_START = "scale.cold_start"            # requests arrive with no replica: one at once
+    SCALE_FLOOR = "scale.floor"                      # raised to the floor (min_replicas or a window's guarantee) at once
+    SCALE_CEILING = "scale.ceiling"                  # lowered to the ceiling (max_replicas or what may be had) at once
+    SCALE_HOLD_STEADY = "scale.hold_steady"          # the load asks for the replicas there are
+    SCALE_HOLD_BAND = "scale.hold_band"              # load per replica within the tolerance band of the target
+    SCALE_HOLD_DELAY = "scale.hold_delay"            # a change is wanted but has not held for its delay yet
+    # ---- window: the time window in force ----------------------------------------------------------
+    WINDOW_ACTIVE = "window.active"                  # a window's quotas replace the configured ones
+    WINDOW_NONE = "window.none"                      # no window covers this time of day: the configured quotas hold
 
     @property
     def group(self) -> str:

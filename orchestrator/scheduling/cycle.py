@@ -9,13 +9,18 @@ It reads as a numbered script (Kueue's scheduling cycle):
    cycle's grants:
    a. **quota**: an item whose queue would exceed its quota may only borrow
       idle capacity (no preemption on its behalf), and not at all when the
-      queue does not allow borrowing;
+      queue does not allow borrowing; quotas are those of the time window in
+      force when the caller passes one (:mod:`.windows`), and a wait its
+      quota causes says so (cause ``wait.window``);
    b. **place**: if the engine finds room, **grant** it (apply to the working
       snapshot, so later items see it taken);
    c. otherwise, unless victims are already being preempted for it
       (``nominated``), **plan a preemption** on the working snapshot; the
       victims go into the plan and are excluded from later items' plans, so
       nothing is preempted twice;
+      an item that preempts (or waits for victims chosen for it) counts
+      against its queue's quota as if granted, so two items never both
+      claim the last of a quota, each preempting for it;
    d. otherwise it stays **pending** with the engine's grouped reasons, its
       queue position and what would admit it -- or, when no card of the
       cluster could hold it even idle (:func:`~.admission.never_fits`: the
@@ -36,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from orchestrator.core.clock import format_hhmm
 from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause, Reason
@@ -51,6 +57,7 @@ from orchestrator.scheduling.preemption import (
     queue_usage,
 )
 from orchestrator.scheduling.snapshot import ClusterSnapshot
+from orchestrator.scheduling.windows import WindowStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +149,10 @@ def order(pending: Sequence[PendingItem], config: SchedulerConfig, now: float) -
 
 
 def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding: Sequence[Lease],
-             config: SchedulerConfig, now: float, policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset()) -> Plan:
-    """Run one cycle; see the module docstring. ``in_flight``: lease ids already being preempted."""
+             config: SchedulerConfig, now: float, policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset(),
+             window: WindowStatus | None = None) -> Plan:
+    """Run one cycle; see the module docstring. ``in_flight``: lease ids already being preempted;
+    ``window``: the time window whose quotas ``config`` carries (its waits name it), None for none."""
     work = snapshot
     # Only a quota reads what queues hold: without one, skip the pass over every holding lease.
     quotas = any(q.quota_gpus is not None for q in config.queues.values())
@@ -156,7 +165,13 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
         eff = effective_priority(item, config, now)
         _, q = config.queue(item.queue) if item.queue in config.queues else ("", None)
         over_quota = q is not None and q.quota_gpus is not None and usage.get(item.queue, 0.0) + item.demand > q.quota_gpus
+        windowed = _window_text(window, item.queue)
         if over_quota and q is not None and not q.borrowing:
+            if windowed:
+                waiting.append(Waiting(item.item_id, pos, eff, Reason(
+                    Cause.WAIT_WINDOW, f"queue {item.queue} holds {usage.get(item.queue, 0.0):g} GPUs and asks "
+                    f"{item.demand:g} more: over its cap of {q.quota_gpus:g} GPUs, no borrowing, {windowed}")))
+                continue
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_QUOTA, f"queue {item.queue} is at its quota of {q.quota_gpus:g} GPUs and does not borrow")))
             continue
@@ -174,18 +189,22 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
                 Cause.WAIT_NEVER_FITS, f"{never.detail}: it can run only once a node that has it joins"), res))
             continue
         if item.nominated:
+            usage[item.queue] = usage.get(item.queue, 0.0) + item.demand  # what is being freed for it counts
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_VICTIMS, "waiting for the leases being preempted for it to be released"), res))
             continue
         if over_quota:
+            cause, why = (Cause.WAIT_WINDOW, f" of {q.quota_gpus:g} GPUs, {windowed}") if windowed and q else (
+                Cause.WAIT_BORROW_ONLY, "")
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
-                Cause.WAIT_BORROW_ONLY, f"{res.message}; queue {item.queue} is over its quota, "
+                cause, f"{res.message}; queue {item.queue} is over its quota{why}, "
                 "so it only borrows idle capacity and preempts nothing"), res))
             continue
         candidates = [lease for lease in holding if lease.lease_id not in taken]
         plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
                                config=config, now=now, policy=policy, in_flight=frozenset(taken), demand=item.demand)
         if isinstance(plan, PreemptionPlan):
+            usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
             for v in plan.victims:
                 taken.add(v.lease_id)
                 preemptions.append(Preemption(v, item.item_id, v.reason))
@@ -196,3 +215,13 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
             waiting.append(Waiting(item.item_id, pos, eff, Reason(Cause.WAIT_NO_FIT, res.message), res,
                                    preemption_blocked=plan.reason))
     return Plan(tuple(grants), tuple(preemptions), tuple(waiting))
+
+
+def _window_text(window: WindowStatus | None, queue: str) -> str:
+    """``set by window day 08:00-22:00 until 22:00`` when the window in force sets ``queue``'s quota, else ''."""
+    if window is None or window.window is None or queue not in window.window.queues:
+        return ""
+    until = ""
+    if window.next_change_in_s is not None:
+        until = f" until {format_hhmm(window.time_of_day_s + window.next_change_in_s)}"
+    return f"set by time window {window.window.describe()}{until}"
