@@ -53,6 +53,7 @@ from orchestrator.core.job import JobSpec
 from orchestrator.core.lease import LeaseRequest, LeaseState, key_matches
 from orchestrator.core.validation import typed_error
 from orchestrator.scheduling.admission import check_request
+from orchestrator.scheduling.repartition import target_from
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,10 @@ class HeadService:
 
     def agent_work(self) -> dict[str, set[tuple[str, str]]]:
         """Per node, what its agent must act on now (:func:`revocation.agent_work`): whom the head wakes."""
-        return revocation.agent_work(self.ctl.ledger)
+        work = revocation.agent_work(self.ctl.ledger)
+        for node, items in self.ctl.repartitions.agent_work().items():  # a MIG layout to apply
+            work.setdefault(node, set()).update(items)
+        return work
 
     def _holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         at, cached = self._alive
@@ -253,6 +257,7 @@ class HeadService:
             for n in st["nodes"]:
                 n["k8s_inventory"] = self.inventory_check.node_line(n["name"])
         st["endpoints"] = self._endpoints()
+        st["repartitions"] = self.ctl.repartitions.to_json()
         return st
 
     def _endpoints(self) -> Json:
@@ -291,6 +296,9 @@ class HeadService:
         misses = self.metrics.record_inference(service, lats, None if slo_s is None else float(slo_s))
         return {"requests": len(lats), "slo_misses": misses}
 
+    def repartition_mig(self, target: str | Mapping[str, Any], dry_run: bool = False) -> Json:
+        return self.ctl.request_repartition(target_from(target), dry_run=dry_run)
+
     def announce_dashboard(self, url: str, ttl_s: float = 30.0) -> Json:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise InvalidRequestError("url", url, "an http:// or https:// URL")
@@ -306,9 +314,10 @@ class HeadService:
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
                   utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
-                  checkpointed: Mapping[str, str] | None = None) -> Json:
+                  checkpointed: Mapping[str, str] | None = None,
+                  reconfigure_failed: Mapping[str, str] | None = None) -> Json:
         return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids, utilization,
-                                  revoked or (), checkpointed)
+                                  revoked or (), checkpointed, reconfigure_failed)
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         return self.ctl.update_inventory(node_name, incarnation, _inventory(inventory))

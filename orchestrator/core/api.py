@@ -113,6 +113,15 @@ class HeadApi(Protocol):
         """A running service reports requests it served and their latencies (seconds); counted in the metrics."""
         ...
 
+    def repartition_mig(self, target: str | Mapping[str, Any], dry_run: bool = False) -> Json:
+        """Give MIG cards a new layout, live: ``target`` is a preset name (``inference``: every card filled
+        with its smallest slice; ``training``: one full-card slice) or the fields of
+        :class:`~orchestrator.scheduling.repartition.MigTarget`. The head plans the fewest GPUs to change,
+        cordons them, drains only their leases through the checkpoint path, has the agents apply the layout and
+        uncordons them (``status()["repartitions"]`` follows each). Returns ``{"plan", "started", "dry_run"}``;
+        ``dry_run`` plans only."""
+        ...
+
     def set_day_clock(self, day_clock: Mapping[str, Any]) -> Json:
         """Start the head's time of day anew: ``{"speedup": 720, "start": "06:00"}`` (a compressed day that
         begins now, as ``settings.day_clock`` does at start-up). A scenario calls it when its day begins, so
@@ -130,10 +139,13 @@ class HeadApi(Protocol):
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
                   utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
-                  checkpointed: Mapping[str, str] | None = None) -> Json:
+                  checkpointed: Mapping[str, str] | None = None,
+                  reconfigure_failed: Mapping[str, str] | None = None) -> Json:
         """``utilization``: GPU index (as a string) -> busy fraction, where the agent can measure it (NVML);
-        ``revoked``: leases whose workload the agent stopped; ``checkpointed``: lease -> path its actor wrote.
-        The reply: what to hold (``assignments``) and what to stop (``revocations``)."""
+        ``revoked``: leases whose workload the agent stopped; ``checkpointed``: lease -> path its actor wrote;
+        ``reconfigure_failed``: GPU index -> why the MIG layout asked for was not applied.
+        The reply: what to hold (``assignments``), what to stop (``revocations``) and the MIG layouts to
+        apply (``reconfigure``: GPU index -> ``[{"profile", "start"}, ...]``)."""
         ...
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json: ...
