@@ -165,16 +165,19 @@ class TrainingActor:
     one step at a time; ``checkpoint(dir)`` asks it to stop at the next step boundary, write a checkpoint
     and return its path -- the step it wrote is the step a resumed actor (``resume_from=path``) starts at,
     so no step is lost. ``rogue=True`` makes an actor that ignores the request (its ``checkpoint`` never
-    returns): what a victim that does not cooperate looks like to the orchestrator.
+    returns): what a victim that does not cooperate looks like to the orchestrator. ``paced=True`` makes
+    ``step_delay_s`` the whole step's duration (the workload model's step time on a simulated share,
+    :mod:`orchestrator.sim.perfmodel`) rather than a pause after it: the actor sleeps what the step's own
+    compute left of it, so it trains at the modelled speed whatever this machine's CPU does.
 
     Invariant: after ``checkpoint`` returns, the model is never stepped again by this actor.
     """
 
     def __init__(self, steps: int, seed: int = 0, width: int = 64, resume_from: str | None = None,
-                 step_delay_s: float = 0.0, rogue: bool = False) -> None:
+                 step_delay_s: float = 0.0, rogue: bool = False, paced: bool = False) -> None:
         import threading
 
-        self.steps, self.step_delay_s, self.rogue = steps, step_delay_s, rogue
+        self.steps, self.step_delay_s, self.rogue, self.paced = steps, step_delay_s, rogue, paced
         self.trainer = Trainer(seed=seed, width=width)
         self.resumed_at = 0
         if resume_from and Path(resume_from).exists():
@@ -200,9 +203,10 @@ class TrainingActor:
                     self._written = path
                     self._cond.notify_all()
                     return
+            t0 = time.perf_counter()
             t.train_step()
             if self.step_delay_s:
-                time.sleep(self.step_delay_s)
+                time.sleep(max(0.0, self.step_delay_s - (time.perf_counter() - t0)) if self.paced else self.step_delay_s)
 
     def checkpoint(self, directory: str) -> str:
         """Stop at the next step boundary, write a checkpoint under ``directory``, return its path."""

@@ -131,7 +131,10 @@ class SimulatedCluster:
             if reply.get("reregister"):
                 self.registered.discard(name)
                 continue
-            core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"))
+            core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"), reply.get("reconfigure"))
+            changed = core.poll_health(0.0)  # a new MIG layout (or health) is pushed, as the agent actor does
+            if changed is not None:
+                head.update_inventory(core.node_name, core.incarnation, changed.model_dump(mode="json"))
 
 
 class InProcessHead:

@@ -30,6 +30,13 @@ It also **holds** the node's leases (:mod:`orchestrator.control.revocation`):
   of the process), then confirms (``revoked``);
 * it knows each held lease's token and refuses any other
   (:meth:`AgentCore.check_holder`): a revoked or stale holder cannot come back.
+
+And it **repartitions** MIG cards (:mod:`orchestrator.control.repartition`): a
+heartbeat reply's ``reconfigure`` names a GPU and its new layout once the head
+has drained it; the agent refuses if it still holds a lease there, else has
+its backend destroy and create the instances (``reconfigure_mig``), and pushes
+the new inventory (its next :meth:`AgentCore.poll_health` returns it); a
+failure is reported once per request (``reconfigure_failed``).
 """
 
 from __future__ import annotations
@@ -127,6 +134,8 @@ class AgentCore:
         #: lease id -> wall time its revoked workload was found stopped (the confirmation); the last 256
         self.stopped_at: dict[str, float] = {}
         self._checkpoints: dict[str, CheckpointPoll] = {}
+        self.reconfigure_failed: dict[str, str] = {}  # GPU index -> why its requested layout was not applied
+        self._unpushed = False  # the inventory changed here (a new MIG layout): push it to the head
 
     def registration(self) -> dict[str, Any]:
         return {"node_name": self.node_name, "ray_node_id": self.ray_node_id, "incarnation": self.incarnation,
@@ -136,6 +145,8 @@ class AgentCore:
         payload = {"node_name": self.node_name, "incarnation": self.incarnation, "allocated": sorted(self.allocated),
                    "rejected": dict(self.rejected), "mig_uuids": dict(self.mig_uuids), "revoked": sorted(self.revoked),
                    "checkpointed": dict(self.checkpointed)}
+        if self.reconfigure_failed:
+            payload["reconfigure_failed"] = dict(self.reconfigure_failed)
         self._reported = set(self.checkpointed)
         util = measured_utilization(self.backend)
         if util:
@@ -163,12 +174,14 @@ class AgentCore:
         return None
 
     def apply_assignments(self, assignments: Mapping[str, Mapping[str, Any]],
-                          revocations: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                          revocations: Mapping[str, Mapping[str, Any]] | None = None,
+                          reconfigure: Mapping[str, Any] | None = None) -> None:
         """Make what this agent holds equal the head's desired set, and stop what it revokes (idempotent).
 
         Each assignment is ``{"allocation": <Allocation JSON>, "fencing_token": n, "env": {...} | None,
         "state": ..., "workload": ..., "checkpoint_dir": ...}``; ``env`` is None while the head waits for
-        the UUID of a MIG instance made here. Each revocation is ``{"fencing_token", "workload", "reason"}``."""
+        the UUID of a MIG instance made here. Each revocation is ``{"fencing_token", "workload", "reason"}``;
+        ``reconfigure`` maps a GPU index (a string) to its new MIG layout (``[{"profile", "start"}, ...]``)."""
         revocations = revocations or {}
         for lease_id in [k for k in self.allocated if k not in assignments]:
             del self.allocated[lease_id]
@@ -190,6 +203,37 @@ class AgentCore:
         self._watch(assignments)
         self._ask_checkpoints(assignments)
         self._revoke(revocations)
+        self._reconfigure(reconfigure or {}, assignments)
+
+    def _reconfigure(self, work: Mapping[str, Any], assignments: Mapping[str, Mapping[str, Any]]) -> None:
+        """Apply each requested MIG layout not applied yet; refuse a GPU that still holds a lease here."""
+        self.reconfigure_failed = {k: v for k, v in self.reconfigure_failed.items() if k in work}
+        for idx_text, layout in work.items():
+            idx = int(idx_text)
+            want = sorted((str(s["profile"]), int(s["start"])) for s in layout)
+            gpu = next((g for g in self.inventory.gpus if g.index == idx), None)
+            if gpu is not None and sorted((d.profile, d.start) for d in gpu.mig_devices) == want:
+                continue  # applied already (the head has yet to see the pushed inventory)
+            if idx_text in self.reconfigure_failed:
+                continue  # reported once; the head ends the request
+            held = sorted(k for k, v in assignments.items() if idx in Allocation.from_json(v["allocation"]).gpu_indices)
+            try:
+                if gpu is None:
+                    raise InvalidRequestError("gpu_index", idx, [g.index for g in self.inventory.gpus],
+                                              detail=f"no such GPU on node {self.node_name}")
+                if held:
+                    raise InvalidRequestError("gpu_index", idx, "a GPU no lease holds",
+                                              detail=f"it still holds {', '.join(held)}")
+                devices = self.backend.reconfigure_mig(idx, want)
+            except Exception as e:  # typed errors and NVML's: the head fails the repartition and uncordons
+                log.warning("agent %s: MIG layout of GPU %s not applied: %s", self.node_name, idx, e)
+                self.reconfigure_failed[idx_text] = f"{type(e).__name__}: {e}"
+                if gpu is not None and not held:  # the card may have changed half-way: report what it has now
+                    self._set_mig_devices(idx, self._backend_mig_devices(idx, gpu.mig_devices))
+                continue
+            self._set_mig_devices(idx, devices)
+            log.info("agent %s: GPU %s now has MIG layout %s", self.node_name, idx,
+                     ", ".join(f"{d.profile}@{d.start}" for d in devices))
 
     def _sync_mps(self, assignments: Mapping[str, Mapping[str, Any]]) -> None:
         """A control daemon on exactly the GPUs that hold MPS leases; a lease whose daemon failed is refused."""
@@ -266,13 +310,29 @@ class AgentCore:
                 for old in list(self.stopped_at)[:-256]:
                     del self.stopped_at[old]
 
+    def _set_mig_devices(self, idx: int, devices: tuple[Any, ...]) -> None:
+        """The inventory with GPU ``idx``'s MIG devices replaced (a higher generation, to push); no change: as is."""
+        if next(g for g in self.inventory.gpus if g.index == idx).mig_devices == devices:
+            return
+        gpus = tuple(g.model_copy(update={"mig_devices": devices}) if g.index == idx else g for g in self.inventory.gpus)
+        self.inventory = self.inventory.model_copy(update={"gpus": gpus, "generation": self.inventory.generation + 1})
+        self._unpushed = True
+
+    def _backend_mig_devices(self, idx: int, known: tuple[Any, ...]) -> tuple[Any, ...]:
+        """GPU ``idx``'s MIG devices as the backend reports them now (``known`` if it cannot say)."""
+        try:
+            g = next((g for g in self.backend.inventory().gpus if g.index == idx), None)
+        except Exception as e:  # NVML unreadable now: the next change of inventory will tell
+            log.warning("agent %s: cannot re-read GPU %s: %s", self.node_name, idx, e)
+            return known
+        return known if g is None else g.mig_devices
+
     def poll_health(self, timeout_s: float = 0.0) -> NodeInventory | None:
-        """Apply pending health events; the new inventory if any GPU changed, else None."""
+        """Apply pending health events; the new inventory if any GPU changed (or a new MIG layout was
+        applied since the last call), else None."""
         events = self.backend.poll_events(timeout_s)
-        if not events:
+        new = apply_events(self.inventory, events) if events else self.inventory
+        if new is self.inventory and not self._unpushed:
             return None
-        new = apply_events(self.inventory, events)
-        if new is self.inventory:
-            return None
-        self.inventory = new
+        self.inventory, self._unpushed = new, False
         return new

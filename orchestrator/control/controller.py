@@ -27,7 +27,8 @@ A reconcile cycle (:meth:`reconcile`) is a numbered script: (1) expire agents si
 their nodes and leases are *lost*, and leases asked to be requeued get a new attempt
 (:func:`~orchestrator.core.ids.next_attempt`) at the same queue position; (2) lose the leases
 of dead holders; (3) expire grants never activated within ``grant_ttl_s``; (4) stop preemption
-victims past their grace deadline; (5) schedule the queue over the snapshot (:meth:`_plan`, the
+victims past their grace deadline; (4b) move MIG repartitions on (:mod:`.repartition`: cordon, drain,
+apply, uncordon); (5) schedule the queue over the snapshot (:meth:`_plan`, the
 one call site of :func:`orchestrator.scheduling.cycle.schedule`) and grant what fits; (6) ask for
 an agent on every live Ray node without one; (7) every 10 s, prune leases ended
 ``ended_retention_s`` ago, from the store first, keeping one while its retry lives.
@@ -48,6 +49,7 @@ from orchestrator.control import preempting, revocation, views
 from orchestrator.control.handout import lease_handout
 from orchestrator.control.ledger import Ledger, LedgerEntry
 from orchestrator.control.nodes import AgentStart, NodeRecord, NodeRegistry, NodeState, RayNodeInfo
+from orchestrator.control.repartition import Repartitions
 from orchestrator.control.store import StateStore
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.clock import Clock, SystemClock
@@ -56,8 +58,10 @@ from orchestrator.core.errors import CapacityError, InvalidRequestError, StaleFe
 from orchestrator.core.inventory import NodeInventory
 from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
+from orchestrator.core.reasons import Cause
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
 from orchestrator.scheduling.policies import get_policy
+from orchestrator.scheduling.repartition import MigTarget, RepartitionPlan, plan_repartition
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.scheduling.windows import WindowStatus, effective_config, window_status
 
@@ -76,6 +80,8 @@ class ReconcileReport:
     preempted: list[str] = field(default_factory=list)  # victims whose holders must now be stopped
     pruned: list[str] = field(default_factory=list)  # ended leases dropped after settings.ended_retention_s
     plan_seconds: float | None = None  # wall time of this cycle's scheduling pass, when one ran with work
+    reconfigured: list[str] = field(default_factory=list)  # MIG repartitions done (the agent shows the new layout)
+    reconfigure_failed: list[str] = field(default_factory=list)  # MIG repartitions failed (old layout kept)
 
 
 HolderProbe = Callable[[Sequence[str]], Mapping[str, bool]]
@@ -98,6 +104,7 @@ class HeadController:
         self.policy = get_policy(self.sched_config.policy)
         self.ledger = Ledger(store, settings.namespace)
         self.nodes = NodeRegistry(store, settings.namespace)
+        self.repartitions = Repartitions(store, settings.namespace)
         self._last_enqueued = 0.0
         self._snap = ClusterSnapshot.build([], timeslice_capacity_milli=settings.timeslice_capacity_milli)
         self._stale = False  # nodes changed with nothing on them: rebuild the snapshot before its next use
@@ -116,6 +123,7 @@ class HeadController:
         """
         self.nodes.restore(self.clock())
         entries = self.ledger.restore()
+        self.repartitions.restore()
         self._last_enqueued = max([self._last_enqueued] + [e.enqueued_at for e in entries])
         self._rebuild_snapshot()
         self._dirty = True
@@ -149,7 +157,7 @@ class HeadController:
             self._last_enqueued = enqueued = max(now, self._last_enqueued + 1e-6)
         entry = LedgerEntry(Lease.new(spec.lease_id, spec.request, now=now, owner=spec.owner,
                                       priority=spec.priority or priority, priority_class=class_name,
-                                      queue=spec.queue),
+                                      queue=spec.queue, gang=spec.gang.gang_id if spec.gang else None),
                             spec, self.ledger.seq, enqueued)
         self.ledger.commit([entry])
         self._dirty = True
@@ -223,14 +231,17 @@ class HeadController:
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
                   utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
-                  checkpointed: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """An agent's heartbeat: what it holds, stopped and checkpointed; the reply carries what it should
-        hold and what it must stop (:mod:`.revocation`)."""
+                  checkpointed: Mapping[str, str] | None = None,
+                  reconfigure_failed: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """An agent's heartbeat: what it holds, stopped and checkpointed, and MIG layouts it could not apply;
+        the reply carries what it should hold, what it must stop (:mod:`.revocation`) and the MIG layouts
+        to apply (``reconfigure``, :mod:`.repartition`)."""
         rec = self.nodes.current(node_name, incarnation)
         if rec is None:
             return {"ok": False, "reregister": True}
         self.nodes.touch(rec, self.clock(), tuple(allocated))
         self.nodes.measure(node_name, utilization)
+        self.repartitions.agent_failed(node_name, reconfigure_failed)
         for e in revocation.confirm(self.ledger, node_name, revoked):  # the agent stopped them: free now
             self._free(e)
         for lease_id, path in (checkpointed or {}).items():
@@ -249,7 +260,8 @@ class HeadController:
             if e is not None and e.lease.holding:
                 self._lose([e], f"agent on {node_name} refused the devices: {why}", ReconcileReport())
         return {"ok": True, "assignments": revocation.node_assignments(self.ledger, node_name),
-                "revocations": revocation.node_revocations(self.ledger, node_name)}
+                "revocations": revocation.node_revocations(self.ledger, node_name),
+                "reconfigure": self.repartitions.node_work(node_name)}
 
     def observe_ray_nodes(self, nodes: Iterable[RayNodeInfo]) -> None:
         """The live Ray nodes (the wrapper reads the GCS node table); used to decide where agents go."""
@@ -272,6 +284,8 @@ class HeadController:
         self._release_dead_holders(report)      # 2
         self._expire_grants(now, report)        # 3
         self._end_overdue_checkpoints(now, report)  # 4
+        if self.repartitions.live() and self.repartitions.step(self, now, report):  # 4b
+            self._uncordon()
         # 5: schedule on change, and at least once a second while anything waits: time alone
         # makes work preemptible (minimum runtimes pass) and ages the queue.
         self._apply_window()
@@ -362,8 +376,11 @@ class HeadController:
         report.plan_seconds = time.perf_counter() - started
         grants: list[LedgerEntry] = []
         snap = self._snapshot
+        stale_gangs = _stale_gangs(snap, plan, self.ledger)  # a gang is granted whole or not at all
         for g in plan.grants:
             e = self.ledger.get(g.item_id)
+            if e.spec.gang is not None and e.spec.gang.gang_id in stale_gangs:
+                continue
             try:
                 snap = snap.apply(g.placement.allocation)
             except CapacityError:
@@ -387,7 +404,7 @@ class HeadController:
         checkpointing = self.ledger.in_state(LeaseState.CHECKPOINTING)
         nominated = revocation.nominated(self.ledger)
         items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at,
-                             queue=e.spec.queue, nominated=e.lease_id in nominated)
+                             queue=e.spec.queue, nominated=e.lease_id in nominated, gang=e.spec.gang)
                  for e in pending]
         holding = [e.lease for e in self.ledger.holding()]
         in_flight = frozenset(e.lease_id for e in checkpointing)
@@ -403,6 +420,12 @@ class HeadController:
     def window(self) -> WindowStatus:
         """The time window in force now, its quotas and the next change (:func:`.windows.window_status`)."""
         return window_status(self.sched_config, self.day_clock.time_of_day_s(), self.capacity_gpus())
+
+    def set_day_clock(self, clock: Clock) -> None:
+        """Read the time of day from ``clock`` from now on; the next cycle applies the window in force."""
+        self.day_clock = clock
+        self._window_key = None
+        self._dirty = True
 
     def _apply_window(self) -> None:
         """Step 5's config: the configured one with the quotas of the window in force. Rebuilt only when the
@@ -420,17 +443,24 @@ class HeadController:
     def _start_preemptions(self, plan: Plan, now: float, report: ReconcileReport) -> None:
         """Carry out the plan's preemptions: ask checkpointing victims to checkpoint (grace period),
         stop the others at once. Written to the store before anyone is told."""
-        asked: list[LedgerEntry] = []
-        stopped: list[tuple[LedgerEntry, LedgerEntry]] = []
+        victims = []
         for p in plan.preemptions:
             e = self.ledger.find(p.victim.lease_id)
             if e is None or not e.lease.holding or e.lease.state is LeaseState.CHECKPOINTING:
                 continue
-            _, pclass = self.sched_config.priority_class(e.lease.priority_class or None)
             by = self.ledger.find(p.for_item)
             for_owner = (by.spec.owner if by else p.for_item).removeprefix("job:")
-            new = preempting.ask_or_stop(e, pclass, for_item=p.for_item, now=now, cause=p.reason.cause.value,
-                                         why=f"preempted for {for_owner or p.for_item}: {p.reason}")
+            victims.append((e, p.for_item, p.reason.cause.value, f"preempted for {for_owner or p.for_item}: {p.reason}"))
+        self._preempt(victims, now, report)
+
+    def _preempt(self, victims: Sequence[tuple[LedgerEntry, str, str, str]], now: float,
+                 report: ReconcileReport) -> None:
+        """Preempt each ``(entry, for_item, cause, why)``: ask it to checkpoint or stop it (its class decides)."""
+        asked: list[LedgerEntry] = []
+        stopped: list[tuple[LedgerEntry, LedgerEntry]] = []
+        for e, for_item, cause, why in victims:
+            _, pclass = self.sched_config.priority_class(e.lease.priority_class or None)
+            new = preempting.ask_or_stop(e, pclass, for_item=for_item, now=now, cause=cause, why=why)
             if new.state is LeaseState.CHECKPOINTING:
                 asked.append(new)
             else:
@@ -482,6 +512,38 @@ class HeadController:
             if e.preempt_deadline is not None and now > e.preempt_deadline:
                 self.ack_preemption(e.lease_id, None, reason="grace period over without a checkpoint: stopped")
                 report.preempted.append(e.lease_id)
+
+    # ---- MIG repartitioning (control.repartition runs it; these are its hooks) ------------------------
+    def request_repartition(self, target: MigTarget, *, dry_run: bool = False) -> dict[str, Any]:
+        """Plan ``target`` over the current snapshot and the holding leases, and (unless ``dry_run``) start it:
+        the chosen GPUs are cordoned now and drained, reconfigured and uncordoned by the next cycles."""
+        plan: RepartitionPlan = plan_repartition(
+            self._snapshot, [e.lease for e in self.ledger.holding()], target, self.sched_config.classes,
+            default_class=self.sched_config.default_class, busy=self.repartitions.busy())
+        started = [] if dry_run else self.repartitions.start(plan, self.clock())
+        for rec in started:
+            self._snap = self._snapshot.with_health(rec.change.node, rec.change.gpu_index, False)
+        if started:
+            self._dirty = True
+        return {"plan": plan.to_json(), "started": [r.repartition_id for r in started], "dry_run": dry_run}
+
+    def occupying_gpu(self, node: str, gpu_index: int) -> list[LedgerEntry]:
+        """The entries whose devices on ``node`` include GPU ``gpu_index`` (revoking ones included)."""
+        return [e for e in self.ledger.occupying_on(node)
+                if e.lease.allocation is not None and gpu_index in e.lease.allocation.gpu_indices]
+
+    def drain(self, node: str, gpu_index: int, *, for_item: str, why: str, report: ReconcileReport) -> list[str]:
+        """Preempt every holding lease on one GPU through the checkpoint path (requeued if it asked); leases on
+        other GPUs are not touched. Returns the ids asked or stopped."""
+        victims = [(e, for_item, Cause.LEASE_DRAINED.value, why) for e in self.occupying_gpu(node, gpu_index)
+                   if e.lease.holding and e.lease.state is not LeaseState.CHECKPOINTING]
+        self._preempt(victims, self.clock(), report)
+        return [e.lease_id for e, *_ in victims]
+
+    def _uncordon(self) -> None:
+        """A repartition ended: rebuild the snapshot, which keeps only the live repartitions' cordons."""
+        self._stale = True
+        self._dirty = True
 
     # ---- read views ------------------------------------------------------------------------------
     @property
@@ -585,8 +647,26 @@ class HeadController:
                 misfits.append((k, e))
             elif moved != e.lease.allocation:  # column positions change when nodes come and go
                 self.ledger.soft(e, lease=replace(e.lease, allocation=moved))
+        for node, gpus in self.repartitions.cordoned().items():  # a GPU being repartitioned takes no new grant
+            if node in snap.static.index:
+                for idx in sorted(gpus):
+                    snap = snap.with_health(node, idx, False)
         self._snap = snap
         if misfits:  # a revoking one has ended already: it just stops occupying
             self.ledger.commit([revocation.confirmed(e) if e.revoking else
                                 self._end(e, LeaseState.LOST, "its devices are no longer in the node's inventory")
                                 for _, e in sorted(misfits, key=lambda m: m[0])])
+
+
+def _stale_gangs(snap: ClusterSnapshot, plan: Plan, ledger: Ledger) -> set[str]:
+    """Gangs of the plan some worker of which no longer fits ``snap`` (a stale plan): none of their
+    workers is granted this cycle, so no gang is ever granted in part."""
+    stale: set[str] = set()
+    for g in plan.grants:  # in plan order, as the grant loop applies them
+        spec = ledger.get(g.item_id).spec.gang
+        try:
+            snap = snap.apply(g.placement.allocation)
+        except CapacityError:
+            if spec is not None:
+                stale.add(spec.gang_id)
+    return stale

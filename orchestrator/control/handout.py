@@ -21,6 +21,9 @@ turns into Ray actor options:
   and ``CUDA_MPS_PIPE_DIRECTORY``; every lease gets ``ORCHESTRATOR_LEASE_ID`` and
   ``ORCHESTRATOR_FENCING_TOKEN`` so the holder can activate and release it.
 
+A gang's workers each get their own hand-out; :func:`gang_bundle` and :func:`gang_bundle_pin` turn them
+into the bundles of the gang's placement group (``docs/gang.md``).
+
 Why the numbers are what they are is in ``docs/runtime.md`` ("Ray's
 accounting and our leases").
 """
@@ -29,12 +32,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.catalogue import gpu_model
-from orchestrator.core.config import RuntimeSettings, card_resource
+from orchestrator.core.config import RAY_NODE_ID_LABEL, RuntimeSettings, card_resource
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.lease import Lease
 from orchestrator.core.request import ShareKind
@@ -163,3 +166,32 @@ def lease_handout(lease: Lease, ray_node_id: str, settings: RuntimeSettings, *,
     return make_handout(a, ray_node_id=ray_node_id, lease_id=lease.lease_id, fencing_token=lease.fencing_token,
                         mps_pipe_root=settings.mps_pipe_root,
                         timeslice_capacity_milli=settings.timeslice_capacity_milli, mig_uuid=mig_uuid)
+
+
+# ---- gangs: one placement-group bundle per worker ------------------------------------------------
+def gang_bundle(h: Mapping[str, Any]) -> dict[str, float]:
+    """Worker ``h``'s bundle of the gang's placement group: its card shares (``rgo-gpu-<i>``), or its share of
+    Ray's ``GPU`` on a node that declares no cards, and its CPUs. The node is pinned apart, by
+    :func:`gang_bundle_pin` (a bundle's resources cannot name a node)."""
+    bundle = dict(h.get("resources") or {}) or ({"GPU": float(h["num_gpus"])} if h.get("num_gpus") else {})
+    if h.get("num_cpus"):
+        bundle["CPU"] = float(h["num_cpus"])
+    return bundle or {"CPU": 0.001}  # Ray refuses an empty bundle
+
+
+def gang_bundle_pin(h: Mapping[str, Any]) -> dict[str, str]:
+    """The label selector that holds worker ``h``'s bundle to its lease's node: Ray's own node-id label,
+    which every node has (ours, KubeRay pods, clusters we attached to)."""
+    return {RAY_NODE_ID_LABEL: h["node_id"]}
+
+
+def gang_worker_env(handouts: Sequence[Mapping[str, Any]], node_id: str, local_rank: int) -> dict[str, str]:
+    """The device environment of the ``local_rank``-th worker running on ``node_id``: the gang's workers
+    on that node in worker order, so a trainer whose workers are numbered per node (Ray Train's local rank)
+    binds each to its own lease's devices. Raises ``InvalidRequestError`` naming the node when the gang has
+    no such worker there."""
+    here = [h for h in handouts if h["node_id"] == node_id]
+    if not 0 <= local_rank < len(here):
+        raise InvalidRequestError("local_rank", local_rank, f"0..{len(here) - 1}",
+                                  detail=f"the gang has {len(here)} worker(s) on node {node_id}")
+    return dict(here[local_rank]["env_vars"])

@@ -101,7 +101,8 @@ class LedgerEntry:
         lease = Lease(spec.lease_id, spec.request, spec.owner, d["priority"], d["priority_class"],
                       state=LeaseState(d["state"]), allocation=alloc, fencing_token=d["fencing_token"],
                       history=history, checkpoint_path=d.get("checkpoint_path"),
-                      last_checkpoint_at=d.get("last_checkpoint_at"), queue=spec.queue)
+                      last_checkpoint_at=d.get("last_checkpoint_at"), queue=spec.queue,
+                      gang=spec.gang.gang_id if spec.gang else None)
         return cls(lease, spec, d["seq"], d["enqueued_at"],
                    handout=Handout.from_dict(d["handout"]) if d.get("handout") else None,
                    holder=d.get("holder"), attempt_of=d.get("attempt_of"), requeued_as=d.get("requeued_as"),

@@ -38,6 +38,9 @@ Preemption and latency
   the lease it was made for;
 * ``orchestrator_placement_seconds`` -- one scheduling pass over the queue (the engine's
   placement and preemption planning), per pass that had work;
+* ``orchestrator_mig_reconfigurations_total{result}`` -- live MIG repartitions of one GPU
+  that ended (``done``: the agent shows the new layout; ``failed``: the old one kept);
+  the leases drained for them count in ``orchestrator_preemptions_total{cause="lease.drained"}``;
 
 Agents, inventory, inference
 
@@ -129,6 +132,10 @@ class HeadMetrics:
         self.preemptions = Counter("orchestrator_preemptions", "Preemption victims", ["reason", "cause"], registry=r)
         for reason in ("checkpoint", "stopped"):  # known label values read 0 before the first event, not "no data"
             self.preemptions.labels(reason, "victim.priority")
+        self.mig_reconfigurations = Counter("orchestrator_mig_reconfigurations",
+                                            "Live MIG repartitions of one GPU that ended", ["result"], registry=r)
+        for result in ("done", "failed"):
+            self.mig_reconfigurations.labels(result)
         self.lease_wait = Histogram("orchestrator_lease_wait_seconds", "Time pending: request to grant", registry=r,
                                     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900))
         self.checkpoint = Histogram("orchestrator_checkpoint_seconds", "A victim's checkpoint request to its yield",
@@ -250,6 +257,10 @@ class HeadMetrics:
             self.preemptions.labels("stopped", cause).inc()
         if report.plan_seconds is not None:
             self.placement.observe(report.plan_seconds)
+        if report.reconfigured:
+            self.mig_reconfigurations.labels("done").inc(len(report.reconfigured))
+        if report.reconfigure_failed:
+            self.mig_reconfigurations.labels("failed").inc(len(report.reconfigure_failed))
 
     @staticmethod
     def _cause(ctl: HeadController, lease_id: str) -> str:

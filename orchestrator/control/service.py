@@ -45,7 +45,7 @@ from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
 from orchestrator.core.api import HEAD_METHODS, Json
-from orchestrator.core.clock import Clock, SystemClock
+from orchestrator.core.clock import Clock, DayClock, SystemClock
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError
 from orchestrator.core.inventory import NodeInventory
@@ -53,6 +53,7 @@ from orchestrator.core.job import JobSpec
 from orchestrator.core.lease import LeaseRequest, LeaseState, key_matches
 from orchestrator.core.validation import typed_error
 from orchestrator.scheduling.admission import check_request
+from orchestrator.scheduling.repartition import target_from
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,10 @@ class HeadService:
 
     def agent_work(self) -> dict[str, set[tuple[str, str]]]:
         """Per node, what its agent must act on now (:func:`revocation.agent_work`): whom the head wakes."""
-        return revocation.agent_work(self.ctl.ledger)
+        work = revocation.agent_work(self.ctl.ledger)
+        for node, items in self.ctl.repartitions.agent_work().items():  # a MIG layout to apply
+            work.setdefault(node, set()).update(items)
+        return work
 
     def _holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         at, cached = self._alive
@@ -200,6 +204,10 @@ class HeadService:
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
         return self.ctl.release(lease_id, token, reason)
 
+    def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None) -> Json:
+        return self.ctl.ack_preemption(lease_id, checkpoint_path, token,
+                                       reason="checkpoint acknowledged by its requester")
+
     def explain_lease(self, lease_id: str) -> Json:
         return self.ctl.explain_lease(lease_id)
 
@@ -228,6 +236,19 @@ class HeadService:
     def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None, token: int | None = None) -> Json:
         return self.jobs.ack_checkpoint(job_id, path, step, token)
 
+    def set_day_clock(self, day_clock: Mapping[str, Any]) -> Json:
+        if not isinstance(day_clock, Mapping):
+            raise InvalidRequestError("day_clock", day_clock, 'a mapping like {"speedup": 720, "start": "06:00"}')
+        try:
+            dc = DayClock.model_validate(dict(day_clock))
+        except (ValidationError, InvalidRequestError) as e:
+            t = typed_error(e, "day_clock", DayClock) if isinstance(e, ValidationError) else e
+            if not t.field.startswith("day_clock"):  # a validator's own error: name it where it stands
+                t = InvalidRequestError(f"day_clock.{t.field}", t.value, t.allowed, detail=t.detail)
+            raise t from None
+        self.ctl.set_day_clock(dc.build())
+        return self.ctl.window().to_json() if self.ctl.sched_config.windows else {}
+
     # ---- the cluster ---------------------------------------------------------------------------
     def status(self) -> Json:
         st = self.ctl.status()
@@ -236,6 +257,7 @@ class HeadService:
             for n in st["nodes"]:
                 n["k8s_inventory"] = self.inventory_check.node_line(n["name"])
         st["endpoints"] = self._endpoints()
+        st["repartitions"] = self.ctl.repartitions.to_json()
         return st
 
     def _endpoints(self) -> Json:
@@ -274,6 +296,9 @@ class HeadService:
         misses = self.metrics.record_inference(service, lats, None if slo_s is None else float(slo_s))
         return {"requests": len(lats), "slo_misses": misses}
 
+    def repartition_mig(self, target: str | Mapping[str, Any], dry_run: bool = False) -> Json:
+        return self.ctl.request_repartition(target_from(target), dry_run=dry_run)
+
     def announce_dashboard(self, url: str, ttl_s: float = 30.0) -> Json:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise InvalidRequestError("url", url, "an http:// or https:// URL")
@@ -289,9 +314,10 @@ class HeadService:
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
                   utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
-                  checkpointed: Mapping[str, str] | None = None) -> Json:
+                  checkpointed: Mapping[str, str] | None = None,
+                  reconfigure_failed: Mapping[str, str] | None = None) -> Json:
         return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids, utilization,
-                                  revoked or (), checkpointed)
+                                  revoked or (), checkpointed, reconfigure_failed)
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         return self.ctl.update_inventory(node_name, incarnation, _inventory(inventory))

@@ -49,6 +49,13 @@ class HeadApi(Protocol):
         """Give the devices back (a pending lease needs no token). Idempotent."""
         ...
 
+    def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None) -> Json:
+        """The holder of a lease being preempted (checkpointing) checkpointed to ``checkpoint_path`` (None: it
+        just stopped): the lease ends preempted, its devices go on, and a lease asked with ``requeue_on_preempt``
+        is queued again to resume from the path. Idempotent; a stale token is refused. A gang's requester acks
+        each worker's lease with the one checkpoint of the run."""
+        ...
+
     def explain_lease(self, lease_id: str) -> Json:
         """Why the lease is where it is: its position and reasons while pending, its placement once granted."""
         ...
@@ -106,6 +113,21 @@ class HeadApi(Protocol):
         """A running service reports requests it served and their latencies (seconds); counted in the metrics."""
         ...
 
+    def repartition_mig(self, target: str | Mapping[str, Any], dry_run: bool = False) -> Json:
+        """Give MIG cards a new layout, live: ``target`` is a preset name (``inference``: every card filled
+        with its smallest slice; ``training``: one full-card slice) or the fields of
+        :class:`~orchestrator.scheduling.repartition.MigTarget`. The head plans the fewest GPUs to change,
+        cordons them, drains only their leases through the checkpoint path, has the agents apply the layout and
+        uncordons them (``status()["repartitions"]`` follows each). Returns ``{"plan", "started", "dry_run"}``;
+        ``dry_run`` plans only."""
+        ...
+
+    def set_day_clock(self, day_clock: Mapping[str, Any]) -> Json:
+        """Start the head's time of day anew: ``{"speedup": 720, "start": "06:00"}`` (a compressed day that
+        begins now, as ``settings.day_clock`` does at start-up). A scenario calls it when its day begins, so
+        time windows change when its load does. Returns the window status at the new time."""
+        ...
+
     def announce_dashboard(self, url: str, ttl_s: float = 30.0) -> Json:
         """A live dashboard serves at ``url``; ``status`` reports it for ``ttl_s`` unless announced again."""
         ...
@@ -117,10 +139,13 @@ class HeadApi(Protocol):
     def heartbeat(self, node_name: str, incarnation: str, allocated: Sequence[str] = (),
                   rejected: Mapping[str, str] | None = None, mig_uuids: Mapping[str, str] | None = None,
                   utilization: Mapping[str, float] | None = None, revoked: Sequence[str] = (),
-                  checkpointed: Mapping[str, str] | None = None) -> Json:
+                  checkpointed: Mapping[str, str] | None = None,
+                  reconfigure_failed: Mapping[str, str] | None = None) -> Json:
         """``utilization``: GPU index (as a string) -> busy fraction, where the agent can measure it (NVML);
-        ``revoked``: leases whose workload the agent stopped; ``checkpointed``: lease -> path its actor wrote.
-        The reply: what to hold (``assignments``) and what to stop (``revocations``)."""
+        ``revoked``: leases whose workload the agent stopped; ``checkpointed``: lease -> path its actor wrote;
+        ``reconfigure_failed``: GPU index -> why the MIG layout asked for was not applied.
+        The reply: what to hold (``assignments``), what to stop (``revocations``) and the MIG layouts to
+        apply (``reconfigure``: GPU index -> ``[{"profile", "start"}, ...]``)."""
         ...
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json: ...

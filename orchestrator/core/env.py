@@ -59,6 +59,8 @@ METRICS_HOST = "ORCHESTRATOR_METRICS_HOST"
 DASHBOARD_PORT = "ORCHESTRATOR_DASHBOARD_PORT"
 #: Set in every process of a local cluster: its ``sitecustomize`` keeps loopback addresses loopback.
 KEEP_LOOPBACK = "ORCHESTRATOR_KEEP_LOOPBACK"
+#: ``1`` lets a node's agent destroy and create MIG instances through NVML (live repartitioning); unset, refused.
+ALLOW_MIG_RECONFIGURE = "ORCHESTRATOR_ALLOW_MIG_RECONFIGURE"
 #: Kubernetes: the node a pod runs on, the pool it belongs to and the pool's sharing mode.
 K8S_NODE_NAME = "ORCHESTRATOR_NODE_NAME"
 K8S_POOL = "ORCHESTRATOR_POOL"

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import ID_PATTERN
-from orchestrator.core.request import GpuRequest, fields_of, typed_error
+from orchestrator.core.request import GangMember, GpuRequest, fields_of, typed_error
 from orchestrator.core.statemachine import Transition, TransitionTable
 
 
@@ -83,6 +83,8 @@ class LeaseRequest(BaseModel):
     requester_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                          description="key_digest() of the requester's secret key: get_lease and "
                                          "wait_lease with that key return the fencing token; no one else sees it")
+    gang: GangMember | None = Field(default=None, description="This lease is one worker of a gang: granted, "
+                                    "preempted and requeued together with the other workers (scheduling.gang)")
 
     @classmethod
     def parse(cls, data: "LeaseRequest | Mapping[str, Any]") -> "LeaseRequest":
@@ -168,12 +170,14 @@ class Lease:
     last_checkpoint_at: float | None = None
     queue: str = "default"
     restore_estimate_s: float = 0.0
+    gang: str | None = None  # the gang id when this lease is one worker of a gang: preempted as one victim
 
     @classmethod
     def new(cls, lease_id: str, request: GpuRequest, *, now: float, owner: str = "", priority: int = 0,
-            priority_class: str = "", queue: str = "default", reason: str = "requested") -> "Lease":
+            priority_class: str = "", queue: str = "default", reason: str = "requested",
+            gang: str | None = None) -> "Lease":
         return cls(lease_id, request, owner, priority, priority_class, queue=queue,
-                   history=(Transition(now, LeaseState.PENDING, reason),))
+                   history=(Transition(now, LeaseState.PENDING, reason),), gang=gang)
 
     @property
     def gpus_held(self) -> float:
@@ -222,5 +226,6 @@ class Lease:
             "allocation": self.allocation.to_json() if self.allocation else None,
             "checkpoint_path": self.checkpoint_path,
             "queue": self.queue,
+            "gang": self.gang,
             "history": [t.to_dict() for t in self.history],
         }

@@ -18,7 +18,8 @@ Groups:
 * **scale** -- why the inference service's autoscaler wants the replica count it
   returns (:func:`orchestrator.scheduling.autoscale.decide`);
 * **window** -- which time window's quotas are in force
-  (:mod:`orchestrator.scheduling.windows`); a wait a window causes is ``wait.window``.
+  (:mod:`orchestrator.scheduling.windows`); a wait a window causes is ``wait.window``;
+* **repartition** -- why a GPU is (or is not) given a new MIG layout, and how that ended.
 
 Invariant: a :class:`Reason` always has a cause; its text is never parsed.
 """
@@ -47,9 +48,12 @@ class Cause(str, Enum):
     FIT_MIG_FULL = "fit.mig_full"                    # no free valid placement for the MIG profile
     FIT_MIG_PROFILE = "fit.mig_profile"              # the model does not offer the profile
     FIT_MODE = "fit.mode"                            # the cards are in another sharing mode
+    FIT_GANG = "fit.gang"                            # a gang's worker finds no room once the workers before it are placed
+    FIT_GANG_SAME_NODE = "fit.gang_same_node"        # no one node holds every worker of a same-node gang
     # ---- placed --------------------------------------------------------------------------------
     PLACED = "placed"                                # granted where the policy scored best
     PLACED_BORROWING = "placed.borrowing"            # granted on idle capacity beyond the queue's quota
+    PLACED_GANG = "placed.gang"                      # every worker of a gang granted at once
     # ---- wait: why a queued request still waits ------------------------------------------------
     WAIT_NO_FIT = "wait.no_fit"                      # nothing fits now and no preemption helps
     WAIT_NEVER_FITS = "wait.never_fits"              # no card of the cluster could hold it, even idle: a node must join
@@ -58,6 +62,7 @@ class Cause(str, Enum):
     WAIT_VICTIMS = "wait.victims"                    # victims chosen for it are checkpointing
     WAIT_PREEMPTING = "wait.preempting"              # this cycle chose victims for it
     WAIT_WINDOW = "wait.window"                      # over the quota the time window in force sets its queue (capped, or borrow-only)
+    WAIT_GANG_MEMBERS = "wait.gang_members"          # some workers of its gang are not queued (yet, or again)
     # ---- victim: why a lease is preempted ------------------------------------------------------
     VICTIM_PRIORITY = "victim.priority"              # a lower priority than the requester
     VICTIM_RECLAIM = "victim.reclaim"                # capacity borrowed beyond its queue's quota is reclaimed
@@ -85,6 +90,18 @@ class Cause(str, Enum):
     LEASE_CHECKPOINTED = "lease.checkpointed"
     LEASE_GRACE_OVER = "lease.grace_over"
     LEASE_STOPPED = "lease.stopped"                  # preempted without a checkpoint (not started, or its class does not checkpoint)
+    LEASE_DRAINED = "lease.drained"                  # preempted to drain a GPU whose MIG layout is being changed
+    # ---- repartition: live MIG layout changes (scheduling.repartition, control.repartition) --------
+    REPARTITION_CHOSEN = "repartition.chosen"        # this GPU is reconfigured (cheapest to drain among those needed)
+    REPARTITION_HAS_LAYOUT = "repartition.has_layout"  # the GPU already has the target layout
+    REPARTITION_NOT_NEEDED = "repartition.not_needed"  # the target is met without this GPU
+    REPARTITION_PROTECTED = "repartition.protected"  # it holds a non-preemptible lease (inference) and the target does not allow draining it
+    REPARTITION_UNHEALTHY = "repartition.unhealthy"  # the GPU is unhealthy: left as it is
+    REPARTITION_BUSY = "repartition.busy"            # a repartition of this GPU is already under way
+    REPARTITION_NOTHING = "repartition.nothing"      # the target is met already: no GPU changes
+    REPARTITION_SHORT = "repartition.short"          # not enough eligible GPUs to meet the target in full
+    REPARTITION_DONE = "repartition.done"            # the agent's inventory shows the new layout
+    REPARTITION_FAILED = "repartition.failed"        # the agent could not apply it, or it took too long: old layout kept
     # ---- scale: the inference autoscaler's decision ---------------------------------------------
     SCALE_UP = "scale.up"                            # load per replica over the target for upscale_delay_s
     SCALE_DOWN = "scale.down"                        # load per replica under the target for downscale_delay_s

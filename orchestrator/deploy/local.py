@@ -393,3 +393,25 @@ def describe(state: State) -> dict[str, Any]:
     return {"address": state.address, "namespace": state.namespace, "attached": state.attached,
             "dashboard": state.dashboard or None,
             "raylets": [p.node for p in state.processes], "up_seconds": state.up_seconds}
+
+
+def start_orchestrator(config: ClusterConfig, address: str, progress: Progress, timeout_s: float = 180.0,
+                       expect_nodes: int | None = None) -> bool:
+    """Start the head of ``config`` (its namespace and name) on a running cluster and wait for every agent.
+
+    What ``up`` does after its raylets are up; a scenario that replays one day under several schemes
+    starts one head per replay, each in its own namespace. True if this call started the head."""
+    return _start_orchestrator(config, address, progress, timeout_s, expect_nodes)
+
+
+def stop_orchestrator_actors(address: str, config: ClusterConfig) -> list[str]:
+    """Kill the head and agent actors of ``config``'s namespace (nothing else); the names killed."""
+    from orchestrator.rayport import ray_api
+
+    s = config.settings
+    ray_api.connect(address, s.namespace)
+    try:
+        names = [s.head_name] + [ray_api.agent_name(n.name) for n in config.nodes]
+        return [n for n in names if ray_api.kill_named(n, s.namespace)]
+    finally:
+        ray_api.disconnect()

@@ -157,7 +157,8 @@ class AgentActor:
                 if reply.get("reregister"):
                     registered = False
                     continue
-                self.core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"))
+                self.core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"),
+                                            reply.get("reconfigure"))
                 changed = self.core.poll_health(0.0)
                 if changed is not None:
                     await head.update_inventory.remote(self.core.node_name, self.core.incarnation,

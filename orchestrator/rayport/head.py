@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 #: Calls after which the queue may have become schedulable: the loop runs a cycle at once.
 WAKES = frozenset({"request_lease", "release", "submit_job", "cancel_job", "job_ack_checkpoint", "register_agent",
-                   "update_inventory", "heartbeat"})
+                   "update_inventory", "heartbeat", "repartition_mig"})
 
 
 class RayClusterPort:

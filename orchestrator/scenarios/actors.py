@@ -57,16 +57,21 @@ TRAIN = REPO / "jobs" / "train.py"
 OPEN_ENDED = 10**9  # a training run's target while the rounds go on
 
 
-def load_train() -> Any:
-    """``jobs/train.py`` as a module that Ray ships to workers by value (it is an example, not a package)."""
-    name = "rgo_example_train"
+def load_example(path: Path, name: str) -> Any:
+    """An example script under ``jobs/`` as a module ``name`` that Ray ships to workers by value (the
+    examples are not a package)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, TRAIN)
+        spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
     return sys.modules[name]
+
+
+def load_train() -> Any:
+    """``jobs/train.py`` as a module (see :func:`load_example`)."""
+    return load_example(TRAIN, "rgo_example_train")
 
 
 class _Inference:

@@ -45,14 +45,16 @@ from orchestrator.core.clock import format_hhmm
 from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause, Reason
-from orchestrator.core.request import GpuRequest
+from orchestrator.core.request import GangMember, GpuRequest
 from orchestrator.scheduling.admission import never_fits
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
+from orchestrator.scheduling.gang import GangPlacement, place_gang
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.preemption import (
     NoPreemption,
     PreemptionPlan,
     Victim,
+    plan_gang_preemption,
     plan_preemption,
     queue_usage,
 )
@@ -71,6 +73,7 @@ class PendingItem:
     submitted_at: float
     queue: str = "default"
     nominated: bool = False  # victims are already being preempted for it
+    gang: GangMember | None = None  # one worker of a gang: scheduled with the others, all or nothing
 
     @property
     def demand(self) -> float:
@@ -161,7 +164,18 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
     preemptions: list[Preemption] = []
     waiting: list[Waiting] = []
     taken = set(in_flight)
-    for pos, item in enumerate(order(pending, config, now)):
+    ordered = order(pending, config, now)
+    gangs: dict[str, list[PendingItem]] = {}
+    for item in ordered:
+        if item.gang is not None:
+            gangs.setdefault(item.gang.gang_id, []).append(item)
+    for pos, item in enumerate(ordered):
+        if item.gang is not None:  # the gang's turn comes with its first worker in queue order
+            members = gangs.pop(item.gang.gang_id, None)
+            if members is not None:
+                work = _gang_step(work, members, pos, holding, config, now, policy, usage, taken,
+                                  grants, preemptions, waiting)
+            continue
         eff = effective_priority(item, config, now)
         _, q = config.queue(item.queue) if item.queue in config.queues else ("", None)
         over_quota = q is not None and q.quota_gpus is not None and usage.get(item.queue, 0.0) + item.demand > q.quota_gpus
@@ -225,3 +239,79 @@ def _window_text(window: WindowStatus | None, queue: str) -> str:
     if window.next_change_in_s is not None:
         until = f" until {format_hhmm(window.time_of_day_s + window.next_change_in_s)}"
     return f"set by time window {window.window.describe()}{until}"
+def _gang_step(work: ClusterSnapshot, members: list[PendingItem], pos: int, holding: Sequence[Lease],
+               config: SchedulerConfig, now: float, policy: PlacementPolicy, usage: dict[str, float], taken: set[str],
+               grants: list[Grant], preemptions: list[Preemption], waiting: list[Waiting]) -> ClusterSnapshot:
+    """Step 2 for a gang's pending workers, all at once: every worker granted (cause ``placed.gang``) or
+    none; a preemption planned for the whole gang; else each worker waits, saying on what. Returns the
+    working snapshot with what was granted."""
+    first = members[0]
+    spec = first.gang
+    assert spec is not None
+    members = sorted(members, key=lambda m: (m.gang.index, m.item_id))  # type: ignore[union-attr]
+    eff = effective_priority(first, config, now)
+    label = f"gang {spec.gang_id}"
+
+    def wait_all(why: Reason, unsched: Unschedulable | None = None, per_worker: Any = None,
+                 would: tuple[str, ...] = (), blocked: Reason | None = None) -> None:
+        for m in members:
+            i = m.gang.index  # type: ignore[union-attr]
+            own = per_worker(i) if per_worker is not None else None
+            text = f"worker {i} of {label}: {own.text if own else 'waits with its gang'}; {why.text}" if per_worker else \
+                f"worker {i} of {label}: {why.text}"
+            waiting.append(Waiting(m.item_id, pos, eff, Reason(why.cause, text), unsched, would_preempt=would,
+                                   preemption_blocked=blocked))
+
+    indices = {m.gang.index for m in members}  # type: ignore[union-attr]
+    if len(indices) < spec.size or len(members) != spec.size:
+        missing = sorted(set(range(spec.size)) - indices)
+        wait_all(Reason(Cause.WAIT_GANG_MEMBERS, f"{len(indices)} of {spec.size} workers are queued; waiting for "
+                        f"worker(s) {','.join(map(str, missing)) or '(duplicates)'} to be queued (again) before "
+                        "the gang is placed, all or nothing"))
+        return work
+    demand = sum(m.demand for m in members)
+    _, q = config.queue(first.queue) if first.queue in config.queues else ("", None)
+    over_quota = q is not None and q.quota_gpus is not None and usage.get(first.queue, 0.0) + demand > q.quota_gpus
+    if over_quota and q is not None and not q.borrowing:
+        wait_all(Reason(Cause.WAIT_QUOTA, f"queue {first.queue} is at its quota of {q.quota_gpus:g} GPUs and does not borrow"))
+        return work
+    gang = spec.gang(first.request)
+    res = place_gang(work, gang, policy)
+    if isinstance(res, GangPlacement):
+        work = res.apply(work)
+        usage[first.queue] = usage.get(first.queue, 0.0) + demand
+        cause = Cause.PLACED_GANG if not over_quota else Cause.PLACED_BORROWING
+        for m, p in zip(members, res.placements):
+            text = f"worker {m.gang.index} of {label}: {p.reason.text}; {res.reason.text}"  # type: ignore[union-attr]
+            if over_quota:
+                text += f" (borrowing beyond queue {first.queue}'s quota)"
+            grants.append(Grant(m.item_id, p, Reason(cause, text)))
+        return work
+    never = never_fits(first.request, work)
+    if never is not None:
+        wait_all(Reason(Cause.WAIT_NEVER_FITS, f"{never.detail}: it can run only once a node that has it joins"),
+                 res.unschedulable)
+        return work
+    if any(m.nominated for m in members):
+        usage[first.queue] = usage.get(first.queue, 0.0) + demand  # what is being freed for it counts
+        wait_all(Reason(Cause.WAIT_VICTIMS, "waiting for the leases being preempted for its gang to be released"),
+                 res.unschedulable, res.worker_reason)
+        return work
+    if over_quota:
+        wait_all(Reason(Cause.WAIT_BORROW_ONLY, f"{res.message}; queue {first.queue} is over its quota, "
+                        "so it only borrows idle capacity and preempts nothing"), res.unschedulable, res.worker_reason)
+        return work
+    candidates = [lease for lease in holding if lease.lease_id not in taken]
+    plan = plan_gang_preemption(work, gang, candidates, priority=first.priority, queue=first.queue, config=config,
+                                now=now, policy=policy, in_flight=frozenset(taken), demand=demand)
+    if isinstance(plan, PreemptionPlan):
+        usage[first.queue] = usage.get(first.queue, 0.0) + demand
+        for v in plan.victims:
+            taken.add(v.lease_id)
+            # One preemption per victim, for the gang's first worker: the head asks it once.
+            preemptions.append(Preemption(v, first.item_id, v.reason))
+        wait_all(plan.reason, res.unschedulable, res.worker_reason, would=tuple(v.lease_id for v in plan.victims))
+    else:
+        assert isinstance(plan, NoPreemption)
+        wait_all(Reason(Cause.WAIT_NO_FIT, res.message), res.unschedulable, res.worker_reason, blocked=plan.reason)
+    return work

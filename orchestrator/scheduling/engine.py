@@ -138,6 +138,28 @@ def place(snapshot: ClusterSnapshot, request: GpuRequest, policy: PlacementPolic
     return Unschedulable(request, reasons, snapshot.n_nodes)
 
 
+def feasible_nodes(snapshot: ClusterSnapshot, request: GpuRequest, policy: PlacementPolicy, *,
+                   resolved: ResolvedRequest | None = None) -> list[tuple[int, float]]:
+    """Every node where ``request`` fits now, as (node index, score), best first: nodes of the first
+    alternative that fits them, in the order :func:`place` tries alternatives, then by score, then node
+    index. Pure; what :func:`place` would choose among is the head of this list (without an ``rng``).
+    The gang placement (:mod:`.gang`) reads it to know which nodes to try."""
+    resolved = resolved or resolve(request)
+    seen: set[int] = set()
+    out: list[tuple[int, float]] = []
+    for alt in resolved.alternatives:
+        table = snapshot.static.cache(("engine", policy.key, alt_key(alt)), _StateTable)
+        totals = _node_totals(snapshot, request, alt, policy, table)
+        idx = np.flatnonzero(totals.feasible)
+        scores = totals.total[idx]
+        for k in np.lexsort((idx, scores)):
+            node = int(idx[k])
+            if node not in seen:
+                seen.add(node)
+                out.append((node, float(scores[k])))
+    return out
+
+
 def _alt_label(alt: Alternative) -> str:
     if alt.kind is ShareKind.MIG:
         return "mig:" + "|".join(sorted({p for _, p in alt.profiles}))

@@ -24,6 +24,12 @@ The algorithm (Kueue's, ``pkg/scheduler/preemption``):
    places. What remains is minimal: removing any one victim less makes the
    request not fit (under the engine's deterministic choice).
 
+**Gangs.** The workers of a gang (leases with the same ``gang`` id) are one victim: released
+together in step 3, added back together in step 4, ordered by :func:`unit_order_key` (for a
+lease on its own, exactly :func:`victim_order_key`); a gang with one ineligible worker is
+ineligible as a whole. A gang *requester* uses :func:`plan_gang_preemption`, whose fit test is
+the whole gang placing (:func:`~orchestrator.scheduling.gang.place_gang`).
+
 Every answer carries a :class:`~orchestrator.core.reasons.Reason`: a victim's
 cause is ``victim.priority`` when its priority is lower than the requester's,
 else ``victim.reclaim`` (it was eligible only because its queue borrowed
@@ -40,13 +46,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause, Reason
-from orchestrator.core.request import GpuRequest
+from orchestrator.core.request import GangRequest, GpuRequest
 from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.gang import GangPlacement, place_gang
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 
@@ -76,7 +83,7 @@ class PreemptionPlan:
     """Victims (in order) whose release lets the request land at ``placement``."""
 
     victims: tuple[Victim, ...]
-    placement: Placement
+    placement: "Placement | GangPlacement"
     considered: int
     reason: Reason
 
@@ -147,10 +154,78 @@ def ineligibility(lease: Lease, *, priority: int, queue: str, config: SchedulerC
     return None
 
 
+Fits = Callable[[ClusterSnapshot], "Placement | GangPlacement | None"]
+
+
 def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Sequence[Lease], *, priority: int,
                     queue: str, config: SchedulerConfig, now: float, policy: PlacementPolicy,
                     in_flight: frozenset[str] = frozenset(), demand: float = 0.0) -> PreemptionPlan | NoPreemption:
     """Plan the minimal preemption that admits ``request``; see the module docstring."""
+    def fits(sim: ClusterSnapshot) -> Placement | None:
+        res = place(sim, request, policy)
+        return res if isinstance(res, Placement) else None
+    return _plan(snapshot, fits, request.describe(), holding, priority=priority, queue=queue, config=config, now=now,
+                 in_flight=in_flight, demand=demand)
+
+
+def plan_gang_preemption(snapshot: ClusterSnapshot, gang: GangRequest, holding: Sequence[Lease], *, priority: int,
+                         queue: str, config: SchedulerConfig, now: float, policy: PlacementPolicy,
+                         in_flight: frozenset[str] = frozenset(), demand: float = 0.0) -> PreemptionPlan | NoPreemption:
+    """The minimal preemption that admits every worker of ``gang`` at once (:func:`~.gang.place_gang` on the
+    simulated snapshot is the fit test): the same algorithm, the same victim order."""
+    def fits(sim: ClusterSnapshot) -> GangPlacement | None:
+        res = place_gang(sim, gang, policy)
+        return res if isinstance(res, GangPlacement) else None
+    return _plan(snapshot, fits, gang.describe(), holding, priority=priority, queue=queue, config=config, now=now,
+                 in_flight=in_flight, demand=demand)
+
+
+def victim_units(eligible: Sequence[Lease], ineligible: list[tuple[str, Reason]],
+                 holding: Sequence[Lease]) -> list[tuple[Lease, ...]]:
+    """The eligible leases as victims: each on its own, except the workers of a gang, which are one victim
+    (all its holding workers, or none: a gang with one ineligible worker is ineligible as a whole, and
+    its other workers are added to ``ineligible`` saying so)."""
+    members: dict[str, list[Lease]] = {}
+    for lease in holding:
+        if lease.gang is not None and lease.holding:
+            members.setdefault(lease.gang, []).append(lease)
+    blocked = {lid for lid, _ in ineligible}
+    units: list[tuple[Lease, ...]] = []
+    done: set[str] = set()
+    for lease in eligible:
+        if lease.gang is None:
+            units.append((lease,))
+            continue
+        if lease.gang in done:
+            continue
+        done.add(lease.gang)
+        gang = members.get(lease.gang, [lease])
+        stuck = [m for m in gang if m.lease_id in blocked]
+        if stuck:
+            first = next(r for lid, r in ineligible if lid == stuck[0].lease_id)
+            why = Reason(first.cause, f"its gang {lease.gang} is preempted whole, and its worker lease "
+                                      f"{stuck[0].lease_id} may not be: {first.text}")
+            ineligible.extend((m.lease_id, why) for m in gang if m.lease_id not in blocked)
+            continue
+        units.append(tuple(sorted(gang, key=lambda m: m.lease_id)))
+    return units
+
+
+def unit_order_key(unit: Sequence[Lease], now: float) -> tuple:
+    """:func:`victim_order_key` for a victim of one or more leases (a gang): its lowest priority, the work
+    all of it loses, its longest restore, its latest start, its first lease id. For one lease it is
+    exactly :func:`victim_order_key`."""
+    if len(unit) == 1:
+        return victim_order_key(unit[0], now)
+    started = max((m.started_at if m.started_at is not None else 0.0) for m in unit)
+    return (min(m.priority for m in unit), round(sum(work_lost_gpu_s(m, now) for m in unit), 6),
+            max(m.restore_estimate_s for m in unit), -started, min(m.lease_id for m in unit))
+
+
+def _plan(snapshot: ClusterSnapshot, fits: Fits, what: str, holding: Sequence[Lease], *, priority: int,
+          queue: str, config: SchedulerConfig, now: float, in_flight: frozenset[str],
+          demand: float) -> PreemptionPlan | NoPreemption:
+    """Steps 1-4 of the module docstring over victims of one or more leases (:func:`victim_units`)."""
     usage = queue_usage(holding)
     eligible: list[Lease] = []
     ineligible: list[tuple[str, Reason]] = []
@@ -161,42 +236,61 @@ def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Seq
             eligible.append(lease)
         else:
             ineligible.append((lease.lease_id, why))
-    if not eligible:
+    units = victim_units(eligible, ineligible, holding)
+    if not units:
         return NoPreemption(Reason(Cause.NO_PREEMPTION_NONE_ELIGIBLE,
                                    "no running lease may be preempted for it" + _grouped(ineligible)), tuple(ineligible))
-    eligible.sort(key=lambda lease: victim_order_key(lease, now))
+    units.sort(key=lambda u: unit_order_key(u, now))
+
+    def release(sim: ClusterSnapshot, unit: tuple[Lease, ...]) -> ClusterSnapshot:
+        for m in unit:
+            sim = sim.release(m.allocation)  # type: ignore[arg-type]
+        return sim
+
+    def reapply(sim: ClusterSnapshot, unit: tuple[Lease, ...]) -> ClusterSnapshot:
+        for m in unit:
+            sim = sim.apply(m.allocation)  # type: ignore[arg-type]
+        return sim
 
     sim = snapshot
-    chosen: list[Lease] = []
-    fits: Placement | None = None
-    for lease in eligible:
-        sim = sim.release(lease.allocation)  # type: ignore[arg-type]
-        chosen.append(lease)
-        res = place(sim, request, policy)
-        if isinstance(res, Placement):
-            fits = res
+    chosen: list[tuple[Lease, ...]] = []
+    placed = None
+    for unit in units:
+        sim = release(sim, unit)
+        chosen.append(unit)
+        placed = fits(sim)
+        if placed is not None:
             break
-    if fits is None:
+    if placed is None:
+        n = sum(len(u) for u in units)
         return NoPreemption(Reason(Cause.NO_PREEMPTION_NOT_ENOUGH,
-                                   f"even preempting all {len(eligible)} eligible leases would not make room"),
+                                   f"even preempting all {n} eligible leases would not make room"),
                             tuple(ineligible))
     # Add back, last chosen first, every victim the request does not need.
-    for lease in reversed(chosen[:-1]):
-        trial = sim.apply(lease.allocation)  # type: ignore[arg-type]
-        res = place(trial, request, policy)
-        if isinstance(res, Placement):
-            sim, fits = trial, res
-            chosen.remove(lease)
+    for unit in reversed(chosen[:-1]):
+        trial = reapply(sim, unit)
+        again = fits(trial)
+        if again is not None:
+            sim, placed = trial, again
+            chosen.remove(unit)
+    landing = _landing(placed)
     victims = tuple(
         Victim(lease.lease_id, lease.owner, lease.priority, lease.priority_class, lease.queue, lease.gpus_held,
                work_lost_gpu_s(lease, now), lease.restore_estimate_s,
                lease.started_at if lease.started_at is not None else 0.0,
-               reason=_victim_reason(lease, request, priority, now, fits, config, usage))
-        for lease in chosen
+               reason=_victim_reason(lease, what, priority, now, landing, config, usage))
+        for unit in chosen for lease in unit
     )
-    return PreemptionPlan(victims, fits, len(eligible),
-                          Reason(Cause.WAIT_PREEMPTING, f"preempting {len(victims)} of {len(eligible)} eligible "
-                                 f"lease(s) admits {request.describe()} on {fits.allocation.node_name}"))
+    n_eligible = sum(len(u) for u in units)
+    return PreemptionPlan(victims, placed, n_eligible,  # type: ignore[arg-type]
+                          Reason(Cause.WAIT_PREEMPTING, f"preempting {len(victims)} of {n_eligible} eligible "
+                                 f"lease(s) admits {what} on {landing}"))
+
+
+def _landing(placed: "Placement | GangPlacement") -> str:
+    if isinstance(placed, Placement):
+        return placed.allocation.node_name
+    return ",".join(placed.nodes)
 
 
 def _grouped(ineligible: Sequence[tuple[str, Reason]]) -> str:
@@ -207,13 +301,14 @@ def _grouped(ineligible: Sequence[tuple[str, Reason]]) -> str:
                             sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) + ")"
 
 
-def _victim_reason(lease: Lease, request: GpuRequest, priority: int, now: float, fits: Placement,
+def _victim_reason(lease: Lease, what: str, priority: int, now: float, landing: str,
                    config: SchedulerConfig, usage: dict[str, float]) -> Reason:
     """Why an eligible lease is a victim: a lower priority, or else (it was eligible only so) capacity
     its queue borrowed beyond its quota, taken back for a requester within its own."""
     a = lease.allocation
     where = f"{a.node_name} GPU {','.join(map(str, a.gpu_indices))}" if a else "?"
-    need = (f"its {where} is needed for {request.describe()} (would land on {fits.allocation.node_name}); "
+    gang = f" (a worker of gang {lease.gang}, preempted whole)" if lease.gang else ""
+    need = (f"its {where}{gang} is needed for {what} (would land on {landing}); "
             f"work lost if stopped now {work_lost_gpu_s(lease, now):.0f} GPU-s")
     if lease.priority < priority:
         return Reason(Cause.VICTIM_PRIORITY, f"{lease.priority_class or 'priority'} {lease.priority} < {priority}: {need}")

@@ -44,12 +44,12 @@ from orchestrator.core import env as E
 from orchestrator.core.api import HeadApi
 from orchestrator.core.errors import LeaseTimeoutError, OrchestratorError
 from orchestrator.core.lease import key_digest
-from orchestrator.core.request import GpuRequest
+from orchestrator.core.request import GangMember, GangRequest, GpuRequest
 from orchestrator.sdk.connect import Connection, open_connection
 from orchestrator.sdk.context import Poll
 from orchestrator.sdk.inputs import as_request, new_lease_id
 
-__all__ = ["LeaseHandle", "lease"]
+__all__ = ["GangHandle", "LeaseHandle", "gang_lease", "lease", "worker_env"]
 
 _LIVE_LEASE = {"pending", "granted", "active", "checkpointing"}
 
@@ -241,3 +241,193 @@ def _default_owner() -> str:
     if job:
         return f"job:{job}"
     return f"driver:{socket.gethostname()}:{os.getpid()}"
+
+
+# ---- gangs ---------------------------------------------------------------------------------------
+class GangHandle:
+    """A granted gang, inside a ``with orchestrator.gang_lease(...)`` block: one :class:`LeaseHandle` per
+    worker (``members``, in worker order) and the gang's Ray placement group (``placement_group``), one
+    bundle per worker, pinned to that worker's node and cards.
+
+    **Ray Train.** Ray Train (2.60, v2) builds its own placement group from identical bundles and takes no
+    external one, so :meth:`scaling_config` pins Train's worker ``i`` to worker ``i``'s node with a label
+    selector while this gang's placement group keeps the cards in Ray's books; each Train worker binds to
+    its own lease's devices with :func:`worker_env` (by node and local rank) before it touches CUDA.
+    See ``docs/gang.md``.
+
+    **Preemption.** When the head takes the gang (every worker at once), :meth:`preemption_requested`
+    turns true; the requester stops its run with a checkpoint and calls :meth:`ack_preempted` with its
+    path, which hands every worker's cards on; with ``requeue=True`` the gang is queued again and
+    :meth:`wait_resumed` returns the next attempt's handle (``resume_from`` = that path), possibly on
+    other nodes.
+    """
+
+    def __init__(self, gang_id: str, members: list[LeaseHandle], pg: Any) -> None:
+        self.gang_id = gang_id
+        self.members = members
+        self.placement_group = pg
+
+    def __repr__(self) -> str:
+        return f"GangHandle({self.gang_id!r}, workers={len(self.members)}, nodes={self.nodes!r})"
+
+    @property
+    def lease_ids(self) -> list[str]:
+        return [m.lease_id for m in self.members]
+
+    @property
+    def nodes(self) -> list[str | None]:
+        """Each worker's node, in worker order."""
+        return [m.node for m in self.members]
+
+    @property
+    def handouts(self) -> list[dict[str, Any]]:
+        """Each worker's hand-out (node id, card resources, env), in worker order."""
+        return [m.handout for m in self.members]
+
+    @property
+    def resume_from(self) -> str | None:
+        return self.members[0].resume_from
+
+    def scaling_config(self, *, cpus_per_worker: float = 1.0) -> dict[str, Any]:
+        """Keyword arguments of Ray Train's ``ScalingConfig`` for this gang: one Train worker per gang worker,
+        each on its worker's node (``label_selector``), no Ray ``GPU`` (the cards are ours; see the class
+        docstring)."""
+        from orchestrator.control.handout import gang_bundle_pin
+
+        return {"num_workers": len(self.members), "use_gpu": False,
+                "resources_per_worker": {"CPU": cpus_per_worker},
+                "label_selector": [gang_bundle_pin(h) for h in self.handouts]}
+
+    def actor_options(self, index: int, **options: Any) -> dict[str, Any]:
+        """Ray actor options that run worker ``index`` inside its bundle with its devices' environment."""
+        from orchestrator.rayport import ray_api
+
+        out = ray_api.bundle_actor_options(self.placement_group, index, self.handouts[index])
+        out.update(options)
+        return out
+
+    def preemption_requested(self) -> bool:
+        """True once the head wants the gang's cards back (any worker's lease checkpointing or ended)."""
+        return any(m.preemption_requested() for m in self.members)
+
+    def ack_preempted(self, checkpoint_path: str | None) -> None:
+        """The run stopped with ``checkpoint_path`` (None: without one): every worker's lease ends preempted,
+        the placement group goes, and the cards are handed on."""
+        self._drop_pg()
+        for m in self.members:
+            state = m.refresh()["state"]
+            if state == "checkpointing":
+                m.info = m.head.ack_preemption(m.lease_id, m.fencing_token, checkpoint_path)
+            elif state in ("granted", "active"):
+                m.release("its gang was preempted")
+            m.released = True
+
+    def wait_resumed(self, timeout: float = 300.0) -> "GangHandle":
+        """After :meth:`ack_preempted` of a gang asked with ``requeue=True``: block until every worker's next
+        attempt is granted; returns the new gang's handle, its placement group created."""
+        deadline = time.monotonic() + timeout
+        members = [m.wait_resumed(max(1.0, deadline - time.monotonic())) for m in self.members]
+        return GangHandle(self.gang_id, members, _gang_pg(self.gang_id, members, deadline))
+
+    def release(self, reason: str = "released by its holder") -> None:
+        self._drop_pg()
+        for m in self.members:
+            if not m.released:
+                m.release(reason)
+
+    def _drop_pg(self) -> None:
+        if self.placement_group is not None:
+            from orchestrator.rayport import ray_api
+
+            ray_api.remove_gang_placement_group(self.placement_group)
+            self.placement_group = None
+
+
+def _gang_pg(gang_id: str, members: list[LeaseHandle], deadline: float) -> Any:
+    from orchestrator.rayport import ray_api
+
+    name = f"rgo-gang-{gang_id}-{members[0].lease_id}"
+    return ray_api.gang_placement_group([m.handout for m in members], name, max(1.0, deadline - time.monotonic()))
+
+
+def worker_env(handouts: list[Mapping[str, Any]], node_id: str, local_rank: int) -> dict[str, str]:
+    """Inside a gang's worker (a Ray Train worker): the device environment of its own lease, found by its
+    node and its rank among the gang's workers on that node. Set it before anything touches CUDA."""
+    from orchestrator.control.handout import gang_worker_env
+
+    return gang_worker_env(handouts, node_id, local_rank)
+
+
+@contextmanager
+def gang_lease(gang: GangRequest | str, *, priority: str | None = None, queue: str = "default",
+               timeout: float = 300.0, owner: str | None = None, gang_id: str | None = None,
+               address: str | None = None, namespace: str | None = None, head_name: str | None = None,
+               head: HeadApi | None = None, fate_share: bool = True, poll_s: float = 1.0,
+               requeue: bool = False, checkpoint_dir: str | None = None) -> Iterator[GangHandle]:
+    """Block until the head grants every worker of ``gang`` (``"2x4"`` or a :class:`GangRequest`); yield the
+    :class:`GangHandle` with its placement group; release everything when the block ends.
+
+    One lease per worker (``<gang id>-w<i>``) is queued; the head grants all of them in one cycle or none.
+    ``LeaseTimeoutError`` when the gang is not granted within ``timeout`` (every pending worker is withdrawn).
+    """
+    spec = gang if isinstance(gang, GangRequest) else GangRequest.parse(gang)
+    conn: Connection | None = None
+    if head is None:
+        conn = open_connection(address, namespace=namespace, head_name=head_name)
+        head = conn.head
+    gid = gang_id or new_lease_id().replace("lease-", "gang-")
+    key = secrets.token_hex(16)
+    ids = [f"{gid}-w{i}" for i in range(spec.workers)]
+    members: list[LeaseHandle] = []
+    handle: GangHandle | None = None
+    holder: Any = None
+    why, failed = "holder left the gang block", False
+    deadline = time.monotonic() + timeout
+    try:
+        for i, lid in enumerate(ids):
+            head.request_lease({"lease_id": lid, "request": spec.worker.model_dump(mode="json"),
+                                "owner": owner or _default_owner(), "priority_class": priority or "", "queue": queue,
+                                "requeue_on_loss": False, "requester_digest": key_digest(key),
+                                "requeue_on_preempt": requeue, "checkpoint_dir": checkpoint_dir,
+                                "gang": GangMember.of(spec, gid, i).model_dump(mode="json")})
+        infos = [head.wait_lease(lid, max(0.1, deadline - time.monotonic()), key) for lid in ids]
+        bad = [d for d in infos if d.get("state") not in ("granted", "active") or not d.get("handout")]
+        if bad:
+            raise OrchestratorError(f"gang {gid}: worker lease {bad[0]['lease_id']} ended before it was handed out: "
+                                    f"{bad[0].get('state')}")
+        holder_id = None
+        if fate_share and conn is not None:
+            holder, holder_id = conn.start_holder()
+        ns = conn.target.namespace if conn is not None else (namespace or "rgo")
+        for d in infos:
+            d = {**d, **head.activate(d["lease_id"], int(d["fencing_token"]), holder_id)}
+            members.append(LeaseHandle(head, d, poll_s=poll_s, key=key, namespace=ns))
+        handle = GangHandle(gid, members, None)
+        handle.placement_group = _gang_pg(gid, members, deadline)
+        yield handle
+    except LeaseTimeoutError:
+        why, failed = f"gang not granted within {timeout:g}s; withdrawn by its requester", True
+        raise
+    except BaseException as e:
+        why, failed = f"holder left the gang block with {type(e).__name__}", True
+        raise
+    finally:
+        try:
+            if handle is not None:
+                handle.release(why)
+            else:
+                for m in members:
+                    m.release(why)
+                for lid in ids[len(members):]:
+                    _withdraw(head, lid, why, key)
+        except OrchestratorError:
+            if not failed:
+                raise
+        finally:
+            if holder is not None and conn is not None:
+                try:
+                    conn.stop_holder(holder)
+                except Exception:
+                    pass
+            if conn is not None:
+                conn.close()

@@ -25,16 +25,27 @@ hand-out environment, so a holder needs nothing else):
   where training fills every idle cycle); an idle card would give a
   time-sliced holder the whole card.
 
-Work is stated on one whole card of the reference model: an inference batch
-of ``b`` requests takes ``base_ms + per_item_ms × b`` there; a training step
-takes ``step_s``. On a share the same work takes ``time / speed``.
+Work is stated on one whole card of the reference model.
 
-**GPU utilisation** = busy GPU-time ÷ available GPU-time, where a holder that
-works for ``t`` seconds on a share is busy ``t × card_share × efficiency``
-GPU-seconds (a time-slice's switching cost is not useful work) and the
-cluster has ``cards × wall`` GPU-seconds. ``card_share`` is the fraction of
-one card the lease holds (a 1g slice 1/7, an MPS share p/100, a time-slice f,
-whole cards their count).
+* A **training step** takes ``step_s`` there and saturates whatever share it
+  runs on: on a share of speed ``v`` it takes ``step_s / v``.
+* An **inference batch** of ``b`` requests takes ``base_ms + per_item_ms × b``
+  on a whole card but keeps only ``demand(b) = min(1, b × sm_per_item)`` of
+  the card's SMs busy: a small batch of a small model cannot fill an A100
+  (the reason a 12 GB model on an 80 GB card wastes it). On a *spatial* share
+  (whole, MIG, MPS) of ``s`` of the card's SMs the batch runs at full speed
+  while ``demand(b) <= s`` and is stretched by ``demand(b) / s`` beyond; on a
+  *time-slice* the card is its only ``f`` of the time, so every batch takes
+  ``1 / speed`` times longer, however small.
+
+**GPU utilisation** = useful GPU-time ÷ available GPU-time. Useful GPU-time
+is work measured on the reference card, whatever share did it: ``step_s`` per
+training step, ``full_time(b) × demand(b)`` per inference batch (SM-seconds,
+what DCGM's SM-activity metric reports -- not nvidia-smi's "a kernel was
+running", which counts a card running one small kernel as 100 % busy). The
+cluster has ``cards × wall`` GPU-seconds available. A share that is held but
+idle, a slice nobody asked for, a time-slice's switching, a batch too small
+for its card: each shows up as the gap between the two.
 
 Pure: no I/O, no clock; callers sleep or measure.
 """
@@ -108,28 +119,48 @@ class ShareSpeed:
         devices = [d for d in environ.get(E.CUDA_VISIBLE_DEVICES, "").split(",") if d.strip()]
         return cls.whole(max(1, len(devices)))
 
-    def busy_gpu_s(self, seconds: float) -> float:
-        """GPU-seconds of useful work done by ``seconds`` of work on this share."""
-        return seconds * self.card_share * self.efficiency
-
 
 @dataclass(frozen=True, slots=True)
 class InferenceModel:
-    """Cost of one batch on one whole reference card: ``base_ms + per_item_ms × batch``."""
+    """Cost of one batch on one whole reference card, and how much of it the batch keeps busy.
 
-    base_ms: float = 3.0
-    per_item_ms: float = 1.0
+    ``base_ms + per_item_ms × b`` seconds on the whole card, using ``min(1, b × sm_per_item)`` of its SMs.
+    """
+
+    base_ms: float = 30.0
+    per_item_ms: float = 10.0
+    sm_per_item: float = 0.04
+
+    def full_s(self, batch: int) -> float:
+        """Seconds a batch takes on a whole reference card."""
+        return (self.base_ms + self.per_item_ms * max(1, batch)) / 1000.0
+
+    def demand(self, batch: int) -> float:
+        """Fraction of a card's SMs a batch of ``batch`` keeps busy."""
+        return min(1.0, max(1, batch) * self.sm_per_item)
 
     def batch_s(self, batch: int, share: ShareSpeed) -> float:
-        """Seconds a batch of ``batch`` requests takes on ``share``."""
-        return (self.base_ms + self.per_item_ms * max(1, batch)) / 1000.0 / share.speed
+        """Seconds a batch of ``batch`` requests takes on ``share`` (see the module docstring)."""
+        full = self.full_s(batch)
+        if share.kind == "timeslice":
+            return full / share.speed
+        sms = min(1.0, share.card_share)  # one replica runs on one card
+        return full * max(1.0, self.demand(batch) / sms)
+
+    def useful_gpu_s(self, batch: int) -> float:
+        """Useful GPU-seconds one batch is worth, on any share: its SM-seconds on the reference card."""
+        return self.full_s(batch) * self.demand(batch)
 
 
 @dataclass(frozen=True, slots=True)
 class TrainingModel:
-    """Cost of one training step on one whole reference card."""
+    """Cost of one training step on one whole reference card; a step saturates its share."""
 
     step_s: float = 0.02
 
     def step_time_s(self, share: ShareSpeed) -> float:
         return self.step_s / share.speed
+
+    def useful_gpu_s(self, steps: int) -> float:
+        """Useful GPU-seconds ``steps`` steps are worth, on any share."""
+        return steps * self.step_s

@@ -8,8 +8,12 @@ to a driver.
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+
+from orchestrator.core.catalogue import gpu_model
 
 
 class NVMLError(Exception):
@@ -28,12 +32,31 @@ class NVMLError_Timeout(NVMLError):
     pass
 
 
+class NVMLError_InUse(NVMLError):
+    pass
+
+
+class NVMLError_InsufficientResources(NVMLError):
+    pass
+
+
+class NVMLError_NoPermission(NVMLError):
+    pass
+
+
+class FakePlacement(ctypes.Structure):
+    """pynvml's ``c_nvmlGpuInstancePlacement_t``: passed by reference, as the C API takes it."""
+
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
 @dataclass
 class FakeMig:
     uuid: str
     profile: str
     start: int
     gi_id: int
+    has_ci: bool = True  # a GPU instance is a MIG device only once it has its compute instance
 
 
 @dataclass
@@ -47,6 +70,29 @@ class FakeGpu:
     migs: list[FakeMig] = field(default_factory=list)
     nvlink_to: list[str] = field(default_factory=list)  # remote bus ids, one per active link
     utilization_pct: int | None = 0  # None: NotSupported (as NVML answers for a card in MIG mode)
+    fail_create: set[str] = field(default_factory=set)  # profiles whose GPU-instance creation fails (a driver's no)
+
+
+@dataclass(frozen=True)
+class FakeCi:
+    """A compute instance spanning its whole GPU instance (the only kind the backend makes)."""
+
+    gi: FakeMig
+
+
+def _gi_profiles(model: str) -> dict[int, tuple[int, str, int]]:
+    """NVML profile constant -> (profile id, name, memory slices) for a model, as ``nvidia-smi mig -lgip`` lists
+    them on an A100-80GB: 1g (const 0, id 19), 2g (1, 14), 3g (2, 9), 4g (3, 5), 7g (4, 0), 1g+me (7, 20),
+    1g with two memory slices (9, 15)."""
+    spec = gpu_model(model)
+    out: dict[int, tuple[int, str, int]] = {}
+    ids = {(1, 1): (0, 19), (2, 2): (1, 14), (3, 4): (2, 9), (4, 4): (3, 5), (7, 8): (4, 0), (1, 2): (9, 15)}
+    for p in spec.mig_profiles:
+        const, pid = ids[(p.compute_slices, p.memory_slices)]
+        out[const] = (pid, p.name, p.memory_slices)
+        if (p.compute_slices, p.memory_slices) == (1, 1):
+            out[7] = (20, p.name + "+me", 1)  # the media-extension variant: same size, must never stand in for 1g
+    return out
 
 
 class FakeNvml:
@@ -58,12 +104,29 @@ class FakeNvml:
     NVMLError_NotFound = NVMLError_NotFound
     NVMLError_NotSupported = NVMLError_NotSupported
     NVMLError_Timeout = NVMLError_Timeout
+    NVMLError_InUse = NVMLError_InUse
+    NVMLError_InsufficientResources = NVMLError_InsufficientResources
+    NVMLError_NoPermission = NVMLError_NoPermission
+    NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+    NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = 0x0
+    NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = 0x1
+    NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE = 0x2
+    NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE = 0x3
+    NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE = 0x4
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0x0
+    c_nvmlGpuInstance_t = ctypes.py_object  # handles in the listing arrays are the fake's own objects
+    c_nvmlComputeInstance_t = ctypes.py_object
+    c_nvmlGpuInstancePlacement_t = FakePlacement
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
         self.initialised = 0
         self.pending_xids: list[tuple[int, int]] = []  # (gpu index, xid)
         self.registered: list[int] = []
+        self.calls: list[str] = []  # the MIG-changing calls made, in order (what a test asserts)
+        self.names = True  # False: an old driver whose profile info carries no name
+        self._ids = itertools.count(100)
 
     # init / count / handles
     def nvmlInit(self) -> None:
@@ -112,9 +175,10 @@ class FakeNvml:
         return 7
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, i: int) -> FakeMig:
-        if i >= len(h.migs):
+        devices = [m for m in h.migs if m.has_ci]
+        if i >= len(devices):
             raise NVMLError_NotFound()
-        return h.migs[i]
+        return devices[i]
 
     def nvmlDeviceGetGpuInstanceId(self, mig: FakeMig) -> int:
         return mig.gi_id
@@ -124,6 +188,89 @@ class FakeNvml:
 
     def nvmlGpuInstanceGetInfo(self, gi: FakeMig) -> SimpleNamespace:
         return SimpleNamespace(id=gi.gi_id, placement=SimpleNamespace(start=gi.start, size=1))
+
+    # MIG: making and destroying instances (live repartitioning)
+    def _profiles(self, h: FakeGpu) -> dict[int, tuple[int, str, int]]:
+        if h.mig_mode != 1:
+            raise NVMLError_NotSupported()
+        return _gi_profiles(h.name)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: FakeGpu, profile: int, version: int = 2) -> SimpleNamespace:
+        try:
+            pid, name, mem = self._profiles(h)[profile]
+        except KeyError:
+            raise NVMLError_NotSupported() from None
+        spec = gpu_model(h.name)
+        return SimpleNamespace(id=pid, sliceCount=int(name[0]), instanceCount=8 // mem,
+                               memorySizeMB=spec.memory_mib * mem // 8 - 256, name=f"MIG {name}".encode() if self.names else b"")
+
+    def _by_id(self, h: FakeGpu, pid: int) -> tuple[str, int]:
+        for p, name, mem in self._profiles(h).values():
+            if p == pid:
+                return name, mem
+        raise NVMLError("invalid argument")
+
+    @staticmethod
+    def _fill(arr: object, count_ref: object, items: list[object]) -> None:
+        for i, x in enumerate(items):
+            arr[i] = x  # type: ignore[index]
+        count_ref._obj.value = len(items)  # type: ignore[attr-defined]
+
+    def nvmlDeviceGetGpuInstances(self, h: FakeGpu, pid: int, arr: object, count_ref: object) -> int:
+        name, _ = self._by_id(h, pid)
+        self._fill(arr, count_ref, [m for m in h.migs if m.profile == name])
+        return 0
+
+    def _parent(self, gi: FakeMig) -> FakeGpu:
+        return next(g for g in self.gpus if any(m is gi for m in g.migs))
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: FakeMig, profile: int, eng: int,
+                                                     version: int = 2) -> SimpleNamespace:
+        slices = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}.get(profile)
+        if slices is None or slices > int(gi.profile[0]):
+            raise NVMLError_NotSupported()
+        return SimpleNamespace(id=profile, sliceCount=slices)
+
+    def nvmlGpuInstanceGetComputeInstances(self, gi: FakeMig, ci_pid: int, arr: object, count_ref: object) -> int:
+        full = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[int(gi.profile[0])]
+        self._fill(arr, count_ref, [FakeCi(gi)] if gi.has_ci and ci_pid == full else [])
+        return 0
+
+    def nvmlComputeInstanceDestroy(self, ci: FakeCi) -> int:
+        self.calls.append(f"destroy-ci {ci.gi.profile}@{ci.gi.start}")
+        ci.gi.has_ci = False
+        return 0
+
+    def nvmlGpuInstanceDestroy(self, gi: FakeMig) -> int:
+        if gi.has_ci:
+            raise NVMLError_InUse()
+        parent = self._parent(gi)
+        parent.migs = [m for m in parent.migs if m is not gi]
+        self.calls.append(f"destroy-gi {gi.profile}@{gi.start}")
+        return 0
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: FakeGpu, pid: int, placement_ref: object) -> FakeMig:
+        placement = placement_ref._obj  # type: ignore[attr-defined]
+        name, mem = self._by_id(h, pid)
+        prof = gpu_model(h.name).profile(name.removesuffix("+me"))
+        taken = 0
+        for m in h.migs:
+            taken |= gpu_model(h.name).profile(m.profile.removesuffix("+me")).mask(m.start)
+        if name in h.fail_create or placement.start not in prof.placements or placement.size != mem or (
+                taken & prof.mask(placement.start)):
+            raise NVMLError_InsufficientResources()
+        gi_id = next(self._ids)
+        gi = FakeMig(f"MIG-fake-{gi_id}", name, placement.start, gi_id, has_ci=False)
+        h.migs.append(gi)
+        self.calls.append(f"create-gi {name}@{placement.start}")
+        return gi
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: FakeMig, ci_pid: int) -> FakeCi:
+        if gi.has_ci or ci_pid != {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[int(gi.profile[0])]:
+            raise NVMLError_InsufficientResources()
+        gi.has_ci = True
+        self.calls.append(f"create-ci {gi.profile}@{gi.start}")
+        return FakeCi(gi)
 
     # NVLink
     def nvmlDeviceGetNvLinkState(self, h: FakeGpu, link: int) -> int:

@@ -105,3 +105,89 @@ def test_real_nvml_inventory() -> None:
     assert inv.gpus and all(g.uuid.startswith("GPU-") for g in inv.gpus)
     for g in inv.gpus:
         assert all(d.uuid.startswith("MIG-") for d in g.mig_devices)
+
+
+# ---- live MIG repartitioning (reconfigure_mig) ------------------------------------------------------
+RECONFIGURE_CALLS = ("nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetGpuInstances",
+                     "nvmlGpuInstanceGetComputeInstanceProfileInfo", "nvmlGpuInstanceGetComputeInstances",
+                     "nvmlComputeInstanceDestroy", "nvmlGpuInstanceDestroy", "nvmlDeviceCreateGpuInstanceWithPlacement",
+                     "nvmlGpuInstanceCreateComputeInstance", "c_nvmlGpuInstance_t", "c_nvmlComputeInstance_t",
+                     "c_nvmlGpuInstancePlacement_t", "NVML_GPU_INSTANCE_PROFILE_COUNT",
+                     "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED",
+                     *(f"NVML_COMPUTE_INSTANCE_PROFILE_{k}_SLICE" for k in (1, 2, 3, 4, 7)))
+
+
+def test_the_real_pynvml_and_the_fake_both_have_every_call_reconfigure_makes() -> None:
+    import pynvml
+
+    fake = two_a100s_one_mig()
+    assert [c for c in RECONFIGURE_CALLS if not hasattr(pynvml, c)] == []
+    assert [c for c in RECONFIGURE_CALLS if not hasattr(fake, c)] == []
+
+
+def test_reconfigure_is_refused_without_the_opt_in_and_on_a_card_without_mig_mode(monkeypatch) -> None:
+    monkeypatch.delenv("ORCHESTRATOR_ALLOW_MIG_RECONFIGURE", raising=False)
+    fake = two_a100s_one_mig()
+    with pytest.raises(InvalidRequestError) as e:
+        NvmlBackend("n", nvml=fake).reconfigure_mig(1, [("7g.80gb", 0)])
+    assert e.value.field == "ORCHESTRATOR_ALLOW_MIG_RECONFIGURE" and e.value.allowed == "1"
+    monkeypatch.setenv("ORCHESTRATOR_ALLOW_MIG_RECONFIGURE", "1")
+    with pytest.raises(InvalidRequestError) as e:
+        NvmlBackend("n", nvml=fake).reconfigure_mig(0, [("7g.80gb", 0)])  # GPU 0 has MIG off: never turned on
+    assert e.value.field == "gpu_index" and "never changed" in str(e.value)
+    with pytest.raises(InvalidRequestError) as e:
+        NvmlBackend("n", nvml=fake).reconfigure_mig(1, [("3g.40gb", 2)])
+    assert e.value.field == "layout.3g.40gb" and e.value.allowed == "0, 4"
+    assert fake.calls == [] and [m.profile for m in fake.gpus[1].migs] == ["1g.10gb", "3g.40gb"]
+
+
+@pytest.mark.parametrize("names", [True, False], ids=["profile-names", "old-driver-without-names"])
+def test_reconfigure_destroys_every_instance_then_creates_the_layout(names: bool) -> None:
+    fake = two_a100s_one_mig()
+    fake.names = names
+    backend = NvmlBackend("n", nvml=fake, allow_reconfigure=True)
+    devices = backend.reconfigure_mig(1, [("1g.10gb", s) for s in range(7)])
+    assert [(d.profile, d.start) for d in devices] == [("1g.10gb", s) for s in range(7)]
+    destroys, creates = fake.calls[:4], fake.calls[4:]
+    assert sorted(destroys) == ["destroy-ci 1g.10gb@6", "destroy-ci 3g.40gb@0", "destroy-gi 1g.10gb@6",
+                                "destroy-gi 3g.40gb@0"]
+    assert all(destroys.index(f"destroy-ci {x}") < destroys.index(f"destroy-gi {x}") for x in ("1g.10gb@6", "3g.40gb@0"))
+    assert creates == [c for s in range(7) for c in (f"create-gi 1g.10gb@{s}", f"create-ci 1g.10gb@{s}")]  # never +me
+    assert {d.uuid for d in devices}.isdisjoint({"MIG-1111", "MIG-2222"})
+    inv = backend.inventory()
+    assert inv.gpus[1].mig_devices == devices and inv.gpus[0].mig_devices == ()
+    assert [(d.profile, d.start) for d in backend.reconfigure_mig(1, [("7g.80gb", 0)])] == [("7g.80gb", 0)]
+
+
+def test_a_layout_the_driver_refuses_puts_the_old_one_back_and_says_so() -> None:
+    fake = two_a100s_one_mig()
+    fake.gpus[1].fail_create = {"7g.80gb"}
+    backend = NvmlBackend("n", nvml=fake, allow_reconfigure=True)
+    with pytest.raises(InvalidRequestError) as e:
+        backend.reconfigure_mig(1, [("7g.80gb", 0)])
+    assert "InsufficientResources" in str(e.value) and "old layout 3g.40gb@0 + 1g.10gb@6 restored" in str(e.value)
+    assert [(d.profile, d.start) for d in backend.inventory().gpus[1].mig_devices] == [("3g.40gb", 0), ("1g.10gb", 6)]
+
+
+@pytest.mark.gpu
+def test_real_mig_reconfigure_to_the_same_layout() -> None:
+    """Destroys and recreates the instances of one MIG-enabled card, keeping its layout. Needs the opt-in
+    and root; never turns MIG mode on or resets a GPU."""
+    import os
+
+    if not nvml_available():
+        pytest.skip("NVML is absent: no NVIDIA driver or GPU on this machine")
+    backend = NvmlBackend("this-node")
+    try:
+        gpu = next((g for g in backend.inventory().gpus if g.mig_enabled), None)
+        if gpu is None:
+            pytest.skip("no MIG-capable GPU with MIG mode on (this test never turns MIG mode on)")
+        if os.environ.get("ORCHESTRATOR_ALLOW_MIG_RECONFIGURE") != "1":
+            pytest.skip(f"GPU {gpu.index} has MIG on; set ORCHESTRATOR_ALLOW_MIG_RECONFIGURE=1 to let this test "
+                        "destroy and recreate its instances (nothing may run on it)")
+        layout = [(d.profile, d.start) for d in gpu.mig_devices] or [(gpu.spec.mig_profiles[-1].name, 0)]
+        devices = backend.reconfigure_mig(gpu.index, layout)
+        assert sorted((d.profile, d.start) for d in devices) == sorted(layout)
+        assert all(d.uuid.startswith("MIG-") for d in devices)
+    finally:
+        backend.close()

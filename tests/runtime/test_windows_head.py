@@ -156,3 +156,21 @@ def test_the_head_reads_its_day_from_settings_or_local_time() -> None:
     assert isinstance(day_clock_of(RuntimeSettings()), SystemClock)
     c = day_clock_of(RuntimeSettings.model_validate({"day_clock": {"speedup": 720, "start": "06:00"}}))
     assert isinstance(c, CompressedClock) and c.speedup == 720 and abs(c.time_of_day_s() - 6 * 3600) < 720
+
+
+def test_set_day_clock_starts_the_day_anew_and_the_window_follows(tmp_path: Path) -> None:
+    """A scenario starts its compressed day when its load starts: the window in force follows at once."""
+    from orchestrator.core.errors import InvalidRequestError
+
+    head = Head(tmp_path, ManualClock(t=0.0, time_of_day_s=parse_hhmm("03:00")))
+    assert head.service.status()["head"]["window"]["window"] == "night"
+    out = head.service.set_day_clock({"speedup": 720, "start": "09:30"})
+    assert out["window"] == "day" and out["time_of_day"] == "09:30"
+    assert isinstance(head.service.ctl.day_clock, CompressedClock)
+    head.step()
+    assert head.service.status()["head"]["window"]["window"] == "day"
+    for bad, field in (({"speedup": 0}, "day_clock.speedup"), ({"start": "25:00"}, "day_clock.start"), ("noon", "day_clock")):
+        with pytest.raises(InvalidRequestError) as e:
+            head.service.set_day_clock(bad)  # type: ignore[arg-type]
+        assert e.value.field.startswith(field)
+    assert head.service.status()["head"]["window"]["window"] == "day"  # a refused call changes nothing

@@ -49,3 +49,24 @@ def test_a_rogue_one_never_answers(tmp_path: Path) -> None:
     assert not answered.wait(0.3) and not list(tmp_path.iterdir())
     _until(rogue.done)  # it trains on regardless (and its thread ends before the interpreter does)
     assert not answered.is_set()
+
+
+def test_a_paced_actor_trains_at_the_modelled_step_time_whatever_its_compute_takes(monkeypatch) -> None:
+    """``paced``: step_delay_s is the whole step (the workload model's time on the share), not a pause after it."""
+    train = load_train()
+    real_step = train.Trainer.train_step
+
+    def slow_step(self):  # a step whose own compute takes 30 ms
+        time.sleep(0.03)
+        return real_step(self)
+
+    monkeypatch.setattr(train.Trainer, "train_step", slow_step)
+    timings = {}
+    for paced in (True, False):
+        actor = train.TrainingActor(10, seed=1, step_delay_s=0.04, paced=paced)
+        t0 = time.monotonic()
+        _until(lambda: actor.status()["done"])
+        timings[paced] = time.monotonic() - t0
+    assert timings[True] >= 10 * 0.04 * 0.95  # never faster than the model
+    assert timings[True] < 10 * 0.055  # the compute is inside the step time ...
+    assert timings[False] > 10 * 0.068  # ... and after it when unpaced

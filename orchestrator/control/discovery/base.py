@@ -4,7 +4,9 @@ A backend reports the node's :class:`~orchestrator.core.inventory.NodeInventory`
 (index, UUID, model, memory, MIG mode and instances with their placements,
 NVLink peers, health) and, between inventories, :class:`HealthEvent` s (an
 XID error makes a GPU unhealthy). It can also make a MIG instance on a card
-that takes them on demand. Backends:
+that takes them on demand, and give a MIG-enabled card a whole new layout
+(:meth:`DiscoveryBackend.reconfigure_mig`: live repartitioning; it never
+changes MIG mode). Backends:
 
 * ``nvml`` (:mod:`.nvml`) -- the real GPUs through pynvml;
 * ``simulated`` (:mod:`.simulated`) -- the node's entry of a cluster file.
@@ -17,9 +19,9 @@ machines without GPUs).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
-from orchestrator.core.inventory import NodeInventory
+from orchestrator.core.inventory import MigDevice, NodeInventory
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,12 @@ class DiscoveryBackend(Protocol):
 
     def create_mig(self, gpu_index: int, profile: str, start: int) -> str:
         """Make a MIG instance of ``profile`` at ``start`` on a MIG-enabled card; returns its UUID."""
+        ...
+
+    def reconfigure_mig(self, gpu_index: int, layout: Sequence[tuple[str, int]]) -> tuple[MigDevice, ...]:
+        """Destroy every GPU and compute instance on a MIG-enabled card and create ``layout`` (``(profile,
+        start)`` pairs, valid placements); returns the card's new MIG devices, which :meth:`inventory` reports
+        from now on. The caller has made sure nothing runs on the card."""
         ...
 
     def close(self) -> None: ...

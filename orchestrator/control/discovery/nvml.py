@@ -21,20 +21,45 @@ What it reads, per GPU (the NVML call in brackets):
   make the GPU unhealthy.
 
 The module object is injected (``nvml=``), so unit tests run against a fake at
-the pynvml boundary; ``tests/runtime/fake_nvml.py`` is that fake. Making MIG
-instances needs root and is not done here: a MIG-enabled card must carry a
-fixed layout made by the administrator.
+the pynvml boundary; ``tests/runtime/fake_nvml.py`` is that fake. Making one
+MIG instance on demand is not done here: a MIG-enabled card carries a fixed
+layout, made by the administrator or by a live repartition.
+
+**Live repartitioning** (:meth:`NvmlBackend.reconfigure_mig`) replaces a card's
+whole layout, and only with an explicit opt-in: ``ORCHESTRATOR_ALLOW_MIG_RECONFIGURE=1``
+in the agent's environment (or ``allow_reconfigure=True``), refused with a
+typed error otherwise; it needs the rights ``nvidia-smi mig`` needs (root).
+It never changes MIG mode and never resets a GPU. The calls, in order:
+
+1. map the catalogue's profiles to NVML's GPU-instance profile ids
+   (``nvmlDeviceGetGpuInstanceProfileInfo`` for each ``NVML_GPU_INSTANCE_PROFILE_*``;
+   by the name NVML gives, ``MIG 1g.10gb``, else by compute slices and the
+   nearest memory size, the first such id winning, so a ``+me`` variant never
+   stands in for the plain profile);
+2. destroy every compute instance, then every GPU instance, of every profile
+   (``nvmlDeviceGetGpuInstances``, ``nvmlGpuInstanceGetComputeInstances``,
+   ``nvmlComputeInstanceDestroy``, ``nvmlGpuInstanceDestroy``);
+3. create each instance at its placement and one compute instance spanning it
+   (``nvmlDeviceCreateGpuInstanceWithPlacement``,
+   ``nvmlGpuInstanceGetComputeInstanceProfileInfo``,
+   ``nvmlGpuInstanceCreateComputeInstance``);
+4. read the card's MIG devices back; if creating failed or they differ, try to
+   put the old layout back (new UUIDs) and raise.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
-from typing import Any
+import os
+from typing import Any, Sequence
 
 from orchestrator.control.discovery.base import HealthEvent
+from orchestrator.core import env
 from orchestrator.core.catalogue import GpuModel, generic_model, gpu_model, is_known
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
+from orchestrator.scheduling.repartition import MigSlot, layout_text, validate_layout
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +98,7 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, node_name: str, *, nvml: Any = None, cpu_milli: int | None = None,
-                 memory_mib: int | None = None) -> None:
+                 memory_mib: int | None = None, allow_reconfigure: bool | None = None) -> None:
         if nvml is None:
             import pynvml as nvml
         self.nvml = nvml
@@ -85,6 +110,8 @@ class NvmlBackend:
         self._cpu_milli = cpu_milli
         self._memory_mib = memory_mib
         self._warned: set[str] = set()
+        #: may reconfigure_mig destroy and create MIG instances (None: ``ORCHESTRATOR_ALLOW_MIG_RECONFIGURE=1``)
+        self.allow_reconfigure = allow_reconfigure
 
     # ---- inventory -----------------------------------------------------------------------------
     def inventory(self) -> NodeInventory:
@@ -204,6 +231,116 @@ class NvmlBackend:
         raise InvalidRequestError("gpu.profile", profile, "a MIG instance of the card's fixed layout",
                                   detail="the nvml backend does not create MIG instances (needs root); "
                                   "create the layout with nvidia-smi mig -cgi ... -C")
+
+    # ---- live repartitioning ----------------------------------------------------------------------
+    def reconfigure_mig(self, gpu_index: int, layout: Sequence[tuple[str, int]]) -> tuple[MigDevice, ...]:
+        """Replace a MIG-enabled card's layout (see the module docstring); its new MIG devices."""
+        allowed = self.allow_reconfigure
+        if allowed is None:
+            allowed = os.environ.get(env.ALLOW_MIG_RECONFIGURE, "") == "1"
+        if not allowed:
+            raise InvalidRequestError(env.ALLOW_MIG_RECONFIGURE, os.environ.get(env.ALLOW_MIG_RECONFIGURE), "1",
+                                      detail="live MIG repartitioning destroys every instance on the card; "
+                                      "the node's operator opts in by setting it in the agent's environment")
+        n = self.nvml
+        h = next((x for x in self._handles if int(n.nvmlDeviceGetIndex(x)) == gpu_index), None)
+        if h is None:
+            raise InvalidRequestError("gpu_index", gpu_index, [int(n.nvmlDeviceGetIndex(x)) for x in self._handles])
+        name = _text(n.nvmlDeviceGetName(h))
+        model = self._model(name, int(n.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024))
+        if not (model.mig_capable and self._mig_enabled(h)):
+            raise InvalidRequestError("gpu_index", gpu_index, "a GPU with MIG mode on",
+                                      detail=f"{name} has MIG off or none; MIG mode is never changed here")
+        slots = validate_layout(model.name, [f"{p}@{s}" for p, s in layout])
+        ids = self._gi_profile_ids(h, model)
+        missing = sorted({s.profile for s in slots} - set(ids))
+        if missing:
+            raise InvalidRequestError("layout", missing, sorted(ids), detail=f"NVML on GPU {gpu_index} offers no such "
+                                      "GPU-instance profile")
+        old = tuple(MigSlot(d.start, d.profile) for d in self._mig_devices(h))
+        self._destroy_all(h)
+        try:
+            self._create(h, model, ids, slots)
+            made = self._mig_devices(h)
+            got = tuple(sorted(MigSlot(d.start, d.profile) for d in made))
+            if got != slots:
+                raise InvalidRequestError("layout", layout_text(got), layout_text(slots),
+                                          detail=f"GPU {gpu_index} reports another layout than the one made")
+            return made
+        except Exception as e:
+            restored = "not restored"
+            try:
+                self._destroy_all(h)
+                self._create(h, model, ids, old)
+                restored = f"old layout {layout_text(old)} restored"
+            except Exception as again:  # the card keeps what could be made; the inventory will say what
+                log.error("GPU %s: could not restore MIG layout %s: %s", gpu_index, layout_text(old), again)
+            raise InvalidRequestError("layout", layout_text(slots), "a layout NVML accepts",
+                                      detail=f"GPU {gpu_index}: {type(e).__name__}: {e}; {restored}") from e
+
+    def _gi_profile_ids(self, h: Any, model: GpuModel) -> dict[str, int]:
+        """Catalogue profile name -> NVML GPU-instance profile id, for this card."""
+        n = self.nvml
+        infos = []
+        for const in range(int(n.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+            try:
+                infos.append(n.nvmlDeviceGetGpuInstanceProfileInfo(h, const))
+            except n.NVMLError:  # NotSupported / InvalidArgument: the card has no such profile
+                continue
+        out: dict[str, int] = {}
+        names = {p.name for p in model.mig_profiles}
+        for info in infos:
+            label = _text(getattr(info, "name", b"") or b"").split()
+            if label and label[-1] in names:
+                out.setdefault(label[-1], int(info.id))
+        for info in infos:  # an old driver without names: compute slices, then the nearest memory
+            if _text(getattr(info, "name", b"") or b"").strip():
+                continue
+            same = [p for p in model.mig_profiles if p.compute_slices == int(info.sliceCount)]
+            if same:
+                best = min(same, key=lambda p: abs(p.memory_mib - int(info.memorySizeMB)))
+                out.setdefault(best.name, int(info.id))
+        return out
+
+    def _instances(self, get: Any, parent: Any, profile_id: int, handle_type: Any, most: int = 8) -> list[Any]:
+        """NVML's array-and-count listing calls as a list of handles."""
+        handles = (handle_type * most)()
+        count = ctypes.c_uint(0)
+        get(parent, profile_id, handles, ctypes.byref(count))
+        return [handles[i] for i in range(count.value)]
+
+    def _destroy_all(self, h: Any) -> None:
+        """Destroy every compute instance, then every GPU instance, on the card."""
+        n = self.nvml
+        for const in range(int(n.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+            try:
+                info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, const)
+            except n.NVMLError:
+                continue
+            for gi in self._instances(n.nvmlDeviceGetGpuInstances, h, int(info.id), n.c_nvmlGpuInstance_t):
+                for ci_const in range(int(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+                    try:
+                        ci_info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                            gi, ci_const, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                    except n.NVMLError:
+                        continue
+                    for ci in self._instances(n.nvmlGpuInstanceGetComputeInstances, gi, int(ci_info.id),
+                                              n.c_nvmlComputeInstance_t):
+                        n.nvmlComputeInstanceDestroy(ci)
+                n.nvmlGpuInstanceDestroy(gi)
+
+    def _create(self, h: Any, model: GpuModel, ids: dict[str, int], slots: Sequence[MigSlot]) -> None:
+        """Create each GPU instance at its placement, and one compute instance spanning it."""
+        n = self.nvml
+        for s in slots:
+            prof = model.profile(s.profile)
+            placement = n.c_nvmlGpuInstancePlacement_t()
+            placement.start, placement.size = s.start, prof.memory_slices
+            gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, ids[s.profile], ctypes.byref(placement))
+            ci_const = getattr(n, f"NVML_COMPUTE_INSTANCE_PROFILE_{prof.compute_slices}_SLICE")
+            ci_info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_const,
+                                                                     n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            n.nvmlGpuInstanceCreateComputeInstance(gi, int(ci_info.id))
 
     def close(self) -> None:
         n = self.nvml

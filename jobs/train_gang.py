@@ -1,0 +1,149 @@
+"""Ray Train on a gang lease: a ``TorchTrainer`` whose workers each run on their own leased cards,
+preempted through the orchestrator's queue and resumed from a Ray Train ``Checkpoint``.
+
+The driver side (:func:`fit`)::
+
+    with orchestrator.sdk.leases.gang_lease("2x2", priority="training", requeue=True) as gang:
+        result = fit(gang, steps=300, storage=..., stop_file=...)     # returns early when asked to stop
+        if gang.preemption_requested():
+            gang.ack_preempted(result.checkpoint.path)                # cards handed on, gang requeued
+            gang = gang.wait_resumed()                                # maybe on other nodes
+            result = fit(gang, steps=300, ..., resume_from=gang.resume_from)
+
+Each Train worker (:func:`train_loop`) first binds itself to its own lease's devices
+(``CUDA_VISIBLE_DEVICES`` and the rest, :func:`orchestrator.sdk.leases.worker_env`, by its Ray node and
+its rank among the workers there), then trains a small DDP model with gloo on CPU (NCCL on GPUs where present). Between steps
+rank 0 looks for ``stop_file``; all ranks agree through an all-reduce, and rank 0 reports a Ray Train
+checkpoint (model, optimiser, step) and every rank returns: the run ends at a step boundary, so
+nothing is lost.
+
+Determinism (a preempted run ends bit-identical to an undisturbed one with the same world size): the
+data of step ``k`` on rank ``r`` comes from a generator seeded by ``(seed, k, r)``; the model starts from
+``torch.manual_seed(seed)`` on every rank; one thread, ``torch.use_deterministic_algorithms(True)``;
+gloo's all-reduce of two ranks is a sum of two numbers, which does not depend on the order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+STATE = "state.pt"
+
+
+def _batch(seed: int, step: int, rank: int, size: int = 32) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 101 + rank)
+    x = torch.randn(size, 16, generator=g)
+    y = torch.sin(x[:, :4].sum(dim=1, keepdim=True))
+    return x, y
+
+
+def _model(seed: int) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """One Train worker; see the module docstring. ``config``: steps, seed, stop_file, log_dir, handouts
+    (the gang's, None off a lease), resume_from (a checkpoint directory, or None), step_sleep_s."""
+    import ray
+    import ray.train as rt
+    import torch
+    import torch.distributed as dist
+    from ray.train import Checkpoint
+    from ray.train.torch import prepare_model
+
+    ctx = rt.get_context()
+    rank = ctx.get_world_rank()
+    node_id = ray.get_runtime_context().get_node_id()
+    # This worker's rank among the workers on its Ray node. Not Train's local rank: Train counts workers
+    # per node *IP*, and Ray nodes may share one (several raylets on one machine, as in our tests).
+    nodes: list[Any] = [None] * ctx.get_world_size()
+    dist.all_gather_object(nodes, node_id)
+    local = sum(1 for r in range(rank) if nodes[r] == node_id)
+    env: dict[str, str] = {}
+    if config.get("handouts"):
+        from orchestrator.sdk.leases import worker_env
+
+        env = worker_env(config["handouts"], node_id, local)
+        os.environ.update(env)  # before anything touches CUDA
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    log = Path(config["log_dir"])
+    log.mkdir(parents=True, exist_ok=True)
+    (log / f"worker-{rank}.json").write_text(json.dumps({
+        "rank": rank, "local_rank": local, "node_id": node_id, "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "lease_id": env.get("ORCHESTRATOR_LEASE_ID", "")}))
+
+    seed = int(config.get("seed", 0))
+    model = prepare_model(_model(seed), parallel_strategy_kwargs={"broadcast_buffers": False})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start = 0
+    resume = config.get("resume_from")
+    if resume:
+        state = torch.load(Path(resume) / STATE, weights_only=True)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = int(state["step"])
+    steps = int(config["steps"])
+    stop_file = config.get("stop_file")
+    sleep_s = float(config.get("step_sleep_s", 0.0))
+    step = start
+    while step < steps:
+        x, y = _batch(seed, step, rank)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        step += 1
+        if rank == 0 and step % 10 == 0:
+            (log / "progress").write_text(str(step))
+        flag = torch.tensor([1.0 if rank == 0 and stop_file and os.path.exists(stop_file) else 0.0])
+        dist.all_reduce(flag)
+        if flag.item() > 0:
+            break
+        if sleep_s:
+            time.sleep(sleep_s)
+    metrics = {"step": step, "finished": step >= steps}
+    if rank == 0:
+        out = log / f"ckpt-{step}"
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, out / STATE)
+        rt.report(metrics, checkpoint=Checkpoint.from_directory(str(out)))
+    else:
+        rt.report(metrics, checkpoint=None)
+
+
+def fit(gang: Any | None, *, steps: int, storage: str, name: str, log_dir: str, stop_file: str | None = None,
+        resume_from: str | None = None, num_workers: int = 2, seed: int = 0, step_sleep_s: float = 0.0) -> Any:
+    """Run :func:`train_loop` under a ``TorchTrainer``: on ``gang`` (a :class:`~orchestrator.sdk.leases.GangHandle`,
+    its ``scaling_config()`` pinning each Train worker to its lease's node), or, with ``gang=None``, on
+    ``num_workers`` workers anywhere (the undisturbed reference). Returns Ray Train's ``Result``; its
+    ``checkpoint.path`` is what to acknowledge a preemption with and to resume from."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    scaling = ScalingConfig(**gang.scaling_config()) if gang is not None else ScalingConfig(
+        num_workers=num_workers, use_gpu=False, resources_per_worker={"CPU": 1})
+    config = {"steps": steps, "seed": seed, "stop_file": stop_file, "log_dir": log_dir, "resume_from": resume_from,
+              "handouts": gang.handouts if gang is not None else None, "step_sleep_s": step_sleep_s}
+    trainer = TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling,
+                           torch_config=TorchConfig(backend="gloo"),
+                           run_config=RunConfig(storage_path=storage, name=name))
+    return trainer.fit()
+
+
+def load_weights(checkpoint_dir: str) -> dict[str, Any]:
+    """The model weights of a checkpoint :func:`train_loop` wrote."""
+    import torch
+
+    return torch.load(Path(checkpoint_dir) / STATE, weights_only=True)["model"]

@@ -1,0 +1,169 @@
+"""A gang lease on a real local Ray cluster: a 2-node ``TorchTrainer`` run on its placement group,
+preempted by inference, resumed from its Ray Train checkpoint, ending bit-identical to an undisturbed run.
+
+The cluster (conftest): a100-0 (4 whole cards), a100-1 (2 whole cards, 2 MIG), h100-0 (2 whole).
+Inference leases hold h100-0 and two cards of a100-0, so a ``2x2`` gang must span a100-0 and a100-1;
+then the cluster has no whole card free, and a 1-card inference lease can only come by preempting the
+gang -- all of it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.request import GpuRequest
+from orchestrator.sdk.leases import gang_lease, lease
+
+from tests.integration.heads import running_head
+
+pytestmark = pytest.mark.ray
+
+
+def _ray_train_missing() -> str | None:
+    try:
+        import ray.train.torch  # noqa: F401  (ray[train] needs pandas and pyarrow besides torch)
+    except ImportError as e:
+        return f"Ray Train is not importable here ({e}); install the train extra: pip install -e '.[train]'"
+    return None
+
+
+if (_why := _ray_train_missing()) is not None:
+    pytestmark = [pytest.mark.ray, pytest.mark.skip(reason=_why)]
+
+SETTINGS = RuntimeSettings(namespace="rgo-gang", heartbeat_interval_s=0.5, agent_ttl_s=10.0, reconcile_interval_s=0.1)
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 200
+
+
+def _train_gang() -> Any:
+    """``jobs/train_gang.py`` as a module Ray ships to its workers by value (an example, not a package)."""
+    from ray import cloudpickle
+
+    spec = importlib.util.spec_from_file_location("rgo_train_gang", REPO / "jobs" / "train_gang.py")
+    assert spec and spec.loader
+    mod = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(mod)
+    cloudpickle.register_pickle_by_value(mod)
+    return mod
+
+
+def _until(what: str, cond: Callable[[], Any], timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def head(ray_cluster: Any) -> Iterator[Any]:
+    from orchestrator.rayport.client import HeadClient
+
+    cfg = ray_cluster.config
+    training = cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 0.0, "grace_period_s": 120.0})
+    cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(
+        update={"classes": {**cfg.scheduler.classes, "training": training}})})
+    with running_head(SETTINGS, cfg) as handle:
+        yield HeadClient(handle=handle)
+
+
+def _workers(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(log.glob("worker-*.json"))]
+
+
+def test_gang_trains_is_preempted_by_inference_and_resumes_bit_identical(head: Any, ray_cluster: Any,
+                                                                          tmp_path: Path) -> None:
+    import torch
+
+    tg = _train_gang()
+    ns = SETTINGS.namespace
+    started = time.monotonic()
+    ref = tg.fit(None, steps=STEPS, storage=str(tmp_path / "storage"), name="reference",
+                 log_dir=str(tmp_path / "ref-log"))
+    assert ref.metrics["finished"] and ref.metrics["step"] == STEPS
+    reference = tg.load_weights(ref.checkpoint.path)
+    print(f"\nreference run: {time.monotonic() - started:.1f}s")
+
+    stop = tmp_path / "stop"
+    with ExitStack() as blockers:
+        blockers.enter_context(lease(GpuRequest.whole(2, node="h100-0"), priority="inference", head=head, namespace=ns))
+        blockers.enter_context(lease(GpuRequest.whole(2, node="a100-0"), priority="inference", head=head, namespace=ns))
+        with gang_lease("2x2", priority="training", head=head, namespace=ns, requeue=True, gang_id="g1") as gang:
+            assert sorted(gang.nodes) == ["a100-0", "a100-1"], gang.nodes  # no node holds both workers
+            for i, lid in enumerate(gang.lease_ids):
+                grant = next(h["reason"] for h in head.get_lease(lid)["history"] if h["state"] == "granted")
+                assert grant.startswith(f"worker {i} of gang g1:") and "2 nodes: the fewest nodes that hold it" in grant
+            log1 = tmp_path / "run1"
+            out: list[Any] = []
+            run = threading.Thread(target=lambda: out.append(tg.fit(
+                gang, steps=STEPS, storage=str(tmp_path / "storage"), name="gang-1", log_dir=str(log1),
+                stop_file=str(stop), step_sleep_s=0.05)))
+            run.start()
+            _until("training progress", lambda: (log1 / "progress").exists() and int((log1 / "progress").read_text()) >= 20)
+
+            # Each Train worker runs on its own lease's node with its own lease's cards.
+            workers = _workers(log1)
+            assert len(workers) == 2
+            by_lease = {m.lease_id: m for m in gang.members}
+            for w in workers:
+                member = by_lease[w["lease_id"]]
+                assert w["node_id"] == member.handout["node_id"]
+                assert w["cuda_visible_devices"] == member.cuda_visible_devices != ""
+            assert len({w["cuda_visible_devices"] for w in workers}) == 2
+            taken = {(m.node, i) for m in gang.members for i in m.allocation["gpu_indices"]}
+
+            # Inference arrives: the only whole card it can get is one of the gang's.
+            granted: list[Any] = []
+            done = threading.Event()
+
+            def infer() -> None:
+                with lease(GpuRequest.whole(1), priority="inference", head=head, namespace=ns, timeout=180) as le:
+                    granted.append((le.node, le.allocation["gpu_indices"][0]))
+                    done.wait(120)
+
+            preemptor = threading.Thread(target=infer)
+            preemptor.start()
+            _until("the gang asked to checkpoint", gang.preemption_requested, timeout=60)
+            states = [head.get_lease(lid)["state"] for lid in gang.lease_ids]
+            assert states == ["checkpointing", "checkpointing"], "the gang is one victim: every worker at once"
+            stop.write_text("checkpoint now")
+            run.join(180)
+            assert out, "the preempted run did not return"
+            first = out[0]
+            assert not first.metrics["finished"] and 0 < first.metrics["step"] < STEPS
+            gang.ack_preempted(first.checkpoint.path)
+            _until("inference granted", lambda: granted, timeout=60)
+            assert granted[0] in taken, f"inference got {granted[0]}, not one of the gang's cards {taken}"
+            assert all(head.get_lease(lid)["state"] == "preempted" for lid in gang.lease_ids)
+            stop.unlink()
+            done.set()
+            preemptor.join(60)
+
+            resumed = gang.wait_resumed(180)
+            try:
+                assert resumed.resume_from == first.checkpoint.path
+                assert resumed.lease_ids != gang.lease_ids and len(set(resumed.nodes)) >= 1
+                second = tg.fit(resumed, steps=STEPS, storage=str(tmp_path / "storage"), name="gang-2",
+                                log_dir=str(tmp_path / "run2"), resume_from=resumed.resume_from)
+                assert second.metrics["finished"] and second.metrics["step"] == STEPS
+                final = tg.load_weights(second.checkpoint.path)
+                assert final.keys() == reference.keys()
+                for k in reference:
+                    assert torch.equal(final[k], reference[k]), f"{k} differs from the undisturbed run"
+                for w in _workers(tmp_path / "run2"):
+                    assert w["lease_id"] in resumed.lease_ids
+            finally:
+                resumed.release("test over")
+    print(f"gang test: {time.monotonic() - started:.1f}s; preempted at step {first.metrics['step']}")
