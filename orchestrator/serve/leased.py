@@ -23,9 +23,10 @@ runs one kernel stream). On **simulated** GPUs it then sleeps until the batch
 has taken what :class:`~orchestrator.sim.perfmodel.InferenceModel` says it
 takes on the lease's share (``ShareSpeed.of_env``: a 1g MIG slice is 7 times
 slower than a whole card), so latency reflects the share. Each replica counts
-requests, batches and busy seconds (the modelled batch times; measured ones
-on a real GPU), which the manager turns into busy GPU-time
-(``ShareSpeed.busy_gpu_s``).
+requests, batches, busy seconds (the modelled batch times; measured ones
+on a real GPU) and useful GPU-seconds (``InferenceModel.useful_gpu_s`` of
+each batch: its SM-seconds on the reference card, whatever share ran it),
+which the scenario divides by available GPU-time.
 
 Invariant: a request is counted *ongoing* at its replica from the moment the
 ingress picks it until its answer (or error) comes back, so the sum over
@@ -59,7 +60,8 @@ class ReplicaCore:
 
     ``simulated`` (default: no CUDA device visible) means the share's speed is modelled: after the real
     compute the batch sleeps until ``InferenceModel.batch_s(len(batch), share)`` has passed. Counters only
-    grow; ``busy_s`` is the modelled (simulated) or measured (real) time of every batch."""
+    grow; ``busy_s`` is the modelled (simulated) or measured (real) time of every batch; ``useful_gpu_s`` the
+    model's useful GPU-seconds of every batch (on a real GPU too: SM activity is not measured here)."""
 
     def __init__(self, lease_id: str, *, environ: Mapping[str, str] | None = None, seed: int = 0, width: int = 256,
                  model: InferenceModel | None = None, simulated: bool | None = None,
@@ -80,7 +82,7 @@ class ReplicaCore:
         self.w1 = (torch.randn(INPUT_WIDTH, width, generator=g) / math.sqrt(INPUT_WIDTH)).to(self.device)
         self.w2 = (torch.randn(width, 1, generator=g) / math.sqrt(width)).to(self.device)
         self.requests = self.batches = 0
-        self.busy_s = 0.0
+        self.busy_s = self.useful_gpu_s = 0.0
 
     def forward(self, rows: Sequence[Sequence[float]]) -> list[float]:
         import torch
@@ -108,6 +110,7 @@ class ReplicaCore:
             self.busy_s += max(modelled, real)
         else:
             self.busy_s += real
+        self.useful_gpu_s += self.perf.useful_gpu_s(len(requests))
         self.requests += len(requests)
         self.batches += 1
         return out
@@ -116,7 +119,7 @@ class ReplicaCore:
         return {"lease_id": self.lease_id, "kind": self.kind, "devices": self.devices, "simulated": self.simulated,
                 "card_share": self.share.card_share, "speed": self.share.speed, "requests": self.requests,
                 "batches": self.batches, "busy_s": round(self.busy_s, 6),
-                "busy_gpu_s": round(self.share.busy_gpu_s(self.busy_s), 6), "pid": os.getpid()}
+                "useful_gpu_s": round(self.useful_gpu_s, 6), "pid": os.getpid()}
 
 
 class Router:
@@ -276,7 +279,8 @@ def replica_app(lease_id: str, actor_options: Mapping[str, Any], *, seed: int = 
     ``perf``: the batch cost model on simulated GPUs, default :class:`InferenceModel`)."""
     p = perf or InferenceModel()
     return LeasedReplica.options(num_replicas=1, ray_actor_options=dict(actor_options)).bind(
-        lease_id, seed, width, max_batch_size, batch_wait_timeout_s, {"base_ms": p.base_ms, "per_item_ms": p.per_item_ms})
+        lease_id, seed, width, max_batch_size, batch_wait_timeout_s,
+        {"base_ms": p.base_ms, "per_item_ms": p.per_item_ms, "sm_per_item": p.sm_per_item})
 
 
 def ingress_app() -> Any:

@@ -30,21 +30,23 @@ def test_a_batch_on_a_simulated_share_takes_the_modelled_time_and_counts_busy_gp
     core = ReplicaCore("svc-r1", environ=MIG_1G, simulated=True, sleep=sleeps)
     out = asyncio.run(core.run_batch([ROW, ROW, ROW, ROW]))
     want = InferenceModel().batch_s(4, ShareSpeed.mig("1g.10gb"))
-    assert want == pytest.approx(7 * 0.007)
+    assert want == pytest.approx(0.070 * 0.16 * 7)  # 70 ms on a card, 16% of its SMs on a slice of 1/7
     assert len(out) == 4 and out[0] == out[3] and isinstance(out[0][0], float)
     assert len(sleeps.calls) == 1 and 0 < sleeps.calls[0] <= want and sleeps.calls[0] > want - 0.02
     st = core.stats()
     assert (st["kind"], st["requests"], st["batches"]) == ("mig", 4, 1)
-    assert st["busy_s"] == pytest.approx(want) and st["busy_gpu_s"] == pytest.approx(want / 7)
+    assert st["busy_s"] == pytest.approx(want) and st["useful_gpu_s"] == pytest.approx(0.070 * 0.16)
 
 
-def test_a_whole_card_serves_the_same_batch_seven_times_faster_than_a_1g_slice() -> None:
-    def modelled(environ: dict[str, str]) -> float:
+def test_a_small_batch_runs_as_fast_on_a_1g_slice_a_big_one_is_stretched() -> None:
+    def modelled(environ: dict[str, str], batch: int) -> tuple[float, float]:
         core = ReplicaCore("r", environ=environ, simulated=True, sleep=Sleeps())
-        asyncio.run(core.run_batch([ROW] * 8))
-        return core.busy_s
+        asyncio.run(core.run_batch([ROW] * batch))
+        return core.busy_s, core.useful_gpu_s
 
-    assert modelled(MIG_1G) == pytest.approx(7 * modelled(WHOLE))
+    assert modelled(MIG_1G, 1) == pytest.approx(modelled(WHOLE, 1))  # 4% of the SMs fit in a slice of 1/7
+    (slice_s, slice_useful), (whole_s, whole_useful) = modelled(MIG_1G, 8), modelled(WHOLE, 8)
+    assert slice_s == pytest.approx(whole_s * 0.32 * 7) and slice_useful == pytest.approx(whole_useful)
 
 
 def test_the_modelled_time_really_passes_and_a_bad_request_does_not_fail_its_batch() -> None:
