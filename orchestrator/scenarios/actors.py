@@ -103,6 +103,7 @@ class _Run:
     final: dict[str, Any] | None = None
     error: str | None = None
     lease: LeaseHandle | None = None
+    request: GpuRequest | None = None  # what its lease asks; None: ``cards`` whole cards anywhere
 
 
 @dataclass
@@ -185,7 +186,7 @@ class ActorScenario:
         ck = self.workdir / f"actor-train-{run.seed}"
         t0 = time.monotonic()
         try:
-            with lease(GpuRequest.whole(run.cards), priority="training", requeue=True, checkpoint_dir=str(ck),
+            with lease(run.request or GpuRequest.whole(run.cards), priority="training", requeue=True, checkpoint_dir=str(ck),
                        head=self.head, namespace=self.namespace, owner=f"bench:train-{run.seed}",
                        lease_id=f"train-{run.seed}") as first:
                 le, resume_from = first, None
@@ -226,6 +227,16 @@ class ActorScenario:
             run.error = f"{type(e).__name__}: {e}"
             ready.set()
             granted.set()
+
+    def start_run(self, run: _Run) -> tuple[threading.Thread, threading.Event]:
+        """Train ``run`` on a thread of its own, resuming after every preemption until ``targets[run.seed]``
+        (open-ended until set); returns the thread and the event set once its first actor is up."""
+        ready, granted = threading.Event(), threading.Event()
+        with self._lock:
+            self.runs.append(run)
+        t = threading.Thread(target=self._train, args=(run, ready, granted), name=f"train-{run.seed}", daemon=True)
+        t.start()
+        return t, ready
 
     def _holders(self) -> list[tuple[str, int, str]]:
         with self._lock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from orchestrator.core.config import ClusterConfig, RuntimeSettings
 
@@ -31,3 +31,25 @@ def running_head(settings: RuntimeSettings, config: ClusterConfig, timeout: floa
             ray_api.kill_named(ray_api.agent_name(node.name), settings.namespace)
         ray_api.kill_named(settings.head_name, settings.namespace)
         ray_api.GcsKv(f"rgo.{settings.namespace}").delete_prefix("")
+
+
+def with_class(config: ClusterConfig, name: str, **update: Any) -> ClusterConfig:
+    """``config`` with priority class ``name``'s fields replaced (``min_runtime_s=0.0``: preemptible at once)."""
+    classes = config.scheduler.classes
+    return config.model_copy(update={"scheduler": config.scheduler.model_copy(
+        update={"classes": {**classes, name: classes[name].model_copy(update=update)}})})
+
+
+def until(what: str, cond: Callable[[], Any], timeout: float = 60, *, step: Callable[[], Any] | None = None,
+          every_s: float = 0.1) -> Any:
+    """``cond()``'s first truthy value, polled every ``every_s`` (calling ``step()`` before each look); an
+    AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if step is not None:
+            step()
+        v = cond()
+        if v:
+            return v
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")

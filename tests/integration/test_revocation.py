@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -23,7 +23,7 @@ from orchestrator.core.lease import key_digest
 from orchestrator.core.request import GpuRequest
 from orchestrator.sdk.leases import lease
 
-from tests.integration.heads import running_head
+from tests.integration.heads import running_head, until as _until
 
 pytestmark = pytest.mark.ray
 
@@ -66,16 +66,6 @@ def _trainer() -> type:
             return str(path)
 
     return Trainer
-
-
-def _until(what: str, cond: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

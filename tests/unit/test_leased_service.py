@@ -1,0 +1,133 @@
+"""The leased service's in-process parts (no Ray started): a replica's modelled service time on its share,
+its counters, and the ingress's least-loaded routing, drain and smoothed load signal."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from orchestrator.core import env as E
+from orchestrator.serve.leased import INPUT_WIDTH, ReplicaCore, Router
+from orchestrator.sim.perfmodel import InferenceModel, ShareSpeed
+
+ROW = [[0.01 * i for i in range(INPUT_WIDTH)]]
+MIG_1G = {E.SHARE_KIND: "mig", E.MIG_PROFILE: "1g.10gb", E.CUDA_VISIBLE_DEVICES: "MIG-abc"}
+WHOLE = {E.CUDA_VISIBLE_DEVICES: "GPU-abc"}
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    async def __call__(self, s: float) -> None:
+        self.calls.append(s)
+
+
+def test_a_batch_on_a_simulated_share_takes_the_modelled_time_and_counts_busy_gpu_time() -> None:
+    sleeps = Sleeps()
+    core = ReplicaCore("svc-r1", environ=MIG_1G, simulated=True, sleep=sleeps)
+    out = asyncio.run(core.run_batch([ROW, ROW, ROW, ROW]))
+    want = InferenceModel().batch_s(4, ShareSpeed.mig("1g.10gb"))
+    assert want == pytest.approx(7 * 0.007)
+    assert len(out) == 4 and out[0] == out[3] and isinstance(out[0][0], float)
+    assert len(sleeps.calls) == 1 and 0 < sleeps.calls[0] <= want and sleeps.calls[0] > want - 0.02
+    st = core.stats()
+    assert (st["kind"], st["requests"], st["batches"]) == ("mig", 4, 1)
+    assert st["busy_s"] == pytest.approx(want) and st["busy_gpu_s"] == pytest.approx(want / 7)
+
+
+def test_a_whole_card_serves_the_same_batch_seven_times_faster_than_a_1g_slice() -> None:
+    def modelled(environ: dict[str, str]) -> float:
+        core = ReplicaCore("r", environ=environ, simulated=True, sleep=Sleeps())
+        asyncio.run(core.run_batch([ROW] * 8))
+        return core.busy_s
+
+    assert modelled(MIG_1G) == pytest.approx(7 * modelled(WHOLE))
+
+
+def test_the_modelled_time_really_passes_and_a_bad_request_does_not_fail_its_batch() -> None:
+    core = ReplicaCore("r", environ=MIG_1G, simulated=True)
+    t0 = time.perf_counter()
+    out = asyncio.run(core.run_batch([ROW, [[1.0, 2.0]]]))
+    assert time.perf_counter() - t0 >= InferenceModel().batch_s(2, ShareSpeed.mig("1g.10gb")) * 0.99
+    assert isinstance(out[0], list) and isinstance(out[1], str) and "rows of 32" in out[1]
+
+
+class Tick:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_routing_goes_to_the_least_loaded_replica_then_the_least_served() -> None:
+    r = Router(clock=Tick())
+    r.set_replicas(["a", "b", "c"])
+    picked = []
+    for _ in range(3):
+        n = r.pick()
+        picked.append(n)
+        r.begin(n)
+    assert sorted(picked) == ["a", "b", "c"]
+    r.end("b", 0.01)  # b: 0 ongoing, 1 served; a and c: 1 ongoing
+    assert r.pick() == "b"
+    r.end("a", 0.01)  # a and b: 0 ongoing, 1 served each; c busy
+    assert r.pick() == "a"
+    r.begin("a")
+    r.end("a", 0.01)  # a and b idle; a has served 2, b 1
+    assert r.pick() == "b"
+
+
+def test_a_replica_being_removed_gets_nothing_new_and_stays_counted_until_drained() -> None:
+    r = Router(clock=Tick())
+    r.set_replicas(["a", "b"])
+    r.begin("b")
+    r.begin("b")
+    r.set_replicas(["a"])
+    assert all(r.pick() == "a" for _ in range(3))
+    ld = r.load()
+    assert ld["ongoing"] == {"a": 0, "b": 2} and ld["total_ongoing"] == 2 and ld["routable"] == ["a"]
+    r.end("b", 0.02)
+    assert "b" in r.load()["ongoing"]
+    r.end("b", 0.02)
+    assert r.load()["ongoing"] == {"a": 0}
+    r.set_replicas([])
+    assert r.pick() is None
+
+
+def test_the_load_signal_is_the_time_average_of_ongoing_since_the_last_read() -> None:
+    clock = Tick()
+    r = Router(clock=clock)
+    r.set_replicas(["a"])
+    r.load()
+    r.begin("a")
+    r.begin("a")           # 2 ongoing for 1 s
+    clock.t = 1.0
+    r.end("a", 1.0)        # 1 ongoing for 3 s
+    clock.t = 4.0
+    assert r.load(reset=False)["mean_ongoing"] == pytest.approx((2 * 1 + 1 * 3) / 4)  # a peek starts no window
+    ld = r.load()
+    assert ld["mean_ongoing"] == pytest.approx((2 * 1 + 1 * 3) / 4) and ld["total_ongoing"] == 1
+    clock.t = 6.0          # a new window: 1 ongoing throughout
+    assert r.load()["mean_ongoing"] == pytest.approx(1.0)
+
+
+def test_p99_covers_only_the_recent_window() -> None:
+    clock = Tick()
+    r = Router(clock=clock, window_s=5.0)
+    r.set_replicas(["a"])
+    for i in range(100):
+        r.begin("a")
+        r.end("a", 1.0 if i == 99 else 0.01)
+    assert r.load()["p99_ms"] == pytest.approx(10.0) and r.load()["window_requests"] == 100
+    r.begin("a")
+    r.end("a", 2.0)
+    assert r.load()["p99_ms"] == pytest.approx(1000.0)
+    clock.t = 10.0
+    r.begin("a")
+    r.end("a", 0.05)
+    ld = r.load()
+    assert ld["window_requests"] == 1 and ld["p99_ms"] == pytest.approx(50.0) and ld["served"] == 102
