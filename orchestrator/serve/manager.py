@@ -253,18 +253,18 @@ class LeasedService:
     # ---- figures ---------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Per replica (serving and removed): lease id, kind, node, devices, requests, batches, busy seconds
-        and busy GPU-seconds (``ShareSpeed.busy_gpu_s`` of its busy seconds), add_s; and their totals."""
+        and useful GPU-seconds (``InferenceModel.useful_gpu_s`` of its batches), add_s; and their totals."""
         rows = []
         for info in [*self.retired, *self.replicas]:
             st = info.final if info.final is not None else self._replica_stats(info)
             rows.append({"replica": info.name, "lease_id": info.lease_id, "kind": info.kind, "node": info.node,
                          "devices": info.devices, "add_s": info.add_s, "granted_s": info.granted_s,
                          "serving": info.removed_at is None, **({k: st[k] for k in (
-                             "requests", "batches", "busy_s", "busy_gpu_s", "card_share", "simulated")} if st else {})})
+                             "requests", "batches", "busy_s", "useful_gpu_s", "card_share", "simulated")} if st else {})})
         return {"replicas": rows, "serving": len(self.replicas),
                 "requests": sum(r.get("requests", 0) for r in rows),
                 "busy_s": round(sum(r.get("busy_s", 0.0) for r in rows), 6),
-                "busy_gpu_s": round(sum(r.get("busy_gpu_s", 0.0) for r in rows), 6)}
+                "useful_gpu_s": round(sum(r.get("useful_gpu_s", 0.0) for r in rows), 6)}
 
 
 def _quiet(fn: Callable[..., Any], *args: Any) -> Any:
