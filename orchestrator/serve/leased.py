@@ -21,12 +21,13 @@ device (``cuda`` when the process sees a real GPU, else the CPU) and batches
 requests (``serve.batch``: one batch at a time per replica, as one device
 runs one kernel stream). On **simulated** GPUs it then sleeps until the batch
 has taken what :class:`~orchestrator.sim.perfmodel.InferenceModel` says it
-takes on the lease's share (``ShareSpeed.of_env``: a 1g MIG slice is 7 times
-slower than a whole card), so latency reflects the share. Each replica counts
-requests, batches, busy seconds (the modelled batch times; measured ones
-on a real GPU) and useful GPU-seconds (``InferenceModel.useful_gpu_s`` of
-each batch: its SM-seconds on the reference card, whatever share ran it),
-which the scenario divides by available GPU-time.
+takes on the lease's share (``ShareSpeed.of_env``: a small batch runs at full
+speed on a slice that holds the SMs it needs, a big one is stretched; a
+time-slice stretches every batch), so latency reflects the share. Each
+replica counts requests, batches, busy seconds (the modelled batch times;
+measured ones on a real GPU) and useful GPU-seconds
+(``InferenceModel.useful_gpu_s``: the SM-time its batches were worth; on a
+real GPU, busy seconds times the share held, an upper bound).
 
 Invariant: a request is counted *ongoing* at its replica from the moment the
 ingress picks it until its answer (or error) comes back, so the sum over
@@ -82,7 +83,8 @@ class ReplicaCore:
         self.w1 = (torch.randn(INPUT_WIDTH, width, generator=g) / math.sqrt(INPUT_WIDTH)).to(self.device)
         self.w2 = (torch.randn(width, 1, generator=g) / math.sqrt(width)).to(self.device)
         self.requests = self.batches = 0
-        self.busy_s = self.useful_gpu_s = 0.0
+        self.busy_s = 0.0
+        self.useful_gpu_s = 0.0
 
     def forward(self, rows: Sequence[Sequence[float]]) -> list[float]:
         import torch
@@ -108,9 +110,10 @@ class ReplicaCore:
             if modelled > real:
                 await self._sleep(modelled - real)
             self.busy_s += max(modelled, real)
+            self.useful_gpu_s += self.perf.useful_gpu_s(len(requests))
         else:
             self.busy_s += real
-        self.useful_gpu_s += self.perf.useful_gpu_s(len(requests))
+            self.useful_gpu_s += real * min(1.0, self.share.card_share)
         self.requests += len(requests)
         self.batches += 1
         return out
@@ -279,8 +282,8 @@ def replica_app(lease_id: str, actor_options: Mapping[str, Any], *, seed: int = 
     ``perf``: the batch cost model on simulated GPUs, default :class:`InferenceModel`)."""
     p = perf or InferenceModel()
     return LeasedReplica.options(num_replicas=1, ray_actor_options=dict(actor_options)).bind(
-        lease_id, seed, width, max_batch_size, batch_wait_timeout_s,
-        {"base_ms": p.base_ms, "per_item_ms": p.per_item_ms, "sm_per_item": p.sm_per_item})
+        lease_id, seed, width, max_batch_size, batch_wait_timeout_s, {"base_ms": p.base_ms, "per_item_ms": p.per_item_ms,
+                                                                "sm_per_item": p.sm_per_item})
 
 
 def ingress_app() -> Any:

@@ -25,28 +25,27 @@ class Sleeps:
         self.calls.append(s)
 
 
-def test_a_batch_on_a_simulated_share_takes_the_modelled_time_and_counts_busy_gpu_time() -> None:
+def test_a_batch_on_a_simulated_share_takes_the_modelled_time_and_counts_useful_gpu_time() -> None:
     sleeps = Sleeps()
     core = ReplicaCore("svc-r1", environ=MIG_1G, simulated=True, sleep=sleeps)
     out = asyncio.run(core.run_batch([ROW, ROW, ROW, ROW]))
     want = InferenceModel().batch_s(4, ShareSpeed.mig("1g.10gb"))
-    assert want == pytest.approx(0.070 * 0.16 * 7)  # 70 ms on a card, 16% of its SMs on a slice of 1/7
+    assert want == pytest.approx(0.070 * 0.16 * 7)  # 4 items need 16 % of the SMs: stretched on a 1g slice
     assert len(out) == 4 and out[0] == out[3] and isinstance(out[0][0], float)
     assert len(sleeps.calls) == 1 and 0 < sleeps.calls[0] <= want and sleeps.calls[0] > want - 0.02
     st = core.stats()
     assert (st["kind"], st["requests"], st["batches"]) == ("mig", 4, 1)
-    assert st["busy_s"] == pytest.approx(want) and st["useful_gpu_s"] == pytest.approx(0.070 * 0.16)
+    assert st["busy_s"] == pytest.approx(want) and st["useful_gpu_s"] == pytest.approx(InferenceModel().useful_gpu_s(4))
 
 
-def test_a_small_batch_runs_as_fast_on_a_1g_slice_a_big_one_is_stretched() -> None:
-    def modelled(environ: dict[str, str], batch: int) -> tuple[float, float]:
+def test_a_1g_slice_serves_a_small_batch_as_fast_as_a_whole_card_and_a_big_one_slower() -> None:
+    def modelled(environ: dict[str, str], n: int) -> float:
         core = ReplicaCore("r", environ=environ, simulated=True, sleep=Sleeps())
-        asyncio.run(core.run_batch([ROW] * batch))
-        return core.busy_s, core.useful_gpu_s
+        asyncio.run(core.run_batch([ROW] * n))
+        return core.busy_s
 
-    assert modelled(MIG_1G, 1) == pytest.approx(modelled(WHOLE, 1))  # 4% of the SMs fit in a slice of 1/7
-    (slice_s, slice_useful), (whole_s, whole_useful) = modelled(MIG_1G, 8), modelled(WHOLE, 8)
-    assert slice_s == pytest.approx(whole_s * 0.32 * 7) and slice_useful == pytest.approx(whole_useful)
+    assert modelled(MIG_1G, 2) == pytest.approx(modelled(WHOLE, 2))  # 8 % of the SMs: the slice has them
+    assert modelled(MIG_1G, 8) == pytest.approx(0.32 * 7 * modelled(WHOLE, 8))  # 32 %: stretched
 
 
 def test_the_modelled_time_really_passes_and_a_bad_request_does_not_fail_its_batch() -> None:
