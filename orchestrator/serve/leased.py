@@ -61,8 +61,7 @@ class ReplicaCore:
 
     ``simulated`` (default: no CUDA device visible) means the share's speed is modelled: after the real
     compute the batch sleeps until ``InferenceModel.batch_s(len(batch), share)`` has passed. Counters only
-    grow; ``busy_s`` is the modelled (simulated) or measured (real) time of every batch; ``useful_gpu_s`` the
-    model's useful GPU-seconds of every batch (on a real GPU too: SM activity is not measured here)."""
+    grow; ``busy_s`` is the modelled (simulated) or measured (real) time of every batch."""
 
     def __init__(self, lease_id: str, *, environ: Mapping[str, str] | None = None, seed: int = 0, width: int = 256,
                  model: InferenceModel | None = None, simulated: bool | None = None,
