@@ -18,6 +18,8 @@ through here, as the rest of the orchestrator talks to Ray through
 
 from __future__ import annotations
 
+import threading
+
 from typing import Any, Mapping
 
 from ray import serve
@@ -42,9 +44,21 @@ def replica_options(handout: Mapping[str, Any], node_name: str, *, num_cpus: flo
             "runtime_env": {"env_vars": env}}
 
 
-def run(app: Any, name: str, *, route_prefix: str | None = None) -> Any:
-    """Deploy ``app`` as application ``name`` and wait until it runs; returns its handle."""
-    return serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
+_DEPLOY = threading.Lock()
+
+
+def run(app: Any, name: str, *, route_prefix: str | None = None, wait: bool = True) -> Any:
+    """Deploy ``app`` as application ``name``; returns its handle. ``wait``: until it runs. ``wait=False``
+    only submits the deployment (Serve's internal ``_run(_blocking=False)``; the public ``serve.run`` always
+    waits) so that several replicas can start together: a call through the handle then waits for it.
+    Submissions are serialised (one deploy request to the controller at a time); the waiting is not."""
+    if wait:
+        with _DEPLOY:
+            return serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
+    from ray.serve.api import _run
+
+    with _DEPLOY:
+        return _run(app, _blocking=False, name=name, route_prefix=route_prefix)
 
 
 def delete(name: str) -> None:

@@ -37,16 +37,27 @@ change is kept in :attr:`LeasedService.history` with its reason.
 
 **Time.** ``clock.monotonic()`` (an injected :class:`~orchestrator.core.clock.Clock`)
 stamps samples, so the autoscaler's delays follow the clock a scenario runs
-on. Adding a replica is synchronous: ``step`` returns once the new replicas
-serve (or their lease timed out), and :attr:`LeasedReplicaInfo.add_s` records
-how long that took.
+on. By default adding a replica is synchronous: ``step`` returns once the new
+replicas serve (or their lease timed out), and :attr:`LeasedReplicaInfo.add_s`
+records how long that took. ``asynchronous=True`` starts them on threads of
+their own (their Serve deployments submitted one at a time, their start-up
+awaited together), so the loop keeps sampling while they come up.
+
+**Warm spares.** A replica takes seconds to start (a worker process, Serve,
+torch; 7-30 s on a busy 2-core machine), minutes for a large model: a load
+spike arrives faster. ``warm_spares=N`` keeps N replicas started and leased but
+not routed: a scale-up routes one at once and starts its replacement; a
+scale-down parks the replica it takes out of routing as a spare while there
+are fewer than N (:func:`plan_replicas`, pure). A spare costs its lease (a
+1g slice is a seventh of a card) and nothing else.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from orchestrator.control.revocation import actor_workload
@@ -85,6 +96,40 @@ class LeasedReplicaInfo:
     handle: LeaseHandle | None = field(default=None, repr=False)
 
 
+@dataclass(frozen=True)
+class ReplicaMoves:
+    """What :func:`plan_replicas` asks for: spares to route, routed replicas to park as spares or retire,
+    spares to retire, replicas to start."""
+
+    route: int = 0
+    park: int = 0
+    retire_routed: int = 0
+    retire_spares: int = 0
+    start: int = 0
+
+
+def plan_replicas(routed: int, spares: int, starting: int, want: int, warm: int) -> ReplicaMoves:
+    """How to go from ``routed`` replicas taking traffic, ``spares`` ready but unrouted and ``starting`` on
+    their way, to ``want`` routed with ``warm`` spares ready behind them. Pure.
+
+    Invariants: a spare is routed before any replica is started (a scale-up takes effect at once when a
+    spare exists); a replica taken out of routing becomes a spare while there are fewer than ``warm``,
+    else it is retired (its lease released); replicas being started count toward what is missing, so
+    repeated calls while they start never start more.
+    """
+    route = min(max(0, want - routed), spares)
+    routed, spares = routed + route, spares - route
+    park = retire_routed = 0
+    if routed > want:
+        park = min(routed - want, max(0, warm - spares))
+        retire_routed = routed - want - park
+        spares += park
+    missing_routed = max(0, want - routed)
+    retire_spares = max(0, spares - warm)
+    start = max(0, missing_routed + warm - spares + retire_spares - starting)
+    return ReplicaMoves(route, park, retire_routed, retire_spares, start)
+
+
 class LeasedService:
     """An inference service whose every replica holds one lease; see the module docstring."""
 
@@ -92,7 +137,8 @@ class LeasedService:
                  address: str | None = None, clock: Clock | None = None, host: str = "127.0.0.1", port: int = 8000,
                  seed: int = 0, width: int = 256, lease_timeout_s: float = 120.0, drain_timeout_s: float = 10.0,
                  request: GpuRequest | None = None, perf: InferenceModel | None = None,
-                 say: Callable[[str], None] = lambda s: None) -> None:
+                 say: Callable[[str], None] = lambda s: None, warm_spares: int = 0,
+                 asynchronous: bool = False, max_starting: int | None = None) -> None:
         """``request`` overrides ``cfg.request`` (a ``GpuRequest`` may carry constraints the ``--gpu`` string
         cannot, such as ``node``); ``perf`` is the replicas' batch cost model on simulated GPUs."""
         self.cfg, self.head, self.namespace, self.address = cfg, head, namespace, address
@@ -102,6 +148,16 @@ class LeasedService:
         self.host, self.port, self.seed, self.width = host, port, seed, width
         self.lease_timeout_s, self.drain_timeout_s, self.say = lease_timeout_s, drain_timeout_s, say
         self.replicas: list[LeasedReplicaInfo] = []  # serving, oldest first
+        #: ready and leased but not routed: a scale-up routes one at once (see "Warm spares")
+        self.spares: list[LeasedReplicaInfo] = []
+        self.warm_spares, self.asynchronous = warm_spares, asynchronous
+        #: at most this many replicas starting at once (None: no limit): on a small machine, starting many
+        #: at once slows every replica that serves, which reads as more load
+        self.max_starting = max_starting
+        self._want = 0
+        self._starting = 0
+        self._lock = threading.RLock()
+        self._starters: list[threading.Thread] = []
         self.retired: list[LeasedReplicaInfo] = []
         self.state = ScalerState()
         #: every decision and change: {"t_s", "event" (decide/add/remove/add_failed), "replicas", "reason"...}
@@ -116,20 +172,38 @@ class LeasedService:
         return f"{self.cfg.name}-ingress"
 
     def start(self, replicas: int | None = None) -> str:
-        """Serve, the ingress at ``/``, and ``replicas`` (default ``min_replicas``) leased replicas; the URL."""
+        """Serve, the ingress at ``/``, and ``replicas`` (default ``min_replicas``) leased replicas routed (plus
+        the warm spares); the URL. Returns once they serve (asynchronous: started together, then awaited)."""
         base = serve_api.start(self.host, self.port)
         self._ingress = serve_api.run(ingress_app(), self.ingress_name, route_prefix="/")
         self.url = base + "/"
         want = self.cfg.autoscale.min_replicas if replicas is None else replicas
-        for _ in range(want):
-            self._add(None)
-        self.say(f"{self.cfg.name}: serving at {self.url} with {len(self.replicas)} leased replica(s)")
+        self._reconcile(want, None)
+        deadline = time.monotonic() + self.lease_timeout_s + 120
+        while self.asynchronous and time.monotonic() < deadline:
+            with self._lock:
+                if len(self.replicas) >= want or not self._starting:
+                    break
+            time.sleep(0.1)
+        self.say(f"{self.cfg.name}: serving at {self.url} with {len(self.replicas)} leased replica(s)"
+                 + (f" and {len(self.spares)} warm spare(s)" if self.spares else ""))
         return self.url
 
     def stop(self, *, shutdown_serve: bool = True) -> None:
-        """Remove every replica (releasing its lease), the ingress, and Serve itself unless told not to."""
-        while self.replicas:
-            self._remove(None)
+        """Remove every replica and spare (releasing its lease), the ingress, and Serve itself unless told
+        not to. Replicas still starting are awaited first."""
+        with self._lock:
+            self._want, self.warm_spares = 0, 0
+        for t in list(self._starters):
+            t.join(timeout=self.lease_timeout_s + 120)
+        while True:
+            with self._lock:
+                info = self.replicas.pop() if self.replicas else (self.spares.pop() if self.spares else None)
+            if info is None:
+                break
+            if self._ingress is not None:
+                self._route()
+            self._retire(info, None)
         if self._ingress is not None:
             serve_api.delete(self.ingress_name)
             self._ingress = None
@@ -158,20 +232,59 @@ class LeasedService:
             s = LoadSample(t_s=now_s, replicas=s.replicas, ongoing=s.ongoing, p99_ms=s.p99_ms)
         d = decide(self.cfg.autoscale, self.state, s, floor=floor, ceiling=ceiling)
         self.state = d.state
-        before = len(self.replicas)
-        if d.replicas != before:
+        before = len(self.replicas) if not self.asynchronous else self._want
+        if d.replicas != before:  # asynchronous: a change of the decision, not replicas still starting
             self._log("decide", s.t_s, replicas=d.replicas, before=before, ongoing=round(s.ongoing, 3),
                       p99_ms=s.p99_ms, reason=d.reason)
             self.say(f"{self.cfg.name}: {before} -> {d.replicas} replica(s): {d.reason.text}")
-        while len(self.replicas) < d.replicas:
-            if not self._add(d.reason):
-                break  # not granted in time: the next step samples the real count
-        while len(self.replicas) > d.replicas:
-            self._remove(d.reason)
+        self._reconcile(d.replicas, d.reason)
         return d
 
+    def _reconcile(self, want: int, reason: Reason | None) -> None:
+        """Route spares, park or retire routed replicas, retire extra spares, start what is missing
+        (:func:`plan_replicas`); starts run on their own threads when ``asynchronous``."""
+        with self._lock:
+            self._want = want
+            m = plan_replicas(len(self.replicas), len(self.spares), self._starting, want, self.warm_spares)
+            if self.max_starting is not None:
+                m = replace(m, start=max(0, min(m.start, self.max_starting - self._starting)))
+            changed = m.route + m.park + m.retire_routed > 0
+            self.replicas.extend(self.spares.pop(0) for _ in range(m.route))
+            retire: list[tuple[LeasedReplicaInfo, bool]] = []
+            for _ in range(m.park):
+                self.spares.append(self.replicas.pop())  # the newest: see "Which replica goes"
+            for _ in range(m.retire_routed):
+                retire.append((self.replicas.pop(), True))
+            for _ in range(m.retire_spares):
+                retire.append((self.spares.pop(), False))
+            self._starting += m.start
+        if changed:
+            self._route()
+        for info, routed in retire:
+            self._retire(info, reason, drain=routed)
+        for _ in range(m.start):
+            if self.asynchronous:
+                t = threading.Thread(target=self._start_one, args=(reason,), name=f"{self.cfg.name}-start",
+                                     daemon=True)
+                self._starters = [x for x in self._starters if x.is_alive()] + [t]
+                t.start()
+            else:
+                self._start_one(reason)
+
+    def _start_one(self, reason: Reason | None) -> None:
+        info = None
+        try:
+            info = self._add(reason)
+        finally:
+            with self._lock:
+                self._starting -= 1
+                if info is not None:
+                    self.spares.append(info)
+        if info is not None:
+            self._reconcile(self._want, reason)  # routes it if it is wanted, keeps it as a spare if not
+
     # ---- replicas --------------------------------------------------------------------------------
-    def _add(self, reason: Reason | None) -> bool:
+    def _add(self, reason: Reason | None) -> LeasedReplicaInfo | None:
         self._seq += 1
         name = f"{self.cfg.name}-r{self._seq}"
         t0 = time.monotonic()
@@ -186,14 +299,14 @@ class LeasedService:
             stack.close()
             self._log("add_failed", self.clock.monotonic(), replica=name, reason=reason, error=str(e))
             self.say(f"{name}: no lease within {self.lease_timeout_s:g}s: {e}")
-            return False
+            return None
         granted = time.monotonic() - t0
         try:
             opts = serve_api.replica_options(le.handout, le.node or "", num_cpus=0)
             handle = serve_api.run(replica_app(le.lease_id, opts, seed=self.seed, width=self.width,
                                                max_batch_size=self.cfg.max_batch_size,
                                                batch_wait_timeout_s=self.cfg.batch_wait_timeout_s, perf=self.perf),
-                                   name)
+                                   name, wait=not self.asynchronous)
             who = serve_api.call(handle, "whoami", timeout_s=60)
             le.head.activate(le.lease_id, le.fencing_token, None, actor_workload(who["namespace"], who["actor_name"]))
         except BaseException as e:
@@ -208,19 +321,16 @@ class LeasedService:
         info = LeasedReplicaInfo(name, le.lease_id, le.allocation.get("kind"), le.node, who["cuda_visible_devices"],
                                  round(time.monotonic() - t0, 3), round(granted, 3), self.clock.monotonic(),
                                  pid=who["pid"], _stack=stack, handle=le)
-        self.replicas.append(info)
-        self._route()
         self._log("add", info.added_at, replica=name, lease_id=le.lease_id, kind=info.kind, node=info.node,
                   add_s=info.add_s, granted_s=info.granted_s, replicas=len(self.replicas), reason=reason)
         self.say(f"{name}: lease {le.lease_id} ({info.kind} on {info.node} {info.devices}) granted in "
                  f"{granted:.2f}s, serving {info.add_s:.2f}s after it was asked")
-        return True
+        return info
 
-    def _remove(self, reason: Reason | None) -> None:
-        info = self.replicas.pop()  # the newest: see "Which replica goes"
-        self._route()
-        deadline = time.monotonic() + self.drain_timeout_s
-        while info.name in self.load(reset=False)["ongoing"] and time.monotonic() < deadline:
+    def _retire(self, info: LeasedReplicaInfo, reason: Reason | None, *, drain: bool = True) -> None:
+        """Delete one replica already taken out of routing, then release its lease (see the module docstring)."""
+        deadline = time.monotonic() + (self.drain_timeout_s if drain else 0.0)
+        while drain and info.name in self.load(reset=False)["ongoing"] and time.monotonic() < deadline:
             time.sleep(0.05)
         info.final = self._replica_stats(info)
         serve_api.delete(info.name)
@@ -255,7 +365,7 @@ class LeasedService:
         """Per replica (serving and removed): lease id, kind, node, devices, requests, batches, busy seconds
         and useful GPU-seconds (``InferenceModel.useful_gpu_s`` of its batches), add_s; and their totals."""
         rows = []
-        for info in [*self.retired, *self.replicas]:
+        for info in [*self.retired, *self.replicas, *self.spares]:
             st = info.final if info.final is not None else self._replica_stats(info)
             rows.append({"replica": info.name, "lease_id": info.lease_id, "kind": info.kind, "node": info.node,
                          "devices": info.devices, "add_s": info.add_s, "granted_s": info.granted_s,

@@ -27,15 +27,16 @@ class Sleeps:
 
 def test_a_batch_on_a_simulated_share_takes_the_modelled_time_and_counts_useful_gpu_time() -> None:
     sleeps = Sleeps()
-    core = ReplicaCore("svc-r1", environ=MIG_1G, simulated=True, sleep=sleeps)
+    model = InferenceModel(base_ms=1000, per_item_ms=10)  # long enough that a busy CPU's real compute fits inside
+    core = ReplicaCore("svc-r1", environ=MIG_1G, simulated=True, sleep=sleeps, model=model)
     out = asyncio.run(core.run_batch([ROW, ROW, ROW, ROW]))
-    want = InferenceModel().batch_s(4, ShareSpeed.mig("1g.10gb"))
-    assert want == pytest.approx(0.070 * 0.16 * 7)  # 4 items need 16 % of the SMs: stretched on a 1g slice
+    want = model.batch_s(4, ShareSpeed.mig("1g.10gb"))
+    assert want == pytest.approx(1.040 * 0.16 * 7)  # 4 items need 16 % of the SMs: stretched on a 1g slice
     assert len(out) == 4 and out[0] == out[3] and isinstance(out[0][0], float)
-    assert len(sleeps.calls) == 1 and 0 < sleeps.calls[0] <= want and sleeps.calls[0] > want - 0.02
+    assert len(sleeps.calls) == 1 and want - 0.5 < sleeps.calls[0] <= want  # the rest of the modelled time
     st = core.stats()
     assert (st["kind"], st["requests"], st["batches"]) == ("mig", 4, 1)
-    assert st["busy_s"] == pytest.approx(want) and st["useful_gpu_s"] == pytest.approx(InferenceModel().useful_gpu_s(4))
+    assert st["busy_s"] == pytest.approx(want) and st["useful_gpu_s"] == pytest.approx(model.useful_gpu_s(4))
 
 
 def test_a_1g_slice_serves_a_small_batch_as_fast_as_a_whole_card_and_a_big_one_slower() -> None:
@@ -132,3 +133,36 @@ def test_p99_covers_only_the_recent_window() -> None:
     r.end("a", 0.05)
     ld = r.load()
     assert ld["window_requests"] == 1 and ld["p99_ms"] == pytest.approx(50.0) and ld["served"] == 102
+
+
+# ---- warm spares: the pure plan of replica moves ----------------------------------------------------
+from hypothesis import given, strategies as st  # noqa: E402
+
+from orchestrator.serve.manager import ReplicaMoves, plan_replicas  # noqa: E402
+
+
+def test_a_scale_up_routes_a_warm_spare_at_once_and_starts_its_replacement() -> None:
+    assert plan_replicas(routed=2, spares=1, starting=0, want=3, warm=1) == ReplicaMoves(route=1, start=1)
+
+
+def test_a_scale_down_parks_the_replica_as_a_spare_while_spares_are_short_else_retires_it() -> None:
+    assert plan_replicas(routed=3, spares=0, starting=0, want=2, warm=1) == ReplicaMoves(park=1)
+    assert plan_replicas(routed=3, spares=1, starting=0, want=2, warm=1) == ReplicaMoves(retire_routed=1)
+
+
+def test_replicas_already_starting_are_not_started_twice() -> None:
+    assert plan_replicas(routed=1, spares=0, starting=2, want=3, warm=0) == ReplicaMoves()
+    assert plan_replicas(routed=1, spares=0, starting=1, want=3, warm=1) == ReplicaMoves(start=2)
+
+
+@given(st.integers(0, 6), st.integers(0, 4), st.integers(0, 3), st.integers(0, 8), st.integers(0, 3))
+def test_once_the_starts_complete_the_service_has_what_it_wants_and_never_more(routed, spares, starting, want, warm):
+    m = plan_replicas(routed, spares, starting, want, warm)
+    assert min(m.route, m.park, m.retire_routed, m.retire_spares, m.start) >= 0
+    assert not (m.start and (m.retire_routed or m.park))  # never start while taking replicas away
+    r = routed + m.route - m.park - m.retire_routed
+    s = spares - m.route + m.park - m.retire_spares
+    assert r <= want and s <= max(warm, spares - m.route)
+    # every replica started (or already starting) lands as a spare; routing them completes the plan
+    total = r + s + starting + m.start
+    assert total >= want + warm and r + min(s + starting + m.start, max(0, want - r)) == want
