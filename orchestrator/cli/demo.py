@@ -149,6 +149,26 @@ class _Page:
             self.server.stop()
 
 
+def _colocation(load_curve: Optional[Path], day_seconds: float, schemes: str, config: Optional[Path], as_json: bool,
+                headless: bool, out: Path, state_dir: Optional[Path]) -> None:
+    from orchestrator.cli.colocation import run_command
+
+    console = Console(stderr=True)
+    t0 = time.monotonic()
+
+    def say(line: str) -> None:
+        console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {line}", highlight=False)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+    try:
+        run_command(load_curve=load_curve, day_seconds=day_seconds, schemes=schemes, config=config, as_json=as_json,
+                    headless=headless, out=out, state_dir=state_dir, say=say, console=Console())
+    except KeyboardInterrupt:
+        console.print("interrupted: everything the scenario started has been stopped")
+        raise typer.Exit(130) from None
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -167,8 +187,25 @@ def demo(
     holder: str = typer.Option("job", "--holder", help="job (training as Ray jobs) or actor (as lease-holding Ray actors)"),
     victim: str = typer.Option("cooperative", "--victim", help="cooperative (checkpoints when asked) or rogue (ignores it; actor only)"),
     grace: Optional[float] = typer.Option(None, "--grace", min=0.0, help="Training's grace period in seconds (default: the config's)"),
+    scenario: str = typer.Option("preemption", "--scenario", help="preemption (training yields to an inference "
+                                 "arrival) or colocation (a compressed day of load-driven inference and training, "
+                                 "against the usual sharing schemes)"),
+    load_curve: Optional[Path] = typer.Option(None, "--load-curve", help="colocation: a CSV of "
+                                              "seconds,requests_per_s over the day (default: the built-in day)"),
+    day_seconds: float = typer.Option(90.0, "--day-seconds", min=20.0, help="colocation: real seconds per day"),
+    schemes: str = typer.Option("ours,whole_card,static_mig,timeslice", "--schemes",
+                                help="colocation: the schemes to replay, comma-separated (ours first)"),
+    colocation_config: Optional[Path] = typer.Option(None, "--colocation-config",
+                                                     help="colocation: the service and autoscaler file "
+                                                          "(default configs/colocation.yaml)"),
 ) -> None:
-    """Run the preemption scenario on a local cluster with simulated GPUs, then stop it."""
+    """Run a scenario (preemption by default) on a local cluster with simulated GPUs, then stop it."""
+    if scenario not in ("preemption", "colocation"):
+        typer.echo(f"error: invalid scenario={scenario!r} (allowed: preemption, colocation)", err=True)
+        raise typer.Exit(2)
+    if scenario == "colocation":
+        _colocation(load_curve, day_seconds, schemes, colocation_config, as_json, headless, out, state_dir)
+        return
     for name, value, allowed in (("mode", mode, ("orchestrator", "kubernetes")), ("holder", holder, ("job", "actor")),
                                  ("victim", victim, ("cooperative", "rogue"))):
         if value not in allowed:
