@@ -33,8 +33,10 @@ It also **holds** the node's leases (:mod:`orchestrator.control.revocation`):
 
 And it **repartitions** MIG cards (:mod:`orchestrator.control.repartition`): a
 heartbeat reply's ``reconfigure`` names a GPU and its new layout once the head
-has drained it; the agent refuses if it still holds a lease there, else has
-its backend destroy and create the instances (``reconfigure_mig``), and pushes
+has drained the instances that go; the agent refuses if it still holds a lease
+on one of those (a lease on an instance the new layout keeps does not block it),
+else has its backend destroy the removed instances and create the added ones,
+leaving kept ones and their holders running (``reconfigure_mig``), and pushes
 the new inventory (its next :meth:`AgentCore.poll_health` returns it); a
 failure is reported once per request (``reconfigure_failed``).
 """
@@ -216,14 +218,16 @@ class AgentCore:
                 continue  # applied already (the head has yet to see the pushed inventory)
             if idx_text in self.reconfigure_failed:
                 continue  # reported once; the head ends the request
-            held = sorted(k for k, v in assignments.items() if idx in Allocation.from_json(v["allocation"]).gpu_indices)
+            keep = {(d.profile, d.start) for d in (gpu.mig_devices if gpu is not None else ())} & set(want)
+            held = sorted(k for k, v in assignments.items() if _blocks_relayout(Allocation.from_json(v["allocation"]),
+                                                                                idx, keep))
             try:
                 if gpu is None:
                     raise InvalidRequestError("gpu_index", idx, [g.index for g in self.inventory.gpus],
                                               detail=f"no such GPU on node {self.node_name}")
                 if held:
-                    raise InvalidRequestError("gpu_index", idx, "a GPU no lease holds",
-                                              detail=f"it still holds {', '.join(held)}")
+                    raise InvalidRequestError("gpu_index", idx, "a GPU whose leases hold only kept instances",
+                                              detail=f"it still holds {', '.join(held)} on instances the layout removes")
                 devices = self.backend.reconfigure_mig(idx, want)
             except Exception as e:  # typed errors and NVML's: the head fails the repartition and uncordons
                 log.warning("agent %s: MIG layout of GPU %s not applied: %s", self.node_name, idx, e)
@@ -336,3 +340,11 @@ class AgentCore:
             return None
         self.inventory, self._unpushed = new, False
         return new
+
+
+def _blocks_relayout(a: Allocation, gpu_index: int, keep: set[tuple[str, int]]) -> bool:
+    """Whether a lease held here stops GPU ``gpu_index`` being relaid: it is on that GPU and holds anything but
+    one of the ``keep`` instances (profile, start) the new layout keeps."""
+    if gpu_index not in a.gpu_indices:
+        return False
+    return not (a.mig_profile and a.mig_start is not None and (a.mig_profile, int(a.mig_start)) in keep)

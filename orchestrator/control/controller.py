@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from orchestrator.control import preempting, revocation, views
 from orchestrator.control.handout import lease_handout
@@ -61,7 +61,7 @@ from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
 from orchestrator.scheduling.policies import get_policy
-from orchestrator.scheduling.repartition import MigTarget, RepartitionPlan, plan_repartition
+from orchestrator.scheduling.repartition import MigSlot, MigTarget, RepartitionPlan, must_move, plan_repartition
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.scheduling.windows import WindowStatus, effective_config, window_status
 
@@ -527,15 +527,18 @@ class HeadController:
             self._dirty = True
         return {"plan": plan.to_json(), "started": [r.repartition_id for r in started], "dry_run": dry_run}
 
-    def occupying_gpu(self, node: str, gpu_index: int) -> list[LedgerEntry]:
-        """The entries whose devices on ``node`` include GPU ``gpu_index`` (revoking ones included)."""
+    def occupying_gpu(self, node: str, gpu_index: int, keep: Collection[MigSlot] = ()) -> list[LedgerEntry]:
+        """The entries whose devices on ``node`` include GPU ``gpu_index`` (revoking ones included), but for
+        those on an instance of ``keep`` (:func:`~orchestrator.scheduling.repartition.must_move`)."""
         return [e for e in self.ledger.occupying_on(node)
-                if e.lease.allocation is not None and gpu_index in e.lease.allocation.gpu_indices]
+                if e.lease.allocation is not None and gpu_index in e.lease.allocation.gpu_indices
+                and (not keep or must_move(e.lease, keep))]
 
-    def drain(self, node: str, gpu_index: int, *, for_item: str, why: str, report: ReconcileReport) -> list[str]:
-        """Preempt every holding lease on one GPU through the checkpoint path (requeued if it asked); leases on
-        other GPUs are not touched. Returns the ids asked or stopped."""
-        victims = [(e, for_item, Cause.LEASE_DRAINED.value, why) for e in self.occupying_gpu(node, gpu_index)
+    def drain(self, node: str, gpu_index: int, *, for_item: str, why: str, report: ReconcileReport,
+              keep: Collection[MigSlot] = ()) -> list[str]:
+        """Preempt every holding lease on one GPU through the checkpoint path (requeued if it asked), but for
+        those on an instance of ``keep``; leases on other GPUs are not touched. Returns the ids asked or stopped."""
+        victims = [(e, for_item, Cause.LEASE_DRAINED.value, why) for e in self.occupying_gpu(node, gpu_index, keep)
                    if e.lease.holding and e.lease.state is not LeaseState.CHECKPOINTING]
         self._preempt(victims, self.clock(), report)
         return [e.lease_id for e, *_ in victims]

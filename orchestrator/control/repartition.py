@@ -14,15 +14,17 @@ planned → cordoned → draining → applying → done
 * **cordoned** -- no new grant lands on the GPU: the controller marks it
   unavailable in its snapshot (:meth:`Repartitions.cordoned`; the snapshot's
   health row, so placement and preemption planning both skip it);
-* **draining** -- the leases on it are preempted through the ordinary
-  checkpoint path (``HeadController.drain``: asked to checkpoint within their
-  class's grace, requeued to resume when they asked to be, fenced until the
-  agent confirms their holder stopped). Leases on other GPUs are never touched;
-* **applying** -- nothing occupies the GPU any more (revoking leases
-  included): the node's heartbeat reply carries the layout
-  (:meth:`Repartitions.node_work`), the agent destroys every instance on the card
-  and creates the new ones (``DiscoveryBackend.reconfigure_mig``), then pushes
-  its new inventory;
+* **draining** -- the leases on instances the new layout removes are
+  preempted through the ordinary checkpoint path (``HeadController.drain``:
+  asked to checkpoint within their class's grace, requeued to resume when they
+  asked to be, fenced until the agent confirms their holder stopped). Leases
+  on kept instances (same profile and start in both layouts) go on running,
+  and leases on other GPUs are never touched;
+* **applying** -- nothing occupies a removed instance any more (revoking
+  leases included): the node's heartbeat reply carries the layout
+  (:meth:`Repartitions.node_work`), the agent destroys the removed instances
+  and creates the added ones, leaving kept ones as they are
+  (``DiscoveryBackend.reconfigure_mig``), then pushes its new inventory;
 * **done** -- the node's inventory shows exactly the new layout: the GPU is
   uncordoned and its new slices are advertised (the snapshot is rebuilt from it);
 * **failed** -- the agent reported an error, the node was lost, or draining or
@@ -32,7 +34,8 @@ planned → cordoned → draining → applying → done
 Invariants: at most one live repartition per GPU; a record is written to the
 store before it is acted on (hard state first), so a restarted head resumes
 it; the layout is sent to an agent only once the ledger has nothing occupying
-that GPU; every edge carries its reason in the record's history.
+an instance it removes; a kept instance keeps its UUID and its lease; every
+edge carries its reason in the record's history.
 """
 
 from __future__ import annotations
@@ -248,15 +251,17 @@ class Repartitions:
         if rec.state is R.CORDONED:
             drained = ctl.drain(node, idx, for_item=f"repartition:{rec.repartition_id}",
                                 why=f"drained for the MIG repartition of {node} GPU {idx} ({rec.target}: "
-                                    f"{layout_text(rec.change.new_layout)})", report=report)
+                                    f"{layout_text(rec.change.new_layout)})", report=report,
+                                keep=rec.change.kept)
             return rec.moved(R.DRAINING, now, f"draining {len(drained)} lease(s): {', '.join(drained) or 'none'}",
                              deadline=now + self.drain_timeout_s)
         if rec.state is R.DRAINING:
-            left = [e.lease_id for e in ctl.occupying_gpu(node, idx)]
+            left = [e.lease_id for e in ctl.occupying_gpu(node, idx, rec.change.kept)]
             if not left:
                 self.failed_by_agent.pop(rec.key, None)
-                return rec.moved(R.APPLYING, now, f"GPU free: agent of {node} told to apply "
-                                 f"{layout_text(rec.change.new_layout)}", deadline=now + self.apply_timeout_s)
+                kept = f" ({layout_text(rec.change.kept)} kept)" if rec.change.kept else ""
+                return rec.moved(R.APPLYING, now, f"removed instances free: agent of {node} told to apply "
+                                 f"{layout_text(rec.change.new_layout)}{kept}", deadline=now + self.apply_timeout_s)
             if rec.deadline is not None and now > rec.deadline:
                 return rec.moved(R.FAILED, now, f"drain timed out; still occupied by {', '.join(left)}",
                                  failure="drain timeout")

@@ -11,7 +11,12 @@ that hold devices, and does nothing else: the controller
 
 Nomenclature: a *layout* is a card's set of MIG instances, each a
 :class:`MigSlot` (profile and first memory slice, NVML's placement start);
-*draining* a GPU preempts the leases on it through the checkpoint path.
+an instance the old and the new layout share (same profile, same start) is
+*kept*; the others are *removed* or *added*; *draining* preempts, through the
+checkpoint path, the leases that hold a removed instance
+(:func:`must_move`). A lease on a kept instance goes on running while its
+card is relaid around it: MIG creates and destroys one GPU instance at a time
+without touching the others, so only the work on slices that change moves.
 
 Rules, in the order they are applied to each MIG-enabled GPU the target covers:
 
@@ -19,10 +24,12 @@ Rules, in the order they are applied to each MIG-enabled GPU the target covers:
    (``repartition.has_layout``) and counts towards the target;
 2. a GPU already being repartitioned (``busy``) is left alone (``repartition.busy``);
 3. an unhealthy GPU is left alone (``repartition.unhealthy``);
-4. a GPU holding a lease of a non-preemptible class (inference) is never chosen
-   (``repartition.protected``) unless the target says ``allow_non_preemptible``;
+4. a GPU where a lease of a non-preemptible class (inference) holds an instance
+   the new layout removes is never chosen (``repartition.protected``) unless the
+   target says ``allow_non_preemptible``; inference on a kept instance does not
+   protect its card;
 5. the others are *eligible*; the plan takes the fewest of them that meet the
-   target, cheapest to drain first: the order is (leases held, highest
+   target, cheapest to drain first: the order is (leases to drain, highest
    priority among them, MIG compute slices they hold, node, GPU index) -- no
    lease is best, and the last two make it deterministic. For a free-slice
    target each step takes the cheapest GPU whose gain alone covers what is
@@ -30,8 +37,8 @@ Rules, in the order they are applied to each MIG-enabled GPU the target covers:
    practice: one step per GPU);
 6. eligible GPUs the target does not need are left alone (``repartition.not_needed``).
 
-Invariants: only the leases on a chosen GPU are listed to drain (a lease on
-another GPU never is); every new layout is a valid placement set of the card
+Invariants: only leases on a chosen GPU that hold a removed instance are
+listed to drain (a lease on another GPU, or on a kept instance, never is); every new layout is a valid placement set of the card
 (:func:`validate_layout`); every chosen and every skipped GPU carries a
 :class:`~orchestrator.core.reasons.Reason`; the planner never changes its
 inputs.
@@ -58,7 +65,7 @@ from orchestrator.core.validation import typed_error
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 __all__ = ["GpuChange", "GpuSkipped", "MigSlot", "MigTarget", "PRESETS", "RepartitionPlan", "fill_layout",
-           "layout_text", "plan_repartition", "target_from", "validate_layout"]
+           "held_slot", "layout_text", "must_move", "plan_repartition", "target_from", "validate_layout"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -244,9 +251,25 @@ def target_from(spec: str | Mapping[str, Any] | MigTarget) -> MigTarget:
         raise typed_error(e, "target", MigTarget) from None
 
 
+def held_slot(lease: Lease) -> MigSlot | None:
+    """The MIG instance a lease holds (None: it holds no MIG instance, or one whose start is unknown)."""
+    a = lease.allocation
+    if a is None or a.kind is not ShareKind.MIG or not a.mig_profile or a.mig_start is None:
+        return None
+    return MigSlot(int(a.mig_start), a.mig_profile)
+
+
+def must_move(lease: Lease, new_layout: Collection[MigSlot]) -> bool:
+    """Whether a lease on a GPU being relaid must drain first: it holds anything but an instance the new
+    layout keeps (a whole card, a share, or a MIG instance that goes)."""
+    slot = held_slot(lease)
+    return slot is None or slot not in new_layout
+
+
 @dataclass(frozen=True, slots=True)
 class GpuChange:
-    """One GPU to reconfigure: its old and new layout, the leases to drain first, and why it was chosen."""
+    """One GPU to reconfigure: its old and new layout, the leases to drain first (those on instances that
+    go, :func:`must_move`), and why it was chosen. Instances in both layouts are kept, with their leases."""
 
     node: str
     gpu_index: int
@@ -255,6 +278,22 @@ class GpuChange:
     new_layout: tuple[MigSlot, ...]
     drain: tuple[str, ...]
     reason: Reason
+
+    @property
+    def kept(self) -> tuple[MigSlot, ...]:
+        """Instances the old and the new layout share: left in place, their leases undisturbed."""
+        new = set(self.new_layout)
+        return tuple(x for x in self.old_layout if x in new)
+
+    @property
+    def removed(self) -> tuple[MigSlot, ...]:
+        new = set(self.new_layout)
+        return tuple(x for x in self.old_layout if x not in new)
+
+    @property
+    def added(self) -> tuple[MigSlot, ...]:
+        old = set(self.old_layout)
+        return tuple(x for x in self.new_layout if x not in old)
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "gpu_index": self.gpu_index, "model": self.model,
@@ -361,7 +400,7 @@ def plan_repartition(snap: ClusterSnapshot, holding: Sequence[Lease], target: Mi
                 on_gpu.setdefault((a.node_name, idx), []).append(lease)
     nodes = set(target.nodes)
     wants: dict[str, tuple[MigSlot, ...] | None] = {}  # per model: one layout for all its cards
-    eligible: list[tuple[tuple[Any, ...], _Gpu, tuple[MigSlot, ...], list[Lease]]] = []
+    eligible: list[tuple[tuple[Any, ...], _Gpu, tuple[MigSlot, ...], list[Lease], int]] = []  # ..., leases that stay
     skipped: list[GpuSkipped] = []
     have = 0  # GPUs at the target layout, or free instances of the target's profile
     need_all = 0
@@ -371,7 +410,9 @@ def plan_repartition(snap: ClusterSnapshot, holding: Sequence[Lease], target: Mi
         want = wants[g.model.name]
         if want is None or (nodes and g.node not in nodes):
             continue
-        leases = sorted(on_gpu.get((g.node, g.index), []), key=lambda x: x.lease_id)
+        on = sorted(on_gpu.get((g.node, g.index), []), key=lambda x: x.lease_id)
+        keep = set(want) if g.fixed else set()  # an on-demand card's instances are not a layout to keep
+        leases = [x for x in on if not keep or must_move(x, keep)]  # what must drain; the rest stays
         if target.free_profile is not None:
             have += _free_count(g, target.free_profile) if g.healthy and (g.node, g.index) not in busy else 0
         if g.fixed and g.layout == want:
@@ -394,7 +435,7 @@ def plan_repartition(snap: ClusterSnapshot, holding: Sequence[Lease], target: Mi
             continue
         cost = (len(leases), max((x.priority for x in leases), default=-1),
                 sum(_slices(x) for x in leases), g.node, g.index)
-        eligible.append((cost, g, want, leases))
+        eligible.append((cost, g, want, leases, len(on) - len(leases)))
     eligible.sort(key=lambda e: e[0])
     if target.free_profile is not None:
         gains = {id(e): _gain(e, target.free_profile) for e in eligible}
@@ -409,11 +450,12 @@ def plan_repartition(snap: ClusterSnapshot, holding: Sequence[Lease], target: Mi
     picked = {id(e) for e in chosen}
     changes = []
     for rank, e in enumerate(chosen, 1):
-        cost, g, want, leases = e
+        cost, g, want, leases, stays = e
         drain = ", ".join(_who(x) for x in leases) or "no lease"
+        kept = f", keeps {stays} lease(s) on unchanged slices" if stays else ""
         changes.append(GpuChange(g.node, g.index, g.model.name, g.layout, want, tuple(x.lease_id for x in leases),
                                  Reason(Cause.REPARTITION_CHOSEN, f"{target.name}: {layout_text(g.layout)} -> "
-                                        f"{layout_text(want)}; drains {drain} (cheapest to drain: #{rank} of "
+                                        f"{layout_text(want)}; drains {drain}{kept} (cheapest to drain: #{rank} of "
                                         f"{len(eligible)} eligible)")))
     for e in eligible:
         if id(e) not in picked:
@@ -430,8 +472,8 @@ def plan_repartition(snap: ClusterSnapshot, holding: Sequence[Lease], target: Mi
                            reason)
 
 
-def _gain(e: tuple[Any, _Gpu, tuple[MigSlot, ...], list[Lease]], profile: str) -> int:
-    _, g, want, _ = e
+def _gain(e: tuple[Any, _Gpu, tuple[MigSlot, ...], list[Lease], int], profile: str) -> int:
+    _, g, want, _, _ = e
     return sum(1 for s in want if s.profile == profile) - _free_count(g, profile)
 
 

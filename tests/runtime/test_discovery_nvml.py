@@ -142,21 +142,23 @@ def test_reconfigure_is_refused_without_the_opt_in_and_on_a_card_without_mig_mod
 
 
 @pytest.mark.parametrize("names", [True, False], ids=["profile-names", "old-driver-without-names"])
-def test_reconfigure_destroys_every_instance_then_creates_the_layout(names: bool) -> None:
-    fake = two_a100s_one_mig()
+def test_reconfigure_destroys_only_the_instances_that_go_and_creates_only_the_new_ones(names: bool) -> None:
+    fake = two_a100s_one_mig()  # GPU 1: 3g.40gb@0 + 1g.10gb@6
     fake.names = names
+    kept_uuid = next(d.uuid for d in NvmlBackend("n", nvml=fake).inventory().gpus[1].mig_devices if d.start == 6)
     backend = NvmlBackend("n", nvml=fake, allow_reconfigure=True)
     devices = backend.reconfigure_mig(1, [("1g.10gb", s) for s in range(7)])
     assert [(d.profile, d.start) for d in devices] == [("1g.10gb", s) for s in range(7)]
-    destroys, creates = fake.calls[:4], fake.calls[4:]
-    assert sorted(destroys) == ["destroy-ci 1g.10gb@6", "destroy-ci 3g.40gb@0", "destroy-gi 1g.10gb@6",
-                                "destroy-gi 3g.40gb@0"]
-    assert all(destroys.index(f"destroy-ci {x}") < destroys.index(f"destroy-gi {x}") for x in ("1g.10gb@6", "3g.40gb@0"))
-    assert creates == [c for s in range(7) for c in (f"create-gi 1g.10gb@{s}", f"create-ci 1g.10gb@{s}")]  # never +me
-    assert {d.uuid for d in devices}.isdisjoint({"MIG-1111", "MIG-2222"})
+    destroys, creates = fake.calls[:2], fake.calls[2:]
+    assert destroys == ["destroy-ci 3g.40gb@0", "destroy-gi 3g.40gb@0"]  # 1g.10gb@6 is in both layouts: kept
+    assert creates == [c for s in range(6) for c in (f"create-gi 1g.10gb@{s}", f"create-ci 1g.10gb@{s}")]  # never +me
+    assert next(d.uuid for d in devices if d.start == 6) == kept_uuid  # its holder's CUDA_VISIBLE_DEVICES holds
+    assert len({d.uuid for d in devices}) == 7
     inv = backend.inventory()
     assert inv.gpus[1].mig_devices == devices and inv.gpus[0].mig_devices == ()
+    fake.calls.clear()
     assert [(d.profile, d.start) for d in backend.reconfigure_mig(1, [("7g.80gb", 0)])] == [("7g.80gb", 0)]
+    assert sorted(c for c in fake.calls if c.startswith("destroy-gi")) == [f"destroy-gi 1g.10gb@{s}" for s in range(7)]
 
 
 def test_a_layout_the_driver_refuses_puts_the_old_one_back_and_says_so() -> None:
@@ -171,8 +173,8 @@ def test_a_layout_the_driver_refuses_puts_the_old_one_back_and_says_so() -> None
 
 @pytest.mark.gpu
 def test_real_mig_reconfigure_to_the_same_layout() -> None:
-    """Destroys and recreates the instances of one MIG-enabled card, keeping its layout. Needs the opt-in
-    and root; never turns MIG mode on or resets a GPU."""
+    """Asks one MIG-enabled card for the layout it has: every instance is kept (same UUIDs), nothing destroyed.
+    Needs the opt-in and root; never turns MIG mode on or resets a GPU."""
     import os
 
     if not nvml_available():
@@ -189,5 +191,6 @@ def test_real_mig_reconfigure_to_the_same_layout() -> None:
         devices = backend.reconfigure_mig(gpu.index, layout)
         assert sorted((d.profile, d.start) for d in devices) == sorted(layout)
         assert all(d.uuid.startswith("MIG-") for d in devices)
+        assert {d.uuid for d in devices} == {d.uuid for d in gpu.mig_devices} or not gpu.mig_devices
     finally:
         backend.close()

@@ -230,3 +230,38 @@ def test_the_head_api_takes_a_preset_or_a_target_and_reports_it_in_status(tmp_pa
         assert [[m["profile"] for m in g["mig_devices"]] for g in inv["gpus"][2:]] == [["1g.10gb"] * 7] * 2
     finally:
         head.close()
+
+
+def test_a_relayout_drains_only_the_instances_that_go_and_a_lease_on_a_kept_instance_runs_on(
+        head: HeadController, cluster: dict[str, RepartitionAgent]) -> None:
+    """GPU 3 (4g.40gb@0 + 1g.10gb@4 + 1g.10gb@5 + 1g.20gb@6) to 4g.40gb@0 + three 1g.10gb: the 4g run and the
+    inference replica on 1g.10gb@4 keep their instance, its UUID and their token; only the 1g.20gb run drains."""
+    big = _train(head, cluster, "big", "mig:4g.40gb")
+    head.request_lease({"lease_id": "svc", "request": {"kind": "mig", "profile": "1g.10gb", "node": "a100-1"},
+                        "priority_class": "inference", "requester_digest": key_digest(KEY)})
+    _cycle(head, cluster)
+    svc = head.get_lease("svc", KEY)
+    svc = head.activate("svc", svc["fencing_token"], None, "actor:rgo/svc")
+    odd = _train(head, cluster, "odd", "mig:1g.20gb")
+    assert [_on(d) for d in (big, odd)] == [("a100-1", [3]), ("a100-1", [3])]
+    a100_1 = cluster["a100-1"]
+    fake: FakeWorkloads = a100_1.core.workloads  # type: ignore[assignment]
+    day = {"name": "day", "model": "A100-80GB", "layout": ["4g.40gb", "1g.10gb", "1g.10gb", "1g.10gb"],
+           "nodes": ["a100-1"], "gpus": 2}
+    answer = head.request_repartition(target_from(day))
+    changes = {c["gpu_index"]: c["drain"] for c in answer["plan"]["changes"]}
+    assert changes[3] == ["odd"], answer["plan"]
+    _cycle(head, cluster, n=8)
+    assert [r.state for r in head.repartitions.records.values()] == [RepartitionState.DONE] * len(changes)
+    assert ("actor:rgo/odd", "/ck/odd") in fake.asked and "actor:rgo/big" not in fake.stopped
+    assert "actor:rgo/svc" not in fake.stopped
+    for before in (big, svc):  # on kept instances: still active, same token, same instance
+        now = head.get_lease(before["lease_id"], KEY)
+        assert (now["state"], now["fencing_token"], now["allocation"]) == ("active", before["fencing_token"],
+                                                                          before["allocation"])
+    inv = head.nodes.get("a100-1").inventory  # type: ignore[union-attr]
+    assert gpu_layout(inv, 3) == (MigSlot(0, "4g.40gb"), MigSlot(4, "1g.10gb"), MigSlot(5, "1g.10gb"),
+                                  MigSlot(6, "1g.10gb"))
+    uuids = {d.start: d.uuid for d in inv.gpus[3].mig_devices}
+    assert uuids[0] == big["allocation"]["mig_uuid"] and svc["allocation"]["mig_uuid"] in uuids.values()
+    assert head.get_lease("odd")["state"] == "preempted"

@@ -189,3 +189,29 @@ def test_invalid_layouts_and_targets_are_typed_errors_naming_the_profile_and_its
     with pytest.raises(InvalidRequestError) as e:
         target_from("dusk")
     assert e.value.field == "target" and "inference" in e.value.allowed
+
+
+def test_a_lease_on_an_instance_the_new_layout_keeps_is_not_drained_and_inference_there_protects_nothing() -> None:
+    c = Cluster()
+    # GPU 3 is 4g.40gb@0 + 1g.10gb@4 + 1g.10gb@5 + 1g.20gb@6; the day layout keeps 4g@0 and 1g@4..5.
+    day = MigTarget(name="day", model="A100-80GB", layout=("4g.40gb", "1g.10gb", "1g.10gb", "1g.10gb"),
+                    nodes=("a100-1",), gpus=2)
+    c.hold("big", "mig:4g.40gb", "training")  # GPU 3's 4g@0: kept
+    c.hold("svc", "mig:1g.10gb", "inference")  # a 1g.10gb: GPU 2's @6 (kept there too) or GPU 3's @4 (kept)
+    c.hold("odd", "mig:1g.20gb", "training")  # GPU 3's 1g.20gb@6: removed (1g.10gb@6 replaces it)
+    plan = c.plan(day)
+    drains = {(ch.node, ch.gpu_index): ch.drain for ch in plan.changes}
+    assert drains[("a100-1", 3)] == ("odd",), drains  # neither the 4g run nor the inference replica moves
+    assert plan.meets_target and "keeps" in next(ch.reason.text for ch in plan.changes if ch.gpu_index == 3)
+    ch3 = next(ch for ch in plan.changes if ch.gpu_index == 3)
+    assert ch3.kept == (MigSlot(0, "4g.40gb"), MigSlot(4, "1g.10gb"), MigSlot(5, "1g.10gb"))
+    assert ch3.removed == (MigSlot(6, "1g.20gb"),) and ch3.added == (MigSlot(6, "1g.10gb"),)
+
+
+def test_inference_on_an_instance_the_new_layout_removes_still_protects_its_gpu() -> None:
+    c = Cluster()
+    c.hold("svc", "mig:1g.20gb", "inference")  # GPU 3's 1g.20gb@6, which the day layout removes
+    day = MigTarget(name="day", model="A100-80GB", layout=("4g.40gb", "1g.10gb", "1g.10gb", "1g.10gb"),
+                    nodes=("a100-1",), gpus=2)
+    plan = c.plan(day)
+    assert _skipped(plan)[("a100-1", 3)] is Cause.REPARTITION_PROTECTED and not plan.meets_target

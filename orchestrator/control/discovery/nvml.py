@@ -25,8 +25,8 @@ the pynvml boundary; ``tests/runtime/fake_nvml.py`` is that fake. Making one
 MIG instance on demand is not done here: a MIG-enabled card carries a fixed
 layout, made by the administrator or by a live repartition.
 
-**Live repartitioning** (:meth:`NvmlBackend.reconfigure_mig`) replaces a card's
-whole layout, and only with an explicit opt-in: ``ORCHESTRATOR_ALLOW_MIG_RECONFIGURE=1``
+**Live repartitioning** (:meth:`NvmlBackend.reconfigure_mig`) changes a card's
+layout instance by instance, and only with an explicit opt-in: ``ORCHESTRATOR_ALLOW_MIG_RECONFIGURE=1``
 in the agent's environment (or ``allow_reconfigure=True``), refused with a
 typed error otherwise; it needs the rights ``nvidia-smi mig`` needs (root).
 It never changes MIG mode and never resets a GPU. The calls, in order:
@@ -36,15 +36,19 @@ It never changes MIG mode and never resets a GPU. The calls, in order:
    by the name NVML gives, ``MIG 1g.10gb``, else by compute slices and the
    nearest memory size, the first such id winning, so a ``+me`` variant never
    stands in for the plain profile);
-2. destroy every compute instance, then every GPU instance, of every profile
-   (``nvmlDeviceGetGpuInstances``, ``nvmlGpuInstanceGetComputeInstances``,
-   ``nvmlComputeInstanceDestroy``, ``nvmlGpuInstanceDestroy``);
-3. create each instance at its placement and one compute instance spanning it
-   (``nvmlDeviceCreateGpuInstanceWithPlacement``,
+2. destroy the compute instances, then the GPU instance, of each instance the
+   new layout does not keep (same profile at the same placement start): found
+   by ``nvmlDeviceGetGpuInstances`` and ``nvmlGpuInstanceGetInfo().placement``,
+   destroyed with ``nvmlGpuInstanceGetComputeInstances``,
+   ``nvmlComputeInstanceDestroy``, ``nvmlGpuInstanceDestroy``. Kept instances,
+   and the processes on them, are not touched: MIG makes and destroys GPU
+   instances one at a time while the others run;
+3. create each added instance at its placement and one compute instance
+   spanning it (``nvmlDeviceCreateGpuInstanceWithPlacement``,
    ``nvmlGpuInstanceGetComputeInstanceProfileInfo``,
    ``nvmlGpuInstanceCreateComputeInstance``);
 4. read the card's MIG devices back; if creating failed or they differ, try to
-   put the old layout back (new UUIDs) and raise.
+   put the removed instances back (new UUIDs; kept ones never moved) and raise.
 """
 
 from __future__ import annotations
@@ -257,10 +261,12 @@ class NvmlBackend:
         if missing:
             raise InvalidRequestError("layout", missing, sorted(ids), detail=f"NVML on GPU {gpu_index} offers no such "
                                       "GPU-instance profile")
-        old = tuple(MigSlot(d.start, d.profile) for d in self._mig_devices(h))
-        self._destroy_all(h)
+        old = tuple(sorted(MigSlot(d.start, d.profile) for d in self._mig_devices(h)))
+        removed = tuple(x for x in old if x not in slots)
+        added = tuple(x for x in slots if x not in old)
+        self._destroy(h, removed)
         try:
-            self._create(h, model, ids, slots)
+            self._create(h, model, ids, added)
             made = self._mig_devices(h)
             got = tuple(sorted(MigSlot(d.start, d.profile) for d in made))
             if got != slots:
@@ -270,8 +276,9 @@ class NvmlBackend:
         except Exception as e:
             restored = "not restored"
             try:
-                self._destroy_all(h)
-                self._create(h, model, ids, old)
+                now = tuple(sorted(MigSlot(d.start, d.profile) for d in self._mig_devices(h)))
+                self._destroy(h, tuple(x for x in now if x not in old))
+                self._create(h, model, ids, tuple(x for x in old if x not in now))
                 restored = f"old layout {layout_text(old)} restored"
             except Exception as again:  # the card keeps what could be made; the inventory will say what
                 log.error("GPU %s: could not restore MIG layout %s: %s", gpu_index, layout_text(old), again)
@@ -309,15 +316,21 @@ class NvmlBackend:
         get(parent, profile_id, handles, ctypes.byref(count))
         return [handles[i] for i in range(count.value)]
 
-    def _destroy_all(self, h: Any) -> None:
-        """Destroy every compute instance, then every GPU instance, on the card."""
+    def _destroy(self, h: Any, slots: Sequence[MigSlot]) -> None:
+        """Destroy the compute instances, then the GPU instance, of each of ``slots``; every other instance on
+        the card is left as it is. A card's GPU instances never overlap, so the placement start names one."""
         n = self.nvml
+        starts = {s.start for s in slots}
+        if not starts:
+            return
         for const in range(int(n.NVML_GPU_INSTANCE_PROFILE_COUNT)):
             try:
                 info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, const)
             except n.NVMLError:
                 continue
             for gi in self._instances(n.nvmlDeviceGetGpuInstances, h, int(info.id), n.c_nvmlGpuInstance_t):
+                if int(n.nvmlGpuInstanceGetInfo(gi).placement.start) not in starts:
+                    continue
                 for ci_const in range(int(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
                     try:
                         ci_info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(

@@ -4,8 +4,9 @@ Health events are injected with :meth:`SimulatedBackend.inject` (tests, demos);
 MIG instances made on demand get deterministic UUIDs; they are not added to the
 reported inventory, whose ``mig_devices`` mean a *fixed* layout.
 :meth:`SimulatedBackend.reconfigure_mig` replaces a card's layout in the
-in-memory inventory: new UUIDs (they name the inventory generation), a higher
-generation, the on-demand instances of that card forgotten.
+in-memory inventory: an instance in both layouts keeps its UUID, new ones get
+new UUIDs (they name the inventory generation), a higher generation, the
+on-demand instances of that card forgotten.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ class SimulatedBackend:
             g = self._mig_gpu(gpu_index)
             slots = validate_layout(g.model, [f"{p}@{s}" for p, s in layout])
             gen = self._inv.generation + 1
-            devices = tuple(MigDevice(uuid=f"MIG-{uuid.uuid5(_MIG_NS, f'{self._inv.name}/{gpu_index}/{s}/gen{gen}')}",
-                                      profile=s.profile, start=s.start) for s in slots)
+            kept = {(d.profile, d.start): d for d in g.mig_devices}  # an instance in both layouts stays as it is
+            devices = tuple(kept.get((s.profile, s.start)) or MigDevice(
+                uuid=f"MIG-{uuid.uuid5(_MIG_NS, f'{self._inv.name}/{gpu_index}/{s}/gen{gen}')}",
+                profile=s.profile, start=s.start) for s in slots)
             gpus = tuple(x.model_copy(update={"mig_devices": devices}) if x.index == gpu_index else x
                          for x in self._inv.gpus)
             self._inv = self._inv.model_copy(update={"gpus": gpus, "generation": gen})
