@@ -22,9 +22,15 @@ its agent at the grace deadline (``--grace``, default 3 s). The figures then
 also carry ``holder``, ``victim``, ``revoked``, ``revoke_after_grace_p99_s``
 and ``double_use_events`` (see that module).
 
+``--holder gang`` runs a Ray Train ``TorchTrainer`` on a ``2x2`` gang lease across two nodes
+(``orchestrator/scenarios/gang.py``; the orchestrator run only): the whole gang is one victim,
+checkpoints through Ray Train and resumes from that ``Checkpoint``; the figures also carry
+``trainer_start_s_median`` and ``moved_nodes``.
+
     .venv/bin/python bench/preemption.py --rounds 20 --json
     .venv/bin/python bench/preemption.py --holder actor --victim cooperative --rounds 20 --json
     .venv/bin/python bench/preemption.py --holder actor --victim rogue --rounds 10 --json
+    .venv/bin/python bench/preemption.py --holder gang --rounds 5 --json
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="training steps per job, default 5000; actors: steps after the last round, default 300")
     p.add_argument("--step-delay", type=float, default=None, help="default 0.05 s (jobs), 0.01 s (actors)")
     p.add_argument("--modes", default=None, help="default: orchestrator,kubernetes for jobs, orchestrator for actors")
-    p.add_argument("--holder", choices=("job", "actor"), default="job")
+    p.add_argument("--holder", choices=("job", "actor", "gang"), default="job")
     p.add_argument("--victim", choices=("cooperative", "rogue"), default="cooperative")
     p.add_argument("--grace", type=float, default=None, help="training's grace period, s (actor default 3)")
     p.add_argument("--json", action="store_true")
@@ -54,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.victim == "rogue" and a.holder != "actor":
         p.error("--victim rogue needs --holder actor")
     # actors: training is open-ended while the rounds go on, then every run trains --steps more
-    a.steps = a.steps or (300 if a.holder == "actor" else 5000)
-    a.step_delay = a.step_delay if a.step_delay is not None else (0.01 if a.holder == "actor" else 0.05)
-    a.modes = a.modes or ("orchestrator" if a.holder == "actor" else "orchestrator,kubernetes")
+    a.steps = a.steps or {"actor": 300, "gang": 200}.get(a.holder, 5000)
+    a.step_delay = a.step_delay if a.step_delay is not None else {"actor": 0.01, "gang": 0.02}.get(a.holder, 0.05)
+    a.modes = a.modes or ("orchestrator" if a.holder != "job" else "orchestrator,kubernetes")
     extra = ["--holder", a.holder, "--victim", a.victim]
     grace = a.grace if a.grace is not None else (3.0 if a.holder == "actor" else None)
     if grace is not None:

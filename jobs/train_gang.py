@@ -79,10 +79,6 @@ def train_loop(config: dict[str, Any]) -> None:
     torch.use_deterministic_algorithms(True)
     log = Path(config["log_dir"])
     log.mkdir(parents=True, exist_ok=True)
-    (log / f"worker-{rank}.json").write_text(json.dumps({
-        "rank": rank, "local_rank": local, "node_id": node_id, "pid": os.getpid(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        "lease_id": env.get("ORCHESTRATOR_LEASE_ID", "")}))
 
     seed = int(config.get("seed", 0))
     model = prepare_model(_model(seed), parallel_strategy_kwargs={"broadcast_buffers": False})
@@ -94,6 +90,10 @@ def train_loop(config: dict[str, Any]) -> None:
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
+    (log / f"worker-{rank}.json").write_text(json.dumps({
+        "rank": rank, "local_rank": local, "node_id": node_id, "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "lease_id": env.get("ORCHESTRATOR_LEASE_ID", ""), "resumed_at": start}))
     steps = int(config["steps"])
     stop_file = config.get("stop_file")
     sleep_s = float(config.get("step_sleep_s", 0.0))
@@ -115,10 +115,12 @@ def train_loop(config: dict[str, Any]) -> None:
             time.sleep(sleep_s)
     metrics = {"step": step, "finished": step >= steps}
     if rank == 0:
+        t0 = time.monotonic()
         out = log / f"ckpt-{step}"
         out.mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, out / STATE)
-        rt.report(metrics, checkpoint=Checkpoint.from_directory(str(out)))
+        rt.report(metrics, checkpoint=Checkpoint.from_directory(str(out)))  # persisted to storage on return
+        (log / f"checkpoint-{step}.json").write_text(json.dumps({"step": step, "checkpoint_s": time.monotonic() - t0}))
     else:
         rt.report(metrics, checkpoint=None)
 

@@ -70,6 +70,13 @@ def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any
         head = HeadClient(state.namespace, state.head_name)
         if dashboard_port is not None:
             page = _Page(head, dashboard_port, say, status_line).start()
+        if holder == "gang":
+            from orchestrator.scenarios.gang import GangScenario, GangScenarioConfig
+
+            gcfg = GangScenarioConfig(rounds=rounds, steps=steps, step_sleep_s=step_delay)
+            out = GangScenario(head, state.namespace, work, gcfg, say=say).run()
+            out["up_s"] = state.up_seconds
+            return out
         if holder == "actor":
             from orchestrator.scenarios.actors import ActorScenario, ActorScenarioConfig
 
@@ -184,7 +191,7 @@ def demo(
     port: int = typer.Option(8090, "--port", help="Port of the live page (a free one when taken)"),
     headless: bool = typer.Option(False, "--headless", help="No live page and no report"),
     out: Path = typer.Option(Path("out"), "--out", help="Folder for the static report"),
-    holder: str = typer.Option("job", "--holder", help="job (training as Ray jobs) or actor (as lease-holding Ray actors)"),
+    holder: str = typer.Option("job", "--holder", help="job (training as Ray jobs), actor (as lease-holding Ray actors) or gang (a Ray Train TorchTrainer on a 2x2 gang lease)"),
     victim: str = typer.Option("cooperative", "--victim", help="cooperative (checkpoints when asked) or rogue (ignores it; actor only)"),
     grace: Optional[float] = typer.Option(None, "--grace", min=0.0, help="Training's grace period in seconds (default: the config's)"),
     scenario: str = typer.Option("preemption", "--scenario", help="preemption (training yields to an inference "
@@ -206,15 +213,16 @@ def demo(
     if scenario == "colocation":
         _colocation(load_curve, day_seconds, schemes, colocation_config, as_json, headless, out, state_dir)
         return
-    for name, value, allowed in (("mode", mode, ("orchestrator", "kubernetes")), ("holder", holder, ("job", "actor")),
+    for name, value, allowed in (("mode", mode, ("orchestrator", "kubernetes")), ("holder", holder, ("job", "actor", "gang")),
                                  ("victim", victim, ("cooperative", "rogue"))):
         if value not in allowed:
             typer.echo(f"error: invalid {name}={value!r} (allowed: {', '.join(allowed)})", err=True)
             raise typer.Exit(2)
-    if (victim == "rogue" and holder != "actor") or (holder == "actor" and mode != "orchestrator"):
-        typer.echo("error: --victim rogue needs --holder actor, and --holder actor needs --mode orchestrator", err=True)
+    if (victim == "rogue" and holder != "actor") or (holder != "job" and mode != "orchestrator"):
+        typer.echo(f"error: --victim rogue needs --holder actor, and --holder {holder} needs --mode orchestrator",
+                   err=True)
         raise typer.Exit(2)
-    headless = headless or holder == "actor"  # the page follows jobs; the actor scenario has none
+    headless = headless or holder != "job"  # the page follows jobs; the actor and gang scenarios have none
     console = Console(stderr=as_json)
     t0 = time.monotonic()
 
