@@ -112,6 +112,7 @@ class Cause(str, Enum):
     SCALE_HOLD_STEADY = "scale.hold_steady"          # the load asks for the replicas there are
     SCALE_HOLD_BAND = "scale.hold_band"              # load per replica within the tolerance band of the target
     SCALE_HOLD_DELAY = "scale.hold_delay"            # a change is wanted but has not held for its delay yet
+    SCALE_HOLD_STARTING = "scale.hold_starting"      # latency over the SLO while replicas already decided still start
     # ---- window: the time window in force ----------------------------------------------------------
     WINDOW_ACTIVE = "window.active"                  # a window's quotas replace the configured ones
     WINDOW_NONE = "window.none"                      # no window covers this time of day: the configured quotas hold

@@ -22,8 +22,12 @@ says which one decided and with which figures):
    except inside the **dead band**: while ``ongoing / (target x
    target_ongoing_per_replica)`` is within ``1 ± tolerance`` the target stays
    (``scale.hold_band``). When ``slo_p99_ms`` is set and the sample's p99 is
-   above it, ``wanted >= target + 1`` whatever the load says (``scale.slo``).
-   ``wanted`` is clamped to ``[lo, hi]``.
+   above it, ``wanted >= target + 1`` whatever the load says (``scale.slo``),
+   but only once every replica already decided serves (``sample.replicas >=
+   target``): latency measured while the last move's replicas still start says
+   nothing about the capacity they will add, and counting it again would
+   ratchet the service to its maximum on one slow spell
+   (``scale.hold_starting``). ``wanted`` is clamped to ``[lo, hi]``.
 4. **delays.** A wish to go up must have held, without a break, for
    ``upscale_delay_s``; a wish to go down for ``downscale_delay_s``
    (``scale.hold_delay`` meanwhile). The timer starts at the first sample
@@ -177,6 +181,10 @@ def decide(cfg: AutoscaleConfig, state: ScalerState, sample: LoadSample, *, floo
     load_text = f"ongoing {sample.ongoing:g} over {current} replicas = {per:.2f} per replica"
     wanted = current if in_band else by_load
     slo_over = cfg.slo_p99_ms is not None and sample.p99_ms is not None and sample.p99_ms > cfg.slo_p99_ms
+    if slo_over and sample.replicas < current and by_load <= current:
+        return held(Cause.SCALE_HOLD_STARTING, f"p99 {sample.p99_ms:g} ms > SLO {cfg.slo_p99_ms:g} ms with "
+                    f"{current - sample.replicas} of {current} replicas still starting: {current} kept until "
+                    f"they serve", max(lo, min(hi, current)))
     if slo_over:
         wanted = max(wanted, current + 1)
     wanted = max(lo, min(hi, wanted))

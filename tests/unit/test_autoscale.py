@@ -192,3 +192,28 @@ def test_noise_around_a_level_moves_the_target_a_bounded_number_of_times(level: 
     assert downs <= math.floor(duration / CFG.downscale_delay_s) + 1
     assert ups <= downs + (CFG.max_replicas - 3)
     assert loop.changes <= 2 * (duration / CFG.downscale_delay_s + 1) + CFG.max_replicas
+
+
+def test_latency_over_the_slo_while_replicas_still_start_does_not_ratchet_the_service_up() -> None:
+    """The target moved to 3; two replicas serve while the third starts and p99 stays high: no fourth is
+    asked for until the third serves, then (still over the SLO) one more after the delay."""
+    cfg = CFG.model_copy(update={"slo_p99_ms": 200.0, "upscale_delay_s": 1.0})
+    clock, state = ManualClock(), ScalerState(target=3)
+    seen = []
+    for _ in range(20):  # 10 s of slow requests, the third replica not up yet
+        d = decide(cfg, state, LoadSample(clock.monotonic(), 2, 4.0, 900.0))
+        state = d.state
+        seen.append(d)
+        clock.advance(TICK)
+    assert {d.replicas for d in seen} == {3} and {d.reason.cause for d in seen} == {Cause.SCALE_HOLD_STARTING}
+    assert "1 of 3 replicas still starting" in seen[0].reason.text
+    ups = []
+    for _ in range(4):  # it serves now, and p99 is still over: the SLO rule acts again, after its delay
+        d = decide(cfg, state, LoadSample(clock.monotonic(), 3, 4.0, 900.0))
+        state = d.state
+        ups.append(d.replicas)
+        clock.advance(TICK)
+    assert ups == [3, 3, 4, 4]
+    # a load that asks for more on its own is not held back by replicas starting
+    d = decide(cfg, ScalerState(target=3), LoadSample(0.0, 2, 20.0, 900.0))
+    assert d.reason.cause is Cause.SCALE_HOLD_DELAY and d.wanted == 8
