@@ -134,6 +134,12 @@ def fit(gang: Any | None, *, steps: int, storage: str, name: str, log_dir: str, 
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    # A preempted gang hands its cards on once ``fit`` returns, which is when Train's controller sees its
+    # workers finish; it looks every 2 s by default. Looking every 0.2 s (two small actor calls) cuts a
+    # preemption's decision-to-grant from 3.6 s to 0.8 s here (bench/preemption.py --holder gang). Read by
+    # the controller, which Ray Train starts with the driver's RAY_TRAIN_* variables.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
     scaling = ScalingConfig(**gang.scaling_config()) if gang is not None else ScalingConfig(
         num_workers=num_workers, use_gpu=False, resources_per_worker={"CPU": 1})
     config = {"steps": steps, "seed": seed, "stop_file": stop_file, "log_dir": log_dir, "resume_from": resume_from,
