@@ -476,10 +476,16 @@ def remote_class(cls: type, *, by_value: Any = None) -> Any:
     """``ray.remote(cls)``; ``by_value`` (a module) is shipped to the workers by value, for example
     modules loaded from a file path (``jobs/train.py``) that workers cannot import."""
     if by_value is not None:
-        from ray import cloudpickle
-
-        cloudpickle.register_pickle_by_value(by_value)
+        ship_by_value(by_value)
     return ray.remote(cls)
+
+
+def ship_by_value(module: Any) -> None:
+    """Ship ``module`` to Ray's workers by value (cloudpickle), for modules loaded from a file path that the
+    workers cannot import (the examples under ``jobs/``)."""
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
 
 
 def get_actor(name: str, namespace: str) -> Any:

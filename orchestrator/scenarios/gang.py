@@ -56,10 +56,10 @@ OPEN_ENDED = 10**9
 
 def load_train_gang() -> Any:
     """``jobs/train_gang.py`` as a module Ray ships to its workers by value (an example, not a package)."""
-    from ray import cloudpickle
+    from orchestrator.rayport import ray_api
 
     mod = load_example(TRAIN_GANG, "rgo_example_train_gang")
-    cloudpickle.register_pickle_by_value(mod)
+    ray_api.ship_by_value(mod)
     return mod
 
 
