@@ -5,8 +5,9 @@ One compressed 24 h on the demo cluster's hardware, replayed once per
 same Ray cluster (so nothing of one replay's ledger, MIG layout or actors is
 left for the next):
 
-* ``ours`` -- the inference service asks for small hard-isolated shares (a 1g
-  MIG slice, else a whole card) and the orchestrator scales it with its load
+* ``ours`` -- the inference service asks for 1g MIG slices (hard isolation;
+  never a whole card for a 10 GB model: the day's relayout makes the slices it
+  needs) and the orchestrator scales it with its load
   (:mod:`orchestrator.scheduling.autoscale`, with hysteresis); its leases
   preempt training through the checkpoint path and give the cards back when
   the load falls; the time windows of the config move the queues' quotas at
@@ -88,7 +89,7 @@ class Scheme:
 
 
 SCHEMES: dict[str, Scheme] = {
-    "ours": Scheme("ours", "ours (load-driven, live MIG)", "mem=10GiB,compute=0.14,isolation=hard", True, "live", True),
+    "ours": Scheme("ours", "ours (load-driven, live MIG)", "mig:1g.10gb", True, "live", True),
     "whole_card": Scheme("whole_card", "whole cards", "1", False, "off", False),
     "static_mig": Scheme("static_mig", "static MIG", "mig:1g.10gb", False, "static", False),
     "timeslice": Scheme("timeslice", "time-slicing", "timeslice:0.25", False, "off", False),
@@ -222,7 +223,7 @@ class TrainingBacklog:
                 run.attempts.append(att)
             self.say(f"train-{run.job.seed}: {le.lease_id} on {share.kind} ({share.card_share:.2f} card) "
                      f"from step {att.resumed_at}, {step_time * 1000:.0f} ms/step")
-            while not self._stop.wait(0.2):
+            while not self._stop.wait(0.5):  # 7 runs polled: keep the driver's calls off the serving path's CPU
                 try:
                     st = ray_api.get(actor.status.remote(), timeout=10)
                 except gone:
@@ -316,7 +317,12 @@ class DayConfig:
     seed: int = 0
     upscale_delay_s: float = 1.0
     downscale_delay_s: float = 4.0
-    warm_spares: int = 1
+    #: Ongoing requests per replica the autoscaler aims at (the config's, 2, at most). A compressed hour lasts
+    #: 3.75 s, less than a replica takes to start here (4-5 s): a spike is over before a replica started for it
+    #: serves, so ours keeps headroom instead -- on 1g slices a replica costs a seventh of a card.
+    target_ongoing_per_replica: float = 1.0
+    #: Replicas started and leased but not routed (``ours``): a scale-up routes them at once.
+    warm_spares: int = 2
 
     @property
     def speedup(self) -> float:
@@ -329,6 +335,7 @@ class ReplayResult:
     figures: dict[str, Any]
     timeline: list[dict[str, Any]]
     peak_replicas: int
+    requests: list[tuple[float, float, Any]] = field(default_factory=list)  # (sent_s, latency_s, status)
 
 
 def _percentile(xs: list[float], q: float) -> float | None:
@@ -391,7 +398,9 @@ class Replay:
         compressed day cannot wait 30 real seconds (hours of its time) before it shrinks."""
         auto = self.service_cfg.autoscale.model_copy(update={
             "upscale_delay_s": min(self.service_cfg.autoscale.upscale_delay_s, self.day.upscale_delay_s),
-            "downscale_delay_s": min(self.service_cfg.autoscale.downscale_delay_s, self.day.downscale_delay_s)})
+            "downscale_delay_s": min(self.service_cfg.autoscale.downscale_delay_s, self.day.downscale_delay_s),
+            "target_ongoing_per_replica": min(self.service_cfg.autoscale.target_ongoing_per_replica,
+                                              self.day.target_ongoing_per_replica)})
         return self.service_cfg.model_copy(update={"request": self.scheme.inference_request, "autoscale": auto})
 
     # ---- the run ------------------------------------------------------------------------------------------
@@ -439,6 +448,7 @@ class Replay:
                 t.join(timeout=120)
             records = replay.records if hasattr(replay, "records") else replay.join(0)
             figures = self._figures(head, backlog, svc, records, wall, start_useful, end_useful)
+            self.requests = [(round(r.sent_s, 3), round(r.latency_s, 4), r.status) for r in records]
         finally:
             self._stop.set()
             if replay is not None:
@@ -451,7 +461,8 @@ class Replay:
             self._stop_orchestrator(cfg)
             ray_api.disconnect()
         peak = max((p["replicas"] for p in self.timeline), default=self.fixed_replicas or 0)
-        return ReplayResult(self.scheme.name, figures, self.timeline if self.keep_timeline else [], peak)
+        return ReplayResult(self.scheme.name, figures, self.timeline if self.keep_timeline else [], peak,
+                            getattr(self, "requests", []))
 
     def _wait_backlog(self, backlog: TrainingBacklog, timeout_s: float = 240.0) -> None:
         """Until every run trains or waits in the queue (a baseline may have no room for some)."""
@@ -601,12 +612,13 @@ WINDOWS = (
      "queues": {"inference": {"quota_pct": 10, "borrowing": True}, "training": {"borrowing": True}}},
 )
 
-#: ``ours``' MIG layout for each window, applied live when the window starts (only the GPUs that differ are
-#: drained): by night every MIG card offers a 4g and a 2g slice for training and a 1g for the inference
-#: floor; by day one card is all 1g slices for the service.
+#: ``ours``' MIG layout for each window, applied live when the window starts. Only the instances that change
+#: are drained (a 4g.40gb run keeps training through both relayouts, a replica on 1g.10gb@6 keeps serving):
+#: by night each MIG card offers a 4g and a 2g slice for training and a 1g for the inference floor; by day the
+#: 2g slice becomes two more 1g slices, so the service grows into six 1g slices without taking a whole card.
 MIG_TARGETS = {
-    "night": {"name": "night", "model": "A100-80GB", "layout": ["4g.40gb", "2g.20gb", "1g.10gb"]},
-    "day": {"name": "day", "model": "A100-80GB", "layout": ["1g.10gb"] * 7, "gpus": 1},
+    "night": {"name": "night", "model": "A100-80GB", "layout": ["4g.40gb@0", "2g.20gb@4", "1g.10gb@6"]},
+    "day": {"name": "day", "model": "A100-80GB", "layout": ["4g.40gb@0", "1g.10gb@4", "1g.10gb@5", "1g.10gb@6"]},
 }
 
 
@@ -662,7 +674,8 @@ def run_colocation(day: DayConfig, service: Any, say: Say, *, schemes: tuple[str
         if out_dir is not None and "ours" in results:
             files = write_day_charts(out_dir, results["ours"].timeline, SCHEMES["ours"].label)
             (out_dir / "colocation.json").write_text(json.dumps(
-                {k: {"figures": r.figures, "timeline": r.timeline} for k, r in results.items()}, indent=1))
+                {k: {"figures": r.figures, "timeline": r.timeline, "requests": r.requests}
+                 for k, r in results.items()}))
             say(f"chart of the day: {', '.join(str(p) for p in files)}")
     finally:
         if started or (sd / "state.json").exists():

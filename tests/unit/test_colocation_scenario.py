@@ -50,9 +50,20 @@ def test_the_service_asks_for_the_schemes_share_and_its_delays_fit_a_compressed_
     assert reqs["whole_card"].gpu_request().kind.value == "whole"
     assert reqs["static_mig"].gpu_request().kind.value == "mig"
     assert reqs["timeslice"].gpu_request().kind.value == "timeslice"
-    assert reqs["ours"].gpu_request().kind is None  # the unified request: resolved by the engine
+    assert reqs["ours"].gpu_request().kind.value == "mig"  # 1g slices, which the day's relayout makes
+    assert reqs["ours"].gpu_request().profile == "1g.10gb"
     day = sc.DayConfig()
     assert all(r.autoscale.downscale_delay_s <= day.downscale_delay_s for r in reqs.values())
+    assert all(r.autoscale.target_ongoing_per_replica <= day.target_ongoing_per_replica for r in reqs.values())
+
+
+def test_the_day_layout_keeps_the_training_slice_and_the_night_floor_slice_so_only_the_2g_run_drains() -> None:
+    from orchestrator.scheduling.repartition import validate_layout
+
+    night = set(validate_layout("A100-80GB", sc.MIG_TARGETS["night"]["layout"]))
+    day = set(validate_layout("A100-80GB", sc.MIG_TARGETS["day"]["layout"]))
+    assert {str(x) for x in night & day} == {"4g.40gb@0", "1g.10gb@6"}
+    assert sum(1 for x in day if x.profile == "1g.10gb") == 3  # x 2 MIG cards: six slices for the service
 
 
 def _attempt(lease: str, resumed_at: int, last: int) -> sc._Attempt:
