@@ -155,3 +155,74 @@ def load_weights(checkpoint_dir: str) -> dict[str, Any]:
     import torch
 
     return torch.load(Path(checkpoint_dir) / STATE, weights_only=True)["model"]
+
+
+def run_as_job(*, steps: int, storage: str | None, step_sleep_s: float, seed: int, workers: int) -> dict[str, Any]:
+    """The driver of a gang *job*: ``orchestrator submit --gpu 2x2 --checkpoint-dir D -- python jobs/train_gang.py``.
+
+    The head runs this on worker 0's node once every worker of the gang is granted; the gang's hand-outs are
+    in its environment (:class:`orchestrator.sdk.leases.JobGang`). It holds the cards with the gang's
+    placement group, runs :func:`fit` on it, and watches the job's context: when the head asks the job to
+    yield (it takes the gang as one victim), the run stops at a step boundary with a Ray Train checkpoint,
+    which the driver acknowledges; the head then requeues the job and a later attempt resumes from that
+    checkpoint (``ORCHESTRATOR_RESUME_FROM``), possibly on other nodes. Run without the orchestrator it
+    trains on ``workers`` workers anywhere (the undisturbed reference). Returns what it prints last."""
+    import threading
+
+    import ray
+
+    from orchestrator.sdk.context import job_context
+    from orchestrator.sdk.leases import JobGang
+
+    ctx = job_context()
+    gang = JobGang.from_env()
+    root = Path(ctx.checkpoint_dir or storage or "/tmp/rgo-train-gang")
+    run = f"{ctx.job_id or 'unmanaged'}-a{ctx.attempt}"
+    stop_file = root / f"stop-{run}"
+    if not ray.is_initialized():
+        ray.init()
+    done = threading.Event()
+
+    def watch() -> None:  # the head's request becomes the run's stop file, read by rank 0 between steps
+        while not done.wait(0.2):
+            if ctx.preemption_requested():
+                stop_file.parent.mkdir(parents=True, exist_ok=True)
+                stop_file.write_text("the orchestrator asked this job to checkpoint and yield")
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        if gang is not None:
+            gang.hold()
+        result = fit(gang, steps=steps, storage=str(root / "storage"), name=run, log_dir=str(root / "logs" / run),
+                     stop_file=str(stop_file), resume_from=ctx.resume_from, num_workers=workers, seed=seed,
+                     step_sleep_s=step_sleep_s)
+    finally:
+        done.set()
+        if gang is not None:
+            gang.drop()
+    out = {"job_id": ctx.job_id, "attempt": ctx.attempt, "step": result.metrics["step"],
+           "finished": bool(result.metrics["finished"]), "checkpoint": result.checkpoint.path,
+           "resumed_from": ctx.resume_from, "nodes": gang.nodes if gang is not None else None}
+    if not out["finished"] and ctx.managed:
+        ctx.acknowledge_checkpoint(result.checkpoint.path, int(result.metrics["step"]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=run_as_job.__doc__.split("\n")[0] if run_as_job.__doc__ else None)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--storage", help="where checkpoints go when the job has no checkpoint directory")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds slept per step (to watch it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="Train workers when run without the orchestrator")
+    a = p.parse_args(argv)
+    out = run_as_job(steps=a.steps, storage=a.storage, step_sleep_s=a.step_sleep, seed=a.seed, workers=a.workers)
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

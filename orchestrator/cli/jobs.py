@@ -138,10 +138,8 @@ def default_name(command: list[str]) -> str:
 def build_spec(command: list[str], *, gpu: str, priority: Optional[str], name: Optional[str], queue: str,
                checkpoint_dir: Optional[str], env: list[str], working_dir: Optional[str]) -> Any:
     """The :class:`JobSpec` of a ``submit`` command line. Raises ``InvalidRequestError`` naming the field."""
-    from orchestrator.core.job import JobSpec
-    from orchestrator.core.request import GpuRequest
+    from orchestrator.sdk.inputs import as_spec
 
-    request = GpuRequest.parse(gpu)
     runtime_env: dict[str, Any] = {}
     env_vars = parse_env(env)
     if env_vars:
@@ -158,14 +156,14 @@ def build_spec(command: list[str], *, gpu: str, priority: Optional[str], name: O
         checkpoint_dir = str(Path(checkpoint_dir).expanduser().resolve())
     # As `ray job submit -- ...`: the words after `--` are joined into one shell command.
     entrypoint = shlex.join(command) if command else ""
-    return JobSpec(name=name or default_name(command), entrypoint=entrypoint, gpu=request, priority=priority,
-                   queue=queue, runtime_env=runtime_env, checkpoint_dir=checkpoint_dir)
+    return as_spec({"name": name or default_name(command), "entrypoint": entrypoint, "gpu": gpu, "priority": priority,
+                    "queue": queue, "runtime_env": runtime_env, "checkpoint_dir": checkpoint_dir})
 
 
 @app.command(context_settings={"allow_interspersed_args": False}, epilog=EXIT_CODES)
 def submit(
     command: Annotated[Optional[list[str]], typer.Argument(help="-- COMMAND [ARGS...]: the shell command to run as a Ray job", show_default=False)] = None,
-    gpu: Annotated[str, typer.Option("--gpu", help="1, 2 (whole cards), mig:1g.10gb, mps:30%,20GiB, timeslice:0.25, or mem=20GiB,compute=0.3,isolation=hard|soft|none")] = "1",
+    gpu: Annotated[str, typer.Option("--gpu", help="1, 2 (whole cards), mig:1g.10gb, mps:30%,20GiB, timeslice:0.25, mem=20GiB,compute=0.3,isolation=hard|soft|none, or a gang NxSPEC: 2x4 (2 workers of 4 cards, all or nothing)")] = "1",
     priority: Annotated[Optional[str], typer.Option("--priority", help="Priority class: inference, training, batch or one from the config (default: the config's)")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Job name (default: from the command)")] = None,
     queue: Annotated[str, typer.Option("--queue", help="Queue (quota group)")] = "default",
@@ -187,7 +185,7 @@ def submit(
     with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
         handle = client.submit(spec, job_id=job_id)
         if not as_json:
-            _progress(f"submitted {handle.job_id} ({spec.name}): {spec.gpu.describe()}, "
+            _progress(f"submitted {handle.job_id} ({spec.name}): {spec.describe_gpu()}, "
                       f"priority {handle.info.get('priority_class')}, queue {spec.queue}")
         if not wait:
             if as_json:
@@ -423,6 +421,10 @@ def render_explain(d: dict[str, Any]) -> str:
     pl = d.get("placement")
     if pl:
         lines.append(f"  placed on: {pl['node']} GPU {','.join(str(i) for i in pl['gpu_indices'])} ({pl['kind']})")
+    if d.get("workers"):
+        lines.append(f"  gang of {len(d['workers'])} workers, granted all or none:")
+        lines += [f"    worker {w['worker']} ({w['lease_id']}): {w['state']}" + (f" on {w['node']}" if w.get("node") else "")
+                  + (f" -- {w['reason']}" if w.get("reason") else "") for w in d["workers"]]
     for i, pr in enumerate(d.get("preemptions") or [], 1):
         at = time.strftime("%H:%M:%S", time.localtime(pr["at"])) if pr.get("at") else "?"
         lines.append(f"  preempted #{i} at {at} by {pr['by']}: {pr['reason']}; checkpoint {pr.get('checkpoint_path') or '(none)'}")

@@ -31,10 +31,22 @@ One job, its life (see :data:`orchestrator.core.job.JOB_TRANSITIONS`):
    lease attempt that keeps its original submission time;
 5. the lease is LOST (node gone) -> the Ray job is stopped and the job is
    requeued to resume from its last checkpoint.
+
+**Gang jobs** (``spec.workers`` > 1, ``--gpu 2x4``): an attempt is one lease
+per worker (``<attempt>-w<i>``, each a member of the gang ``<attempt>``),
+granted all together or not at all by the scheduler. The job's lease state is
+read over all of them (:meth:`JobManager._view`): it is admitted when every
+worker is granted; one worker checkpointing (the head takes a gang as one
+victim) makes the job PREEMPTING; its acknowledgement ends every worker's
+lease. Its driver runs as one Ray job on worker 0's node asking Ray for no
+card: it gets every worker's hand-out in ``ORCHESTRATOR_GANG`` and holds the
+cards through the gang's placement group (``sdk.leases.JobGang``), as an SDK
+gang does.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -48,12 +60,19 @@ from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
 from orchestrator.core.ids import attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
 from orchestrator.core.lease import LeaseRequest, LeaseState
+from orchestrator.core.request import GangMember
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.admission import check_submission
 
 #: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
 CHECKPOINT_FILE = "checkpoint.pt"
 _RAY_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+#: The first of these states any worker of a gang is in is the gang's state (bad news first), see ``_view``.
+_GANG_STATE_ORDER = (LeaseState.LOST, LeaseState.EXPIRED, LeaseState.PREEMPTED, LeaseState.RELEASED,
+                     LeaseState.CHECKPOINTING)
+#: Variables that bind a process to a lease's devices: a gang's driver holds none (its workers do).
+_DEVICE_VARS = (envvars.CUDA_VISIBLE_DEVICES, envvars.SHARE_KIND, envvars.MIG_PROFILE, envvars.TIMESLICE_MILLI,
+                envvars.MEMORY_LIMIT_MIB)
 
 
 class JobRunner(Protocol):
@@ -136,6 +155,8 @@ class JobManager:
         d = job.to_dict()
         e = self._lease(job)
         d["lease"] = e.to_dict() if e else None
+        if job.spec.workers > 1:
+            d["worker_leases"] = [x.to_dict() if x else None for x in self._leases(job)]
         return d
 
     def list(self) -> list[dict[str, Any]]:
@@ -167,11 +188,17 @@ class JobManager:
                                "preemptions": [{"by": p.by, "reason": p.reason, "at": p.at,
                                                 "checkpoint_path": p.checkpoint_path} for p in job.preemptions]}
         lease = None
-        if job.lease_id:
+        explained = []
+        for lid in job.lease_ids:
             try:
-                lease = self.ctl.explain_lease(job.lease_id)
+                explained.append(self.ctl.explain_lease(lid))
             except UnknownObjectError:
-                lease = None
+                explained.append(None)
+        if explained:
+            # A gang's pending reason is that of its first worker that says why it waits; each worker's is listed.
+            lease = next((x for x in explained if x and x.get("pending")), explained[0])
+        if job.spec.workers > 1:
+            out["workers"] = [self._worker_view(i, lid, x) for i, (lid, x) in enumerate(zip(job.lease_ids, explained))]
         if lease and lease.get("pending"):
             pend = lease["pending"]
             pend["would_preempt"] = [dict(v, owner=self._owner_job(v["owner"])) for v in pend["would_preempt"]]
@@ -191,21 +218,24 @@ class JobManager:
 
     def ack_checkpoint(self, job_id: str, path: str, step: int | None = None,
                        token: int | None = None) -> dict[str, Any]:
-        """The job checkpointed because it was asked to; its lease ends as PREEMPTED now.
+        """The job checkpointed because it was asked to; its lease (a gang's: every worker's) ends as PREEMPTED now.
 
-        ``token`` must be the fencing token of the job's current lease while it holds
-        devices (the job has it in ``ORCHESTRATOR_FENCING_TOKEN``): a stale attempt or
-        another driver cannot end the lease."""
+        ``token`` must be the fencing token of the job's current lease (a gang's: worker 0's) while it
+        holds devices (the job has it in ``ORCHESTRATOR_FENCING_TOKEN``): a stale attempt or another driver
+        cannot end the lease."""
         job = self._job(job_id)
         lease = self._lease(job)
         if lease is not None and lease.lease.holding:
             self.ctl.check_token(lease, token)
         now = self.clock()
         self._acks[job_id] = (path, step, now)
-        if job.state is JobState.PREEMPTING and job.lease_id:
-            self.ctl.ack_preemption(job.lease_id, path)
-        elif job.lease_id and job.state is JobState.RUNNING:
-            self.ctl.report_checkpoint(job.lease_id, path, now)
+        for e in self._leases(job):
+            if e is None:
+                continue
+            if job.state is JobState.PREEMPTING and e.state is LeaseState.CHECKPOINTING:
+                self.ctl.ack_preemption(e.lease_id, path)
+            elif job.state is JobState.RUNNING:
+                self.ctl.report_checkpoint(e.lease_id, path, now)
         return self.get(job_id)
 
     # ---- the reconcile step --------------------------------------------------------------------
@@ -224,8 +254,7 @@ class JobManager:
         return events
 
     def _step(self, job: Job) -> str | None:
-        lease = self._lease(job)
-        state = lease.state if lease else None
+        state, lease = self._view(job)
         now = self.clock()
         if job.state is JobState.QUEUED:
             if state is LeaseState.GRANTED and lease and lease.handout is not None:
@@ -278,10 +307,20 @@ class JobManager:
         assert h is not None and a is not None, "only a handed-out lease starts a job"
         node = a.node_name
         sub_id = attempt_id(job.job_id, job.attempt)  # the lease attempt's id: one id from our jobs to Ray's
+        members = [e for e in self._leases(job) if e is not None]
         env = dict(job.spec.runtime_env.get("env_vars", {}))
         env.update(h.env_vars)
+        demand = h.to_dict()
+        if job.spec.workers > 1:
+            # The driver holds no card (the gang's placement group does, worker by worker): every worker's
+            # hand-out goes in its environment, none of the devices' variables, and it asks Ray for no card.
+            for k in _DEVICE_VARS:
+                env.pop(k, None)
+            env = {k: v for k, v in env.items() if not k.startswith(envvars.MPS_PREFIX)}
+            env[envvars.GANG] = json.dumps([e.handout.to_dict() for e in members if e.handout is not None])
+            demand = {**demand, "num_gpus": 0.0, "resources": {}, "env_vars": {}}
         env.update({envvars.JOB_ID: job.job_id, envvars.NAMESPACE: self.namespace,
-                    envvars.HEAD_NAME: self.head_name, envvars.LEASE_ID: job.lease_id or "",
+                    envvars.HEAD_NAME: self.head_name, envvars.LEASE_ID: lease.lease_id,
                     envvars.ATTEMPT: str(job.attempt)})
         if job.spec.checkpoint_dir:
             env[envvars.CHECKPOINT_DIR] = job.spec.checkpoint_dir
@@ -291,16 +330,19 @@ class JobManager:
         job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
         try:
             self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {RAY_NODE_ID_LABEL: h.node_id},
-                               h.to_dict(), {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
+                               demand, {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
         except Exception as e:
             if "already exists" not in str(e):  # a retry after a crash between commit and submit
                 self._release_lease(job, f"Ray refused the job: {e}")
                 self._commit(job.transition(JobState.FAILED, now=self.clock(), reason=f"Ray refused the submission: {e}",
                                             message=str(e)))
                 return f"{job.job_id}: Ray refused the submission: {e}"
-        self.ctl.activate(lease.lease_id, lease.lease.fencing_token, None, f"job:{sub_id}")
+        for e in members:
+            self.ctl.activate(e.lease_id, e.lease.fencing_token, None, f"job:{sub_id}")
+        where = node if len(members) == 1 else f"{node} (driver; gang of {len(members)} on " \
+            f"{','.join(sorted({e.lease.allocation.node_name for e in members if e.lease.allocation}))})"
         self._commit(job.transition(JobState.RUNNING, now=self.clock(),
-                                    reason=f"submitted to Ray as {sub_id} on {node} ({a.kind.value})"))
+                                    reason=f"submitted to Ray as {sub_id} on {where} ({a.kind.value})"))
         return f"{job.job_id}: running as {sub_id} on {node}"
 
     def _finish(self, job: Job, ray_status: str) -> str:
@@ -313,7 +355,9 @@ class JobManager:
 
     def _finish_preemption(self, job: Job, reason: str, lost: bool = False) -> None:
         ack = self._acks.pop(job.job_id, None)
-        lease = self._lease(job)
+        _, lease = self._view(job)
+        # A gang ends as one: the workers not preempted or lost with the others give their cards back too.
+        self._release_lease(job, f"its gang was {'lost' if lost else 'preempted'}: {reason}")
         path = (ack[0] if ack else None) or (lease.lease.checkpoint_path if lease else None) or self._checkpoint_on_disk(job)
         by = (lease.preempt_for if lease else None) or ("node lost" if lost else "")
         by_entry = self.ctl.ledger.find(by) if by else None
@@ -335,18 +379,22 @@ class JobManager:
         self._request_lease(job)
 
     def _request_lease(self, job: Job) -> None:
-        """Queue the job's current attempt; its class and queue were resolved at admission, not again here."""
+        """Queue the job's current attempt (a gang: every worker's lease, members of the gang named by the
+        attempt); its class and queue were resolved at admission, not again here. Idempotent per lease id."""
         assert job.lease_id
-        spec = LeaseRequest(lease_id=job.lease_id, request=job.spec.gpu, owner=f"job:{job.job_id}",
-                            priority_class=job.priority_class, queue=job.spec.queue, requeue_on_loss=False,
-                            enqueued_at=job.submitted_at)
-        self.ctl.enqueue(spec, job.priority_class, job.priority)
+        gang = job.spec.gang
+        for i, lid in enumerate(job.lease_ids):
+            spec = LeaseRequest(lease_id=lid, request=job.spec.gpu, owner=f"job:{job.job_id}",
+                                priority_class=job.priority_class, queue=job.spec.queue, requeue_on_loss=False,
+                                enqueued_at=job.submitted_at,
+                                gang=GangMember.of(gang, job.lease_id, i) if gang is not None else None)
+            self.ctl.enqueue(spec, job.priority_class, job.priority)
 
     def _release_lease(self, job: Job, reason: str) -> None:
-        lease = self._lease(job)
-        if lease and not lease.lease.terminal:
-            self.ctl.release(lease.lease_id, lease.lease.fencing_token if lease.state is not LeaseState.PENDING else None,
-                             reason)
+        for lease in self._leases(job):
+            if lease and not lease.lease.terminal:
+                self.ctl.release(lease.lease_id,
+                                 lease.lease.fencing_token if lease.state is not LeaseState.PENDING else None, reason)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _job(self, job_id: str) -> Job:
@@ -356,8 +404,43 @@ class JobManager:
             raise UnknownObjectError("job", job_id) from None
 
     def _lease(self, job: Job) -> LedgerEntry | None:
-        """The ledger entry of the job's current attempt (typed, read in-process; None once pruned)."""
-        return self.ctl.ledger.find(job.lease_id) if job.lease_id else None
+        """The ledger entry of the job's current attempt (a gang's: worker 0's), typed, read in-process; None
+        once pruned."""
+        ids = job.lease_ids
+        return self.ctl.ledger.find(ids[0]) if ids else None
+
+    def _leases(self, job: Job) -> list[LedgerEntry | None]:
+        """Every lease of the current attempt, in worker order (one for a single-lease job)."""
+        return [self.ctl.ledger.find(lid) for lid in job.lease_ids]
+
+    def _view(self, job: Job) -> tuple[LeaseState | None, LedgerEntry | None]:
+        """The attempt's lease state and the entry that shows it. A single lease is itself. A gang is GRANTED
+        (or ACTIVE) only when every worker is; otherwise the first worker in a state of ``_GANG_STATE_ORDER``
+        (bad news first: one lost worker is a lost gang) speaks for it, else worker 0 (pending); a worker
+        missing from the ledger makes the gang's state None (ask again)."""
+        entries = self._leases(job)
+        if len(entries) <= 1:
+            e = entries[0] if entries else None
+            return (e.state if e else None), e
+        if any(e is None for e in entries):
+            return None, None
+        for s in _GANG_STATE_ORDER:
+            for e in entries:
+                if e is not None and e.state is s:
+                    return s, e
+        states = {e.state for e in entries if e is not None}
+        if len(states) == 1:
+            return states.pop(), entries[0]
+        return LeaseState.PENDING, entries[0]
+
+    @staticmethod
+    def _worker_view(index: int, lease_id: str, ex: dict[str, Any] | None) -> dict[str, Any]:
+        """One gang worker in ``explain``: its lease, state, node and why it is there (or waits)."""
+        if ex is None:
+            return {"worker": index, "lease_id": lease_id, "state": None, "node": None, "reason": "not in the ledger"}
+        pend, pl = ex.get("pending"), ex.get("placement")
+        return {"worker": index, "lease_id": lease_id, "state": ex.get("state"), "node": pl.get("node") if pl else None,
+                "reason": (pend or {}).get("reason") or (pl or {}).get("reason") or ""}
 
     def _status(self, sub_id: str | None) -> str | None:
         if not sub_id:
@@ -400,7 +483,7 @@ class JobManager:
                 s += "; waiting for " + ", ".join(f"{v['owner']} ({v['lease_id']})" for v in p["being_preempted"]) + \
                      " to checkpoint and yield"
             elif p["would_preempt"]:
-                s += "; preempting " + ", ".join(v["owner"] for v in p["would_preempt"]) + " would admit it"
+                s += "; preempting " + ", ".join(dict.fromkeys(v["owner"] for v in p["would_preempt"])) + " would admit it"
             elif p["preemption_blocked"]:
                 s += f"; no preemption: {p['preemption_blocked']}"
             if job.preemptions:

@@ -45,6 +45,8 @@ HEAD_NAME = "ORCHESTRATOR_HEAD_NAME"
 CHECKPOINT_DIR = "ORCHESTRATOR_CHECKPOINT_DIR"
 RESUME_FROM = "ORCHESTRATOR_RESUME_FROM"
 ATTEMPT = "ORCHESTRATOR_ATTEMPT"
+#: A gang job's driver: every worker's hand-out, in worker order, as JSON (``sdk.leases.JobGang`` reads it).
+GANG = "ORCHESTRATOR_GANG"
 #: Seconds between two calls to the head from one poll (override for tests or chatty jobs).
 POLL_S = "ORCHESTRATOR_POLL_S"
 #: Ray's job supervisor sets this in every job driver's environment.

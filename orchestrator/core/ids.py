@@ -43,3 +43,9 @@ def next_attempt(ident: str) -> str:
 def job_slug(name: str) -> str:
     """The part of a job id made from its name: lowercase letters, digits and ``-``, at most 40 characters."""
     return re.sub(r"[^a-z0-9-]", "-", name.lower())[:40].strip("-") or "job"
+
+
+def gang_worker_id(gang_id: str, index: int) -> str:
+    """The lease id of worker ``index`` of the gang ``gang_id`` (one lease per worker; the SDK's gangs and a
+    gang job's attempts alike)."""
+    return f"{gang_id}-w{index}"

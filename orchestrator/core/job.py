@@ -19,10 +19,11 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Annotated, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.core.errors import InvalidRequestError
-from orchestrator.core.request import GpuRequest, fields_of, typed_error
+from orchestrator.core.ids import gang_worker_id
+from orchestrator.core.request import MAX_GANG_WORKERS, GangRequest, GpuRequest, fields_of, typed_error
 from orchestrator.core.statemachine import Transition, TransitionTable
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
@@ -35,7 +36,11 @@ class JobSpec(BaseModel):
 
     name: Annotated[str, Field(description="DNS-like name: lowercase letters, digits, '-', '_', '.'")]
     entrypoint: Annotated[str, Field(description="Shell command, run as a Ray job")]
-    gpu: GpuRequest = Field(default_factory=lambda: GpuRequest.whole(1))
+    gpu: GpuRequest = Field(default_factory=lambda: GpuRequest.whole(1),
+                            description="What the job needs; with workers > 1, what each worker of its gang needs")
+    workers: Annotated[int, Field(ge=1, le=MAX_GANG_WORKERS,
+                                  description="Workers of a gang (Ray Train's num_workers), granted all or nothing")] = 1
+    same_node: bool = Field(default=False, description="A gang: every worker on one node (required)")
     priority: str | None = Field(default=None, description="Priority class; None = the config's default")
     queue: str = "default"
     runtime_env: dict[str, Any] = Field(default_factory=dict)
@@ -54,6 +59,17 @@ class JobSpec(BaseModel):
             return data
         return cls(**fields_of(data, "job", list(cls.model_fields)))
 
+    @property
+    def gang(self) -> GangRequest | None:
+        """The gang this job asks for (``workers`` > 1), or None for a single lease."""
+        if self.workers == 1:
+            return None
+        return GangRequest(workers=self.workers, worker=self.gpu, same_node=self.same_node)
+
+    def describe_gpu(self) -> str:
+        gang = self.gang
+        return gang.describe() if gang is not None else self.gpu.describe()
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
@@ -68,6 +84,11 @@ class JobSpec(BaseModel):
         if not v or not v.strip():
             raise InvalidRequestError("entrypoint", v, "a non-empty shell command", detail="empty command")
         return v
+
+    @model_validator(mode="after")
+    def _gang(self) -> "JobSpec":
+        self.gang  # a gang's worker request must be one a gang can ask for (no node pin); raises naming the field
+        return self
 
     @field_validator("runtime_env")
     @classmethod
@@ -168,6 +189,16 @@ class Job:
     def terminal(self) -> bool:
         return self.state in JOB_TRANSITIONS.terminal
 
+    @property
+    def lease_ids(self) -> tuple[str, ...]:
+        """The current attempt's leases: its one lease, or one per worker of its gang (``<attempt>-w<i>``,
+        the gang's id being the attempt's lease id)."""
+        if not self.lease_id:
+            return ()
+        if self.spec.workers == 1:
+            return (self.lease_id,)
+        return tuple(gang_worker_id(self.lease_id, i) for i in range(self.spec.workers))
+
     def transition(self, to: JobState, *, now: float, reason: str, **changes: Any) -> "Job":
         JOB_TRANSITIONS.check(self.state, to)
         return replace(self, state=to, history=self.history + (Transition(now, to, reason),), **changes)
@@ -175,7 +206,7 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id, "name": self.spec.name, "state": self.state.value,
-            "entrypoint": self.spec.entrypoint, "gpu": self.spec.gpu.describe(),
+            "entrypoint": self.spec.entrypoint, "gpu": self.spec.describe_gpu(), "workers": self.spec.workers,
             "priority_class": self.priority_class, "priority": self.priority, "queue": self.spec.queue,
             "submitted_at": self.submitted_at, "lease_id": self.lease_id, "ray_submission_id": self.ray_submission_id,
             "attempt": self.attempt, "resume_from": self.resume_from, "placement_reason": self.placement_reason,

@@ -3,7 +3,7 @@
 The SDK validates once, here, at its edge: a :class:`~orchestrator.core.request.GpuRequest`
 from a ``--gpu`` string, a number of cards or a dict; a
 :class:`~orchestrator.core.job.JobSpec` from a dict whose ``gpu`` may be such a
-string. Every refusal is an :class:`~orchestrator.core.errors.InvalidRequestError`
+string, or a gang ``NxSPEC`` (``2x4``: two workers of four whole cards, granted all or nothing). Every refusal is an :class:`~orchestrator.core.errors.InvalidRequestError`
 naming the field; the CLI builds its models through these functions too.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import job_slug
 from orchestrator.core.job import JobSpec
-from orchestrator.core.request import GpuRequest
+from orchestrator.core.request import GangRequest, GpuRequest, is_gang_text
 
 
 def as_request(gpu: GpuRequest | str | int | Mapping[str, Any]) -> GpuRequest:
@@ -38,7 +38,12 @@ def as_spec(spec: JobSpec | Mapping[str, Any]) -> JobSpec:
     if isinstance(spec, JobSpec):
         return spec
     d = dict(spec)
-    if "gpu" in d and not isinstance(d["gpu"], GpuRequest):
+    if is_gang_text(d.get("gpu")):  # "2x4": a gang of two workers of four whole cards each
+        if d.get("workers", 1) != 1:
+            raise InvalidRequestError("workers", d["workers"], "unset when gpu names the gang (NxSPEC)")
+        gang = GangRequest.parse(d["gpu"])
+        d["gpu"], d["workers"] = gang.worker, gang.workers
+    elif "gpu" in d and not isinstance(d["gpu"], GpuRequest):
         d["gpu"] = as_request(d["gpu"])
     return JobSpec(**d)
 

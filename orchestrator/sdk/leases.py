@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator, Mapping
 from orchestrator.core import env as E
 from orchestrator.core.api import HeadApi
 from orchestrator.core.errors import LeaseTimeoutError, OrchestratorError
+from orchestrator.core.ids import gang_worker_id
 from orchestrator.core.lease import key_digest
 from orchestrator.core.request import GangMember, GangRequest, GpuRequest
 from orchestrator.sdk.connect import Connection, open_connection
@@ -292,11 +293,7 @@ class GangHandle:
         """Keyword arguments of Ray Train's ``ScalingConfig`` for this gang: one Train worker per gang worker,
         each on its worker's node (``label_selector``), no Ray ``GPU`` (the cards are ours; see the class
         docstring)."""
-        from orchestrator.control.handout import gang_bundle_pin
-
-        return {"num_workers": len(self.members), "use_gpu": False,
-                "resources_per_worker": {"CPU": cpus_per_worker},
-                "label_selector": [gang_bundle_pin(h) for h in self.handouts]}
+        return train_scaling(self.handouts, cpus_per_worker=cpus_per_worker)
 
     def actor_options(self, index: int, **options: Any) -> dict[str, Any]:
         """Ray actor options that run worker ``index`` inside its bundle with its devices' environment."""
@@ -343,6 +340,84 @@ class GangHandle:
             self.placement_group = None
 
 
+def train_scaling(handouts: list[dict[str, Any]], *, cpus_per_worker: float = 1.0) -> dict[str, Any]:
+    """Ray Train's ``ScalingConfig`` keyword arguments for a gang with these hand-outs (worker order): one Train
+    worker per gang worker, on its worker's node, asking Ray for no ``GPU`` (the gang's placement group holds
+    the cards; each Train worker binds to its own with :func:`worker_env`)."""
+    from orchestrator.control.handout import gang_bundle_pin
+
+    return {"num_workers": len(handouts), "use_gpu": False, "resources_per_worker": {"CPU": cpus_per_worker},
+            "label_selector": [gang_bundle_pin(h) for h in handouts]}
+
+
+class JobGang:
+    """Inside the driver of a gang *job* (``orchestrator submit --gpu 2x2 -- python jobs/train_gang.py``): the
+    gang the head granted it, from ``ORCHESTRATOR_GANG`` (every worker's hand-out, in worker order).
+
+    The head submits the driver on worker 0's node holding no card; :meth:`hold` creates the gang's placement
+    group (each bundle pinned to its worker's node and cards, as :class:`GangHandle` does), so Ray keeps the
+    cards for the gang's workers and nothing else; :meth:`drop` removes it (the driver's exit does too: the
+    group is not detached). Preemption goes through the job's context
+    (:meth:`~orchestrator.sdk.context.JobContext.preemption_requested`, ``acknowledge_checkpoint``), which
+    ends every worker's lease at once.
+    """
+
+    def __init__(self, gang_id: str, handouts: list[dict[str, Any]]) -> None:
+        self.gang_id = gang_id
+        self.handouts = handouts
+        self.placement_group: Any = None
+
+    def __repr__(self) -> str:
+        return f"JobGang({self.gang_id!r}, workers={len(self.handouts)}, nodes={self.nodes!r})"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "JobGang | None":
+        """The running job's gang, or None when this process is not a gang job's driver."""
+        env = os.environ if environ is None else environ
+        raw = env.get(E.GANG)
+        if not raw:
+            return None
+        import json
+
+        try:
+            handouts = json.loads(raw)
+        except ValueError:
+            raise OrchestratorError(f"{E.GANG} is not JSON: {raw[:80]!r}") from None
+        if not isinstance(handouts, list) or not all(isinstance(h, dict) and "node_id" in h for h in handouts):
+            raise OrchestratorError(f"{E.GANG} must list one hand-out (with node_id) per worker")
+        return cls(env.get(E.LEASE_ID, "gang").removesuffix("-w0"), handouts)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [h.get("node_name", h["node_id"]) for h in self.handouts]
+
+    def scaling_config(self, *, cpus_per_worker: float = 1.0) -> dict[str, Any]:
+        """See :func:`train_scaling`."""
+        return train_scaling(self.handouts, cpus_per_worker=cpus_per_worker)
+
+    def hold(self, timeout: float = 120.0) -> Any:
+        """Create the gang's placement group (idempotent) and return it."""
+        if self.placement_group is None:
+            from orchestrator.rayport import ray_api
+
+            self.placement_group = ray_api.gang_placement_group(self.handouts, f"rgo-gang-{self.gang_id}", timeout)
+        return self.placement_group
+
+    def drop(self) -> None:
+        if self.placement_group is not None:
+            from orchestrator.rayport import ray_api
+
+            ray_api.remove_gang_placement_group(self.placement_group)
+            self.placement_group = None
+
+    def __enter__(self) -> "JobGang":
+        self.hold()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.drop()
+
+
 def _gang_pg(gang_id: str, members: list[LeaseHandle], deadline: float) -> Any:
     from orchestrator.rayport import ray_api
 
@@ -377,7 +452,7 @@ def gang_lease(gang: GangRequest | str, *, priority: str | None = None, queue: s
         head = conn.head
     gid = gang_id or new_lease_id().replace("lease-", "gang-")
     key = secrets.token_hex(16)
-    ids = [f"{gid}-w{i}" for i in range(spec.workers)]
+    ids = [gang_worker_id(gid, i) for i in range(spec.workers)]
     members: list[LeaseHandle] = []
     handle: GangHandle | None = None
     holder: Any = None

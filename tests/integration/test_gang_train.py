@@ -83,18 +83,26 @@ def _workers(log: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(log.glob("worker-*.json"))]
 
 
+@pytest.fixture(scope="module")
+def reference(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The weights of an undisturbed 2-worker run of ``STEPS`` steps (Train workers anywhere, no lease)."""
+    tg = _train_gang()
+    tmp = tmp_path_factory.mktemp("reference")
+    started = time.monotonic()
+    ref = tg.fit(None, steps=STEPS, storage=str(tmp / "storage"), name="reference", log_dir=str(tmp / "ref-log"))
+    assert ref.metrics["finished"] and ref.metrics["step"] == STEPS
+    print(f"\nreference run: {time.monotonic() - started:.1f}s")
+    return tg.load_weights(ref.checkpoint.path)
+
+
 def test_gang_trains_is_preempted_by_inference_and_resumes_bit_identical(head: Any, ray_cluster: Any,
+                                                                          reference: dict[str, Any],
                                                                           tmp_path: Path) -> None:
     import torch
 
     tg = _train_gang()
     ns = SETTINGS.namespace
     started = time.monotonic()
-    ref = tg.fit(None, steps=STEPS, storage=str(tmp_path / "storage"), name="reference",
-                 log_dir=str(tmp_path / "ref-log"))
-    assert ref.metrics["finished"] and ref.metrics["step"] == STEPS
-    reference = tg.load_weights(ref.checkpoint.path)
-    print(f"\nreference run: {time.monotonic() - started:.1f}s")
 
     stop = tmp_path / "stop"
     with ExitStack() as blockers:
@@ -167,3 +175,64 @@ def test_gang_trains_is_preempted_by_inference_and_resumes_bit_identical(head: A
             finally:
                 resumed.release("test over")
     print(f"gang test: {time.monotonic() - started:.1f}s; preempted at step {first.metrics['step']}")
+
+
+def test_a_gang_job_as_the_cli_submits_it_yields_as_one_and_resumes_bit_identical(
+        head: Any, ray_cluster: Any, reference: dict[str, Any], tmp_path: Path) -> None:
+    """``orchestrator submit --gpu 2x2 --checkpoint-dir D -- python jobs/train_gang.py``, through the same
+    SDK call the CLI makes: the head runs one driver for the gang, which holds the cards with the gang's
+    placement group, is preempted as one victim, acknowledges its Ray Train checkpoint, and resumes."""
+    import torch
+
+    from orchestrator import Client
+    from orchestrator.sdk.inputs import as_spec
+
+    tg = _train_gang()
+    ns = SETTINGS.namespace
+    ckpt = tmp_path / "ckpt"
+    client = Client(namespace=ns)
+    entry = f"python {REPO / 'jobs' / 'train_gang.py'} --steps {STEPS} --step-sleep 0.05"
+    with ExitStack() as blockers:
+        blockers.enter_context(lease(GpuRequest.whole(2, node="h100-0"), priority="inference", head=head, namespace=ns))
+        blockers.enter_context(lease(GpuRequest.whole(2, node="a100-0"), priority="inference", head=head, namespace=ns))
+        job = client.submit(as_spec({"name": "gang-job", "entrypoint": entry, "gpu": "2x2", "priority": "training",
+                                     "checkpoint_dir": str(ckpt)}))
+        jid = job.job_id
+        info = _until("the gang job running", lambda: (d := head.get_job(jid))["state"] == "running" and d, timeout=120)
+        leases = [w["lease_id"] for w in info["worker_leases"]]
+        assert sorted(w["allocation"]["node"] for w in info["worker_leases"]) == ["a100-0", "a100-1"]
+        log1 = ckpt / "logs" / f"{jid}-a1"
+        _until("training progress", lambda: (log1 / "progress").exists() and int((log1 / "progress").read_text()) >= 20,
+               timeout=180)
+        workers = _workers(log1)
+        assert sorted(w["lease_id"] for w in workers) == sorted(leases)  # each Train worker on its own lease
+        assert len({w["cuda_visible_devices"] for w in workers}) == 2 and all(w["cuda_visible_devices"] for w in workers)
+
+        granted: list[Any] = []
+        done = threading.Event()
+
+        def infer() -> None:
+            with lease(GpuRequest.whole(1), priority="inference", head=head, namespace=ns, timeout=180) as le:
+                granted.append(le.node)
+                done.wait(120)
+
+        preemptor = threading.Thread(target=infer)
+        preemptor.start()
+        _until("the gang job preempted as one", lambda: [head.get_lease(x)["state"] for x in leases] ==
+               ["checkpointing", "checkpointing"] or head.get_job(jid)["attempt"] > 1, timeout=60)
+        _until("inference granted", lambda: granted, timeout=120)  # the driver acknowledged its checkpoint
+        assert all(head.get_lease(x)["state"] == "preempted" for x in leases)
+        d = head.get_job(jid)
+        assert d["attempt"] == 2 and d["preemptions"] and d["resume_from"]
+        done.set()
+        preemptor.join(60)
+    # Inference gone: the gang is granted again and the job resumes from its Ray Train checkpoint.
+    final = _until("the gang job finished", lambda: (d := head.get_job(jid))["state"] in
+                   ("succeeded", "failed", "cancelled") and d, timeout=300)
+    logs = job.logs()
+    assert final["state"] == "succeeded", logs[-3000:]
+    result = json.loads(next(line for line in logs.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["finished"] and result["attempt"] == 2 and result["resumed_from"] == final["resume_from"]
+    weights = tg.load_weights(result["checkpoint"])
+    for k in reference:
+        assert torch.equal(weights[k], reference[k]), f"{k} differs from the undisturbed run"

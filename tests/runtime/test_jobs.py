@@ -8,6 +8,7 @@ path, cancel, explain and refusals.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -351,3 +352,87 @@ def test_a_head_restart_with_jobs_in_flight_picks_every_job_up(settings, store, 
     assert after["urgent-1"]["state"] == "running" and after[victim]["state"] == "queued"
     assert after[victim]["resume_from"] == str(tmp_path / "v.pt")
     assert len([s for s in runner.submitted if s.startswith("urgent-1.")]) == 1  # started exactly once
+
+
+def test_a_gang_job_runs_one_driver_holding_no_card_and_is_preempted_and_resumed_as_one(
+        ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
+    from orchestrator.sdk.inputs import as_spec
+
+    gang = jm.submit(as_spec({"name": "g", "entrypoint": "python jobs/train_gang.py", "gpu": "2x2",
+                              "priority": "training", "checkpoint_dir": str(tmp_path / "g")}))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    job = jm.get(gang)
+    assert job["state"] == "running" and job["gpu"].startswith("gang 2x[2x whole")
+    w = job["worker_leases"]
+    assert [x["lease_id"] for x in w] == [f"{gang}.a1-w0", f"{gang}.a1-w1"]
+    assert all(x["state"] == "active" and x["workload"] == f"job:{gang}.a1" for x in w)
+    assert {x["allocation"]["node"] for x in w} == {"a100-0"}  # fewest nodes: one node holds both workers
+    (sub,) = ray_jobs.submitted.values()  # one driver for the whole gang
+    assert sub["handout"]["resources"] == {} and sub["handout"]["num_gpus"] == 0.0  # it holds no card itself
+    assert "CUDA_VISIBLE_DEVICES" not in sub["env"]
+    handouts = json.loads(sub["env"]["ORCHESTRATOR_GANG"])
+    assert [sorted(h["resources"]) for h in handouts] == [sorted(f"rgo-gpu-{i}" for i in x["allocation"]["gpu_indices"])
+                                                          for x in w]
+    assert sub["env"]["ORCHESTRATOR_LEASE_ID"] == f"{gang}.a1-w0"
+    # Inference holds every other whole card; one more inference job can only take the gang, as one victim.
+    inf = [jm.submit(spec(f"i{i}", priority="inference"))["job_id"] for i in range(4)]
+    cycle(ctl, jm, agents, 2)
+    assert all(jm.get(j)["state"] == "running" for j in inf)
+    clock.advance(60)
+    urgent = jm.submit(spec("urgent", priority="inference"))["job_id"]
+    cycle(ctl, jm, agents)
+    assert jm.get(gang)["state"] == "preempting" and jm.preemption_requested(gang)["requested"] is True
+    assert [x["state"] for x in jm.get(gang)["worker_leases"]] == ["checkpointing", "checkpointing"]
+    assert "preempting g-1" in jm.explain(urgent)["summary"] or jm.explain(urgent)["pending"]["being_preempted"]
+    # One acknowledgement (worker 0's token) ends every worker's lease; the gang is requeued as one.
+    ckpt = tmp_path / "g" / "ckpt"
+    ckpt.mkdir(parents=True)
+    token = jm.ctl.ledger.get(f"{gang}.a1-w0").lease.fencing_token
+    jm.ack_checkpoint(gang, str(ckpt), step=40, token=token)
+    cycle(ctl, jm, agents, 2)
+    g = jm.get(gang)
+    assert g["state"] == "queued" and g["attempt"] == 2 and g["resume_from"] == str(ckpt)
+    assert [ctl.get_lease(f"{gang}.a1-w{i}")["state"] for i in range(2)] == ["preempted", "preempted"]
+    assert f"{gang}.a1" in ray_jobs.stopped and jm.get(urgent)["state"] == "running"
+    # a100-0 has 3 free cards, no other node 2: never a partial gang, and explain says what each worker waits on.
+    cycle(ctl, jm, agents, 2)
+    assert [x["state"] for x in jm.get(gang)["worker_leases"]] == ["pending", "pending"]
+    ex = jm.explain(gang)
+    assert [x["lease_id"] for x in ex["workers"]] == [f"{gang}.a2-w0", f"{gang}.a2-w1"]
+    assert all(x["state"] == "pending" and x["reason"] for x in ex["workers"])
+    assert "gang" in ex["summary"]
+    # The inference jobs on h100-0 finish: the gang is granted again across two nodes and resumes.
+    for j in inf:
+        if jm.get(j)["lease"]["allocation"]["node"] == "h100-0":
+            ray_jobs.statuses[jm.get(j)["ray_submission_id"]] = "SUCCEEDED"
+    cycle(ctl, jm, agents, 3)
+    g = jm.get(gang)
+    assert g["state"] == "running", jm.explain(gang)
+    assert {x["allocation"]["node"] for x in g["worker_leases"]} == {"a100-0", "h100-0"}
+    assert ray_jobs.submitted[f"{gang}.a2"]["env"]["ORCHESTRATOR_RESUME_FROM"] == str(ckpt)
+    # One worker's node is lost (h100-0's agent goes silent): the whole gang stops and is requeued.
+    for _ in range(6):  # past agent_ttl_s=5 for h100-0 only
+        clock.advance(1.0)
+        for name, a in agents.items():
+            if name != "h100-0":
+                a.beat()
+        ctl.reconcile()
+        jm.reconcile()
+    g = jm.get(gang)
+    assert g["state"] == "queued" and g["attempt"] == 3 and f"{gang}.a2" in ray_jobs.stopped
+    assert g["preemptions"][-1]["by"] == "node lost"
+    assert [ctl.get_lease(f"{gang}.a2-w{i}")["state"] for i in range(2)] == ["released", "lost"]
+
+
+def test_a_gang_job_that_can_never_fit_or_names_a_node_is_refused_naming_the_field(jm) -> None:
+    from orchestrator.sdk.inputs import as_spec
+
+    with pytest.raises(InvalidRequestError) as e:
+        as_spec({"name": "g", "entrypoint": "x", "gpu": "0x2"})
+    assert e.value.field == "gpu.workers"
+    with pytest.raises(InvalidRequestError) as e:
+        JobSpec(name="g", entrypoint="x", gpu=GpuRequest.parse("2").model_copy(update={"node": "a100-0"}), workers=2)
+    assert e.value.field == "gang.worker.node"
+    with pytest.raises(InvalidRequestError) as e:
+        as_spec({"name": "g", "entrypoint": "x", "gpu": "2x2", "workers": 3})
+    assert e.value.field == "workers"

@@ -233,3 +233,24 @@ def test_every_command_maps_errors_to_the_same_exit_codes() -> None:
             with cli._errors(as_json=False):
                 boom()
         assert jobs_exit.value.exit_code == code
+
+
+def test_submit_takes_a_gang_and_explain_says_what_each_worker_waits_on(head: InProcessHead) -> None:
+    r = run("submit", "--gpu", "2x2", "--priority", "training", "--json", "--", "sleep", "600")
+    assert r.exit_code == 0, r.output
+    job = json.loads(r.stdout)
+    assert job["gpu"].startswith("gang 2x[2x whole") and job["workers"] == 2
+    _running(head, job["job_id"])
+    d = head.service.get_job(job["job_id"])
+    assert [w["state"] for w in d["worker_leases"]] == ["active", "active"]
+    # Two workers of four cards: only a100-0 holds one; the gang waits whole, and explain says why per worker.
+    r = run("submit", "--gpu", "2x4", "--json", "--", "true")
+    assert r.exit_code == 0, r.output
+    big = json.loads(r.stdout)["job_id"]
+    head.wait_for(lambda: head.service.explain_job(big)["pending"] is not None, 10, f"{big} considered")
+    r = run("explain", big)
+    assert r.exit_code == 0, r.output
+    assert "gang of 2 workers, granted all or none:" in r.stdout
+    assert f"worker 0 ({big}.a1-w0): pending" in r.stdout and f"worker 1 ({big}.a1-w1): pending" in r.stdout
+    ex = json.loads(run("explain", big, "--json").stdout)
+    assert all(w["state"] == "pending" and "gang" in w["reason"] for w in ex["workers"]), ex["workers"]
