@@ -45,23 +45,15 @@ import subprocess
 import sys
 import time
 
+from orchestrator.deploy.watchdog import die_with_parent  # SIGTERM to the demo when the bench dies
+
 #: The demo runs on this interpreter and this checkout's code (PYTHONPATH), as the bench does.
 ORCHESTRATOR = [sys.executable, "-m", "orchestrator.cli.main"]
 
 
-def _die_with_parent() -> None:
-    """In the demo's process before exec: SIGTERM it when the bench dies, even by SIGKILL (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the bench's own handler below still forwards signals
-        pass
-
-
 def _run_demo(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run one demo; SIGINT, SIGTERM and SIGHUP to the bench go to it, and the bench waits for its clean-up."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
     got: list[int] = []
 
     def forward(signum: int, frame: object) -> None:

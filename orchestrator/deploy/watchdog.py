@@ -62,6 +62,19 @@ class Watchdog:
             os.close(fd)
 
 
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """A ``preexec_fn``: the child gets ``sig`` when the thread that started it ends (Linux; elsewhere nothing).
+
+    For plain children of a process-bound command (a bench's demo, the demo's comparison), started from the
+    main thread, whose end is the process's. Not for raylets: ``orchestrator up`` leaves those running."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start(state_dir: Path, log: Path, env: dict[str, str] | None = None) -> Watchdog:
     """Start the watchdog of ``state_dir``; its output goes to ``log``."""
     read_end, write_end = os.pipe()  # both non-inheritable: only the watchdog gets read_end, as its stdin

@@ -150,3 +150,21 @@ def test_down_after_a_sigkilled_up_stops_what_its_dead_ray_start_left(tmp_path: 
         for p in (ours, other):
             for pid in session_members(p.sid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_started_with_die_with_parent_ends_with_its_sigkilled_parent(tmp_path: Path) -> None:
+    """What the bench gives its demo and the demo its comparison: PR_SET_PDEATHSIG."""
+    script = ("import subprocess, sys, time\nfrom orchestrator.deploy.watchdog import die_with_parent\n"
+              "c = subprocess.Popen(['sleep', '300'], preexec_fn=die_with_parent)\nprint(c.pid, flush=True)\n"
+              "time.sleep(300)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        parent.kill()
+        parent.wait(timeout=10)
+        assert _gone(child, 10)
+    finally:
+        if launcher._stat(child) is not None:
+            os.kill(child, signal.SIGKILL)
