@@ -292,17 +292,17 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
                   env={k: env[k] for k in (*auth, "RAY_TMPDIR")}, started_at=time.time(), dashboard=plan.dashboard,
                   run_id=run_id)
     state.save(state_dir)  # the run id first: a raylet started but not yet recorded still carries it
-    dog_env = dict(os.environ)
-    dog_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), dog_env.get("PYTHONPATH", "")) if p)
-    dog = watchdog.start(state_dir, state_dir / "logs" / "watchdog.log", env=dog_env)
-    _WATCHDOGS[state_dir.resolve()] = dog
-    st = _stat(dog.pid)
-    state.watchdog = Proc("watchdog", dog.pid, st[0], st[1]) if st is not None else None
-    try:
+    try:  # from here on, whatever happens, `down` (ours, the watchdog's or the user's) cleans up
+        dog_env = dict(os.environ)
+        dog_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), dog_env.get("PYTHONPATH", "")) if p)
+        dog = watchdog.start(state_dir, state_dir / "logs" / "watchdog.log", env=dog_env)
+        _WATCHDOGS[state_dir.resolve()] = dog
+        st = _stat(dog.pid)
+        state.watchdog = Proc("watchdog", dog.pid, st[0], st[1]) if st is not None else None
         head = plan.nodes[0]
         progress(f"starting raylet {head.name} (Ray head node) at {plan.address}")
         state.processes.append(_spawn(head, env, state_dir / "tmp"))
-        state.save(state_dir)  # from here on, `down` can clean up whatever happens next
+        state.save(state_dir)
         _wait_started(state.processes[-1], head, deadline)
         # One at a time: raylets starting together on one host race for ports and log file names.
         for node in plan.nodes[1:]:
@@ -320,7 +320,7 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     state.up_seconds = round(time.monotonic() - t0, 2)
     state.save(state_dir)
     if outlive:
-        _WATCHDOGS.pop(state_dir.resolve(), dog).detach()
+        _WATCHDOGS.pop(state_dir.resolve()).detach()
     return state
 
 
