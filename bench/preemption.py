@@ -31,18 +31,46 @@ checkpoints through Ray Train and resumes from that ``Checkpoint``; the figures 
     .venv/bin/python bench/preemption.py --holder actor --victim cooperative --rounds 20 --json
     .venv/bin/python bench/preemption.py --holder actor --victim rogue --rounds 10 --json
     .venv/bin/python bench/preemption.py --holder gang --rounds 5 --json
+
+SIGINT, SIGTERM and SIGHUP go on to the running demo, which stops its cluster (and, should it die trying,
+its watchdog does: docs/signals.md); the demo also gets SIGTERM if the bench is SIGKILLed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ORCHESTRATOR = str(Path(sys.executable).parent / "orchestrator")
+from orchestrator.deploy.watchdog import die_with_parent  # SIGTERM to the demo when the bench dies
+
+#: The demo runs on this interpreter and this checkout's code (PYTHONPATH), as the bench does.
+ORCHESTRATOR = [sys.executable, "-m", "orchestrator.cli.main"]
+
+
+def _run_demo(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run one demo; SIGINT, SIGTERM and SIGHUP to the bench go to it, and the bench waits for its clean-up."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
+    got: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        got.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        out, _ = proc.communicate()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if got:
+        print(f"stopped by {signal.Signals(got[0]).name}; the demo stopped what it started", file=sys.stderr)
+        sys.exit(128 + got[0])
+    return subprocess.CompletedProcess(argv, proc.returncode, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in a.modes.split(","):
         # One process per run: each starts and stops its own cluster, and Ray's client state does not carry over.
         print(f"[{time.monotonic() - t0:7.1f}s] {mode}: {a.rounds} rounds", file=sys.stderr, flush=True)
-        proc = subprocess.run([ORCHESTRATOR, "demo", "--json", "--mode", mode, "--rounds", str(a.rounds),
-                               "--steps", str(a.steps), "--step-delay", str(a.step_delay), *extra],
-                              stdout=subprocess.PIPE, text=True, check=False)
+        proc = _run_demo([*ORCHESTRATOR, "demo", "--json", "--mode", mode, "--rounds", str(a.rounds),
+                          "--steps", str(a.steps), "--step-delay", str(a.step_delay), *extra])
         if proc.returncode not in (0, 1):
             print(f"{mode}: orchestrator demo exited {proc.returncode}", file=sys.stderr)
             return proc.returncode

@@ -10,6 +10,7 @@ prints exactly one JSON object on stdout; progress and errors go to stderr.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,6 +37,10 @@ def _fail(e: Exception, as_json: bool = False) -> "typer.Exit":
     return typer.Exit(code)
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def _state_dir(state_dir: Optional[Path]) -> Path:
     from orchestrator.core.statefile import default_state_dir
 
@@ -54,15 +59,23 @@ def up(
     from orchestrator.core.config import DEMO_CONFIG, load_config
     from orchestrator.deploy import local as launcher
 
+    # SIGTERM and SIGHUP stop a bring-up as Ctrl-C does (up_local stops what it started); if `up` dies
+    # anyway, its watchdog does (orchestrator/deploy/watchdog.py).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
     try:
         cfg = load_config(config or DEMO_CONFIG)
         sd = _state_dir(state_dir)
         if address:
             state = launcher.attach(cfg, address, sd, progress=_progress, timeout_s=timeout)
         else:
-            state = launcher.up_local(cfg, sd, progress=_progress, timeout_s=timeout, dashboard=dashboard)
+            state = launcher.up_local(cfg, sd, progress=_progress, timeout_s=timeout, dashboard=dashboard,
+                                         outlive=True)  # until `down`; a watchdog stops it if `up` dies first
     except OrchestratorError as e:
         raise _fail(e) from None
+    except KeyboardInterrupt:
+        _progress("interrupted: stopped what up had started")
+        raise typer.Exit(130) from None
     _progress(f"up in {state.up_seconds}s; state in {sd}")
     typer.echo(state.address)
 

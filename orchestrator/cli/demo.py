@@ -62,6 +62,7 @@ def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any
     work = sd / "work"
     started = False
     page = None
+    interrupted = False
     try:
         state = launcher.up_local(cfg, sd, progress=progress or say)
         started = True
@@ -92,9 +93,13 @@ def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any
         out = res.figures()
         out["up_s"] = state.up_seconds
         return out
+    except (KeyboardInterrupt, SystemExit):
+        interrupted = True
+        raise
     finally:
         if page is not None:
-            page.stop(out_dir)
+            # Interrupted: stop now, without waiting (up to 90 s) for the comparison the report would show.
+            page.stop(None if interrupted else out_dir)
         ray_api.disconnect()
         if started or (sd / "state.json").exists():
             launcher.down(sd, progress=progress or say, keep_logs=keep)

@@ -47,6 +47,10 @@ class State:
     up_seconds: float | None = None
     started_head: bool = True  # False when `up --address` found a head already running: down leaves it
     dashboard: str = ""  # Ray's API server (job submission), local clusters only
+    #: Every process of a local cluster carries ``ORCHESTRATOR_RUN=<run_id>`` in its environment (a job driver
+    #: too, though Ray starts it in a session of its own): how ``down`` finds what the sessions miss.
+    run_id: str = ""
+    watchdog: Proc | None = None  # stops the cluster if the command that owns it dies (deploy/watchdog.py)
 
     @staticmethod
     def path(state_dir: Path) -> Path:
@@ -65,4 +69,6 @@ class State:
             return None
         d = json.loads(p.read_text())
         d["processes"] = [Proc(**x) for x in d.get("processes", [])]
+        if d.get("watchdog"):
+            d["watchdog"] = Proc(**d["watchdog"])
         return cls(**d)

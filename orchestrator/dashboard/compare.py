@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from orchestrator.dashboard.app import Comparison
+from orchestrator.deploy.watchdog import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_OPENB = REPO.parent / "shared" / "traces" / "openb"
@@ -51,8 +52,9 @@ class ComparisonJob:
         nodes, pods = self.trace
         argv = [sys.executable, "-m", "orchestrator.cli.main", "sim", "schemes", "--nodes", str(nodes),
                 "--pods", str(pods), "--target-pct", str(self.target_pct)]
+        # Its own session (a Ctrl-C is the demo's to handle), yet it dies with the demo, SIGKILL included.
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         self._thread = threading.Thread(target=self._wait, name="dashboard-compare", daemon=True)
         self._thread.start()
         return self

@@ -14,9 +14,21 @@ every Ray process on the host, other people's included):
   node -- GCS, raylet, agents, workers -- stay in it. The state file records
   each ``ray start`` PID, its session id and its start time (so a recycled PID
   is never signalled);
+* every process of the cluster carries ``ORCHESTRATOR_RUN=<run id>`` in its
+  environment (the run id is in the state file): Ray starts job drivers in
+  sessions of their own, and this marker finds them;
 * ``down`` sends SIGTERM to each ``ray start`` (Ray drains and stops the
-  node's processes), waits, then SIGKILLs whatever is left *in those
-  sessions*; for an attached cluster it kills only the head and agent actors.
+  node's processes; when a ``ray start`` is gone, to what is left of its
+  session), waits, then SIGKILLs whatever is left in those sessions or carries
+  the marker (:func:`leftovers`); for an attached cluster it kills only the
+  head and agent actors. It works from the state file alone, so it cleans up
+  after an ``up`` that was SIGKILLed.
+
+Signals (docs/signals.md): before its first raylet, ``up_local`` starts a
+watchdog (:mod:`orchestrator.deploy.watchdog`) that runs ``down`` if the
+command dies without saying otherwise. ``orchestrator up`` tells it to let the
+cluster outlive the command (``outlive=True``); a demo, a scenario or a bench
+keeps it armed until its own ``down``.
 
 Everything ``up`` writes -- the state file, raylet logs, Ray's session
 directories (``RAY_TMPDIR``), the auth token it had to make -- lives in one
@@ -53,7 +65,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Object store per raylet: small, since nothing large moves through a simulated cluster.
 OBJECT_STORE_BYTES = 128 * 1024 * 1024
 Progress = Callable[[str], None]
-
+#: The environment variable that marks every process of one local cluster (its value: the state's run id).
+RUN_MARKER = "ORCHESTRATOR_RUN"
 
 
 
@@ -163,6 +176,57 @@ def _same_process(p: Proc) -> bool:
     return st is not None and st[1] == p.start_ticks
 
 
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    """One live process as ``down`` sees it: its session, start time and run marker (None: none, or unreadable)."""
+
+    pid: int
+    sid: int
+    start_ticks: int
+    run: str | None = None
+
+
+def _run_marker(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()  # the environment it started with; others' are unreadable
+    except OSError:
+        return None
+    prefix = RUN_MARKER.encode() + b"="
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
+
+
+def process_table() -> list[ProcInfo]:
+    """Every live process of the host, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                out.append(ProcInfo(int(entry), st[0], st[1], _run_marker(int(entry))))
+    return out
+
+
+def leftovers(state: State, table: list[ProcInfo], me: int) -> list[int]:
+    """The pids ``down`` SIGKILLs once its SIGTERMs had their grace. Pure.
+
+    A process is ours when it is in the session of a recorded ``ray start`` -- unless that session's leader
+    is alive with another start time (the session id, a pid, was reused: someone else's session) -- or
+    when it carries this run's marker. Never ``me`` (the process running ``down``) nor the watchdog.
+    """
+    by_pid = {p.pid: p for p in table}
+    sessions = set()
+    for p in state.processes:
+        leader = by_pid.get(p.sid)
+        if leader is None or leader.start_ticks == p.start_ticks:
+            sessions.add(p.sid)
+    spare = {me} | ({state.watchdog.pid} if state.watchdog is not None else set())
+    return sorted(p.pid for p in table if p.pid not in spare
+                  and (p.sid in sessions or (state.run_id and p.run == state.run_id)))
+
+
 # ---- up ----------------------------------------------------------------------------------------
 def _spawn(node: NodeLaunch, env: dict[str, str], cwd: Path) -> Proc:
     Path(node.log).parent.mkdir(parents=True, exist_ok=True)
@@ -178,12 +242,13 @@ def _spawn(node: NodeLaunch, env: dict[str, str], cwd: Path) -> Proc:
     raise OrchestratorError(f"raylet of {node.name} exited at once; see {node.log}")
 
 
-def _child_env(state_dir: Path, auth: dict[str, str]) -> dict[str, str]:
+def _child_env(state_dir: Path, auth: dict[str, str], run_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(auth)
     env["RAY_TMPDIR"] = str(state_dir / "ray")
     env["TMPDIR"] = str(state_dir / "tmp")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env[RUN_MARKER] = run_id
     # `down` stops the whole cluster: a SIGTERMed raylet need not wait (30 s by default) for
     # its detached actors to drain away first.
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
@@ -199,9 +264,18 @@ def _apply_env(env: dict[str, str]) -> None:
     os.environ.update(env)
 
 
+#: The armed watchdogs of this process, by state directory: ``down`` disarms the one of the cluster it stopped.
+_WATCHDOGS: dict[Path, Any] = {}
+
+
 def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, timeout_s: float = 180.0,
-             dashboard: bool = True) -> State:
-    """Start a local cluster for ``config`` and the orchestrator on it; see the module docstring."""
+             dashboard: bool = True, outlive: bool = False) -> State:
+    """Start a local cluster for ``config`` and the orchestrator on it; see the module docstring.
+
+    ``outlive`` False (a demo, a scenario, a bench): the cluster is stopped when this process ends, by its
+    own ``down`` or else by the watchdog. True (``orchestrator up``): once up, it runs until ``down``."""
+    from orchestrator.deploy import watchdog
+
     if State.load(state_dir) is not None:
         raise ConfigError("state_dir", str(state_dir), "a directory without a running orchestrator",
                           detail="one is already up there: run `orchestrator down` first, or pass --state-dir")
@@ -210,16 +284,25 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     for sub in ("ray", "tmp", "logs"):
         (state_dir / sub).mkdir(parents=True, exist_ok=True)
     auth = auth_env(state_dir)
-    env = _child_env(state_dir, auth)
+    run_id = secrets.token_hex(8)
+    env = _child_env(state_dir, auth, run_id)
     plan = plan_local_cluster(config, state_dir, dashboard=dashboard)
     s = config.settings
     state = State(plan.address, s.namespace, s.head_name, attached=False,
-                  env={k: env[k] for k in (*auth, "RAY_TMPDIR")}, started_at=time.time(), dashboard=plan.dashboard)
-    try:
+                  env={k: env[k] for k in (*auth, "RAY_TMPDIR")}, started_at=time.time(), dashboard=plan.dashboard,
+                  run_id=run_id)
+    state.save(state_dir)  # the run id first: a raylet started but not yet recorded still carries it
+    try:  # from here on, whatever happens, `down` (ours, the watchdog's or the user's) cleans up
+        dog_env = dict(os.environ)
+        dog_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), dog_env.get("PYTHONPATH", "")) if p)
+        dog = watchdog.start(state_dir, state_dir / "logs" / "watchdog.log", env=dog_env)
+        _WATCHDOGS[state_dir.resolve()] = dog
+        st = _stat(dog.pid)
+        state.watchdog = Proc("watchdog", dog.pid, st[0], st[1]) if st is not None else None
         head = plan.nodes[0]
         progress(f"starting raylet {head.name} (Ray head node) at {plan.address}")
         state.processes.append(_spawn(head, env, state_dir / "tmp"))
-        state.save(state_dir)  # from here on, `down` can clean up whatever happens next
+        state.save(state_dir)
         _wait_started(state.processes[-1], head, deadline)
         # One at a time: raylets starting together on one host race for ports and log file names.
         for node in plan.nodes[1:]:
@@ -236,6 +319,8 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
         raise
     state.up_seconds = round(time.monotonic() - t0, 2)
     state.save(state_dir)
+    if outlive:
+        _WATCHDOGS.pop(state_dir.resolve()).detach()
     return state
 
 
@@ -331,6 +416,7 @@ def down(state_dir: Path, *, progress: Progress, keep_logs: bool = False, grace_
     state = State.load(state_dir)
     if state is None:
         progress(f"nothing to stop: no state in {state_dir}")
+        _disarm(state_dir)
         return report
     if state.attached and state.started_head:
         _apply_env(state.env)
@@ -346,31 +432,53 @@ def down(state_dir: Path, *, progress: Progress, keep_logs: bool = False, grace_
     # Workers first, the head node (GCS) last, so raylets do not spin waiting for a dead GCS.
     procs = list(state.processes)
     for group in (procs[1:], procs[:1]):
+        signalled = []
         for p in group:
             if _same_process(p):
-                os.kill(p.pid, signal.SIGTERM)
+                _signal(p.pid, signal.SIGTERM)
                 report.terminated.append(p.node)
                 progress(f"stopping raylet {p.node} (pid {p.pid})")
-        _wait_gone(group, grace_s)
-    for p in procs:  # whatever did not stop, in the sessions we started and nowhere else
-        leader = _stat(p.sid)
-        if leader is not None and leader[1] != p.start_ticks:
-            continue  # the session id now belongs to someone else's process
-        for pid in session_members(p.sid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                report.killed.append(pid)
-            except ProcessLookupError:
-                pass
+                signalled.append(p)
+            elif _stat(p.sid) is None and session_members(p.sid):
+                # Its `ray start` was killed (an `up` SIGKILLed with it): Ray's processes of that node are
+                # left in the session without it; give them the SIGTERM it would have given.
+                for pid in session_members(p.sid):
+                    _signal(pid, signal.SIGTERM)
+                progress(f"stopping what is left of raylet {p.node} (session {p.sid})")
+                signalled.append(p)
+        _wait_gone(signalled, grace_s)
+    doomed = leftovers(state, process_table(), os.getpid())
+    report.killed = [pid for pid in doomed if _signal(pid, signal.SIGKILL)]
     if report.killed:
         progress(f"killed {len(report.killed)} leftover processes")
-        _wait_gone(procs, 5.0)
+        _wait_pids_gone(report.killed, 5.0)
+    _disarm(state_dir)
     if keep_logs:
         State.path(state_dir).unlink(missing_ok=True)
     else:
         shutil.rmtree(state_dir, ignore_errors=True)
         report.removed = str(state_dir)
     return report
+
+
+def _disarm(state_dir: Path) -> None:
+    dog = _WATCHDOGS.pop(state_dir.resolve(), None)
+    if dog is not None:
+        dog.done()
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _wait_pids_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_stat(pid) is not None for pid in pids):
+        time.sleep(0.1)
 
 
 def _wait_gone(procs: list[Proc], timeout_s: float) -> None:

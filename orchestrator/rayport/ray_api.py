@@ -36,7 +36,9 @@ token); a cluster without our head is found by the SDK (``HeadNotFoundError``).
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -83,6 +85,10 @@ def connect(address: str | None, namespace: str, *, timeout_s: float | None = No
     _refresh_auth()
     gcs, source = _resolve_address(given, source)
     _probe_gcs(gcs, source, deadline, budget)
+    # ray.init replaces the driver's SIGTERM handler (with sys.exit) and Ray's core installs a C handler
+    # that prints a stack: a command that turns SIGTERM into its own clean-up gets it back afterwards.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
         ray.init(address=gcs, namespace=namespace, logging_level="ERROR", log_to_driver=False,
                  configure_logging=False)
@@ -90,6 +96,9 @@ def connect(address: str | None, namespace: str, *, timeout_s: float | None = No
         raise ClusterAuthError(gcs, source, token_sources(), sent=False) from None
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ClusterNotFoundError(gcs, source, _one_line(e)) from None
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
     return gcs
 
 
