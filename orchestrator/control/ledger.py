@@ -21,13 +21,18 @@ Invariants:
   state, and the occupying leases of each node) equal to a scan of it. Every
   query answers in ``entries``' order, as a scan would: the head's cost then
   grows with what a query returns, not with every lease the ledger keeps
-  (``docs/scaling.md``).
+  (``docs/scaling.md``);
+* a watcher (:meth:`Ledger.watch`) sees every change of ``entries`` as ``(old, new)``
+  (``None`` for an entry that comes or goes), after the indexes moved, in the order
+  the changes happen; it is first told of every entry already there as ``(None, e)``.
+  What it keeps from them is its own (the metrics' lease counts): it must not change
+  the ledger.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Collection, Iterable, Iterator
+from typing import Any, Callable, Collection, Iterable, Iterator
 
 from orchestrator.control.handout import Handout
 from orchestrator.control.store import StateStore
@@ -150,6 +155,17 @@ class Ledger:
         self._on_node: dict[str, set[str]] = {}
         self._node_versions: dict[str, int] = {}  # bumped whenever an occupying lease of the node changes
         self._victims: dict[str, set[str]] = {}  # a request's id -> the leases preempted (or being) for it
+        self._watchers: list[Callable[[LedgerEntry | None, LedgerEntry | None], None]] = []
+
+    def watch(self, fn: Callable[[LedgerEntry | None, LedgerEntry | None], None]) -> None:
+        """Call ``fn(old, new)`` on every change of ``entries`` from now on, after telling it of every
+        entry already there as ``(None, e)`` (see the module docstring)."""
+        for e in self.entries.values():
+            fn(None, e)
+        self._watchers.append(fn)
+
+    def unwatch(self, fn: Callable[[LedgerEntry | None, LedgerEntry | None], None]) -> None:
+        self._watchers.remove(fn)
 
     def restore(self) -> list[LedgerEntry]:
         meta = self.store.get(self.meta_key) or {}
@@ -200,6 +216,8 @@ class Ledger:
             if e.lease.allocation is not None:
                 self._on_node.setdefault(e.lease.allocation.node_name, set()).add(lid)
                 self._bump(e.lease.allocation.node_name)
+        for fn in self._watchers:
+            fn(old, e)
 
     def _unindex(self, e: LedgerEntry) -> None:
         lid = e.lease_id
@@ -244,8 +262,11 @@ class Ledger:
     def drop(self, lease_id: str) -> None:
         """Forget an ended lease, from the store first."""
         self.store.delete(self.prefix + lease_id)
-        self._unindex(self.entries.pop(lease_id))
+        old = self.entries.pop(lease_id)
+        self._unindex(old)
         del self._pos[lease_id]
+        for fn in self._watchers:
+            fn(old, None)
 
     def get(self, lease_id: str) -> LedgerEntry:
         try:
