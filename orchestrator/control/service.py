@@ -146,8 +146,8 @@ class HeadService:
             gc.unfreeze()
         gc.collect()
         gc.freeze()
-        log.log(logging.INFO if action is not HeapAction.FREEZE_RECENT else logging.DEBUG,
-                "heap %s (%s): %d objects frozen", action.value, why, gc.get_freeze_count())
+        if action is not HeapAction.FREEZE_RECENT:  # gc.get_freeze_count() walks every frozen object: not each time
+            log.info("heap %s (%s): %d objects frozen", action.value, why, gc.get_freeze_count())
 
     def cycle_safely(self) -> ReconcileReport | None:
         """:meth:`cycle`, logging instead of raising: one bad cycle never stops the loop (the next one retries)."""
