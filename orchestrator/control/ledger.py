@@ -21,13 +21,23 @@ Invariants:
   state, and the occupying leases of each node) equal to a scan of it. Every
   query answers in ``entries``' order, as a scan would: the head's cost then
   grows with what a query returns, not with every lease the ledger keeps
-  (``docs/scaling.md``).
+  (``docs/scaling.md``);
+* every ended entry has an item ``(ended at, position, id)`` in the ended-lease heap, so
+  :meth:`Ledger.prune_ended` pops what ended before its cutoff instead of walking every
+  ended lease (a day of them by default); an item whose entry is gone or changed is
+  stale and skipped;
+* a watcher (:meth:`Ledger.watch`) sees every change of ``entries`` as ``(old, new)``
+  (``None`` for an entry that comes or goes), after the indexes moved, in the order
+  the changes happen; it is first told of every entry already there as ``(None, e)``.
+  What it keeps from them is its own (the metrics' lease counts): it must not change
+  the ledger.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
-from typing import Any, Collection, Iterable, Iterator
+from typing import Any, Callable, Collection, Iterable, Iterator
 
 from orchestrator.control.handout import Handout
 from orchestrator.control.store import StateStore
@@ -150,6 +160,18 @@ class Ledger:
         self._on_node: dict[str, set[str]] = {}
         self._node_versions: dict[str, int] = {}  # bumped whenever an occupying lease of the node changes
         self._victims: dict[str, set[str]] = {}  # a request's id -> the leases preempted (or being) for it
+        self._ended: list[tuple[float, int, str]] = []  # heap: (ended at, position, id) of ended entries
+        self._watchers: list[Callable[[LedgerEntry | None, LedgerEntry | None], None]] = []
+
+    def watch(self, fn: Callable[[LedgerEntry | None, LedgerEntry | None], None]) -> None:
+        """Call ``fn(old, new)`` on every change of ``entries`` from now on, after telling it of every
+        entry already there as ``(None, e)`` (see the module docstring)."""
+        for e in self.entries.values():
+            fn(None, e)
+        self._watchers.append(fn)
+
+    def unwatch(self, fn: Callable[[LedgerEntry | None, LedgerEntry | None], None]) -> None:
+        self._watchers.remove(fn)
 
     def restore(self) -> list[LedgerEntry]:
         meta = self.store.get(self.meta_key) or {}
@@ -193,6 +215,8 @@ class Ledger:
             self._unindex(old)
         self.entries[lid] = e
         self._by_state[e.lease.state].add(lid)
+        if e.lease.state in LEASE_TRANSITIONS.terminal and (old is None or old.lease.history[-1] != e.lease.history[-1]):
+            heapq.heappush(self._ended, (e.lease.history[-1].at, self._pos[lid], lid))
         if e.preempt_for:
             self._victims.setdefault(e.preempt_for, set()).add(lid)
         if e.lease.holding or e.revoking:
@@ -200,6 +224,8 @@ class Ledger:
             if e.lease.allocation is not None:
                 self._on_node.setdefault(e.lease.allocation.node_name, set()).add(lid)
                 self._bump(e.lease.allocation.node_name)
+        for fn in self._watchers:
+            fn(old, e)
 
     def _unindex(self, e: LedgerEntry) -> None:
         lid = e.lease_id
@@ -226,16 +252,25 @@ class Ledger:
         return [self.entries[i] for i in sorted(ids, key=pos.__getitem__)]
 
     def prune_ended(self, cutoff: float) -> list[str]:
-        """Drop leases that ended before ``cutoff``, from the store first; returns their ids.
+        """Drop leases that ended before ``cutoff``, from the store first; returns their ids in ``entries``' order.
 
         A lease stays while a later attempt it was requeued as is still live (so
         ``latest`` keeps leading a client holding the first id to the running one),
-        and while its devices await the agent's confirmation."""
+        and while its devices await the agent's confirmation. The candidates come off
+        the ended-lease heap (O(ended before the cutoff x log)); those that stay go back
+        on it, to be asked again at the next prune, as a scan would."""
+        heap, entries = self._ended, self.entries
+        due: dict[str, LedgerEntry] = {}
+        while heap and heap[0][0] <= cutoff:
+            at, _, lid = heapq.heappop(heap)
+            e = entries.get(lid)
+            if e is None or e.lease.state not in LEASE_TRANSITIONS.terminal or e.lease.history[-1].at != at:
+                continue  # stale: dropped already, or its item was pushed again when it changed
+            due[lid] = e
         out = []
-        for e in self.in_state(*LEASE_TRANSITIONS.terminal):
-            if e.revoking or e.lease.history[-1].at > cutoff:
-                continue
-            if not self.latest(e.lease_id).lease.terminal:
+        for e in self.in_order(due):
+            if e.revoking or not self.latest(e.lease_id).lease.terminal:
+                heapq.heappush(heap, (e.lease.history[-1].at, self._pos[e.lease_id], e.lease_id))
                 continue
             self.drop(e.lease_id)
             out.append(e.lease_id)
@@ -244,8 +279,11 @@ class Ledger:
     def drop(self, lease_id: str) -> None:
         """Forget an ended lease, from the store first."""
         self.store.delete(self.prefix + lease_id)
-        self._unindex(self.entries.pop(lease_id))
+        old = self.entries.pop(lease_id)
+        self._unindex(old)
         del self._pos[lease_id]
+        for fn in self._watchers:
+            fn(old, None)
 
     def get(self, lease_id: str) -> LedgerEntry:
         try:

@@ -67,7 +67,7 @@ is the same data as JSON for the head's API.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -173,7 +173,7 @@ class HeadMetrics:
                                            ["service"], registry=r, buckets=LATENCY_BUCKETS)
         self.slo_misses = Counter("orchestrator_inference_slo_misses", "Inference requests slower than the SLO",
                                   ["service"], registry=r)
-        self._holding_seen: set[str] = set()
+        self._counts: tuple[Any, LeaseCounts] | None = None  # (the ledger watched, its live lease counts)
         self._ended_seen: set[str] = set()
         self._server: Any = None
         self._synced: dict[str, dict[tuple[str, ...], float]] = {}  # per gauge: the values it was last set to
@@ -192,31 +192,18 @@ class HeadMetrics:
         snap = ctl.snapshot()
         self.gpus_total.set(snap.capacity_milli() / 1000)
         self.gpus_allocated.set(snap.allocated_milli() / 1000)
-        # Live leases and the preempted ones are read through the ledger's indexes: the ended leases it
-        # keeps for a day cost nothing here.
+        # Live leases are counted as the ledger changes (LeaseCounts), not walked each cycle; the preempted
+        # ones are read through its state index: the other ended leases it keeps for a day cost nothing here.
         ledger = ctl.ledger
-        live = ledger.in_state_any_order(*(s for s in LeaseState if s not in LEASE_TRANSITIONS.terminal))
+        counts = self._lease_counts(ledger)
         preempted = ledger.in_state_any_order(LeaseState.PREEMPTED)
-        queued: dict[tuple[str, ...], float] = {}
-        by_state: dict[tuple[str, ...], float] = {}
-        active: dict[tuple[str, ...], float] = {}
-        holding: set[str] = set()
-        first_held = []
-        for e in live:
-            lease = e.lease
-            kind = lease.allocation.kind.value if lease.allocation else (e.spec.request.kind or "any")
-            _inc(by_state, (str(getattr(kind, "value", kind)), lease.state.value))
-            if lease.state is LeaseState.PENDING:
-                _inc(queued, (lease.priority_class or "none", e.spec.queue or "default"))
-            elif lease.holding and lease.allocation is not None:
-                _inc(active, (lease.allocation.kind.value,))
-                holding.add(lease.lease_id)
-                if lease.lease_id not in self._holding_seen:
-                    first_held.append(e)
-        for e in first_held:
+        entered, counts.entered = counts.entered, set()
+        for lid in entered:
+            e = ledger.find(lid)
+            if e is None or not (e.lease.holding and e.lease.allocation is not None):
+                continue  # gone again before this cycle looked: a scan would not have seen it hold
             self._first_held(e, [t.at for v in ledger.victims_for(e.lease_id) for t in v.lease.history
                                  if t.state in (LeaseState.CHECKPOINTING, LeaseState.PREEMPTED)])
-        self._holding_seen &= holding  # each lease is observed once, when it first holds
         for e in preempted:
             if e.lease.lease_id not in self._ended_seen:
                 self._ended_seen.add(e.lease.lease_id)
@@ -224,9 +211,9 @@ class HeadMetrics:
                 if asked is not None and yielded is not None and e.lease.checkpoint_path:
                     self.checkpoint.observe(max(0.0, yielded - asked))
         self._ended_seen &= {e.lease_id for e in preempted}
-        self._sync(self.queue_length, queued, keep_zero=True)
-        self._sync(self.leases, by_state, keep_zero=True)
-        self._sync(self.leases_active, active, keep_zero=True)
+        self._sync(self.queue_length, counts.queued, keep_zero=True)
+        self._sync(self.leases, counts.by_state, keep_zero=True)
+        self._sync(self.leases_active, counts.active, keep_zero=True)
         self._capacity(ctl, measured or {})
         now = ctl.clock()
         if now - self._heartbeat_ages_at >= HEARTBEAT_AGE_EVERY_S:
@@ -235,10 +222,21 @@ class HeadMetrics:
         if report is not None:
             self._count(ctl, report)
 
+    def _lease_counts(self, ledger: Any) -> "LeaseCounts":
+        """The counts of ``ledger``'s live leases, kept by watching it (:meth:`Ledger.watch`) from the
+        first update on; a head restarted over a new ledger with these metrics gets new counts."""
+        if self._counts is None or self._counts[0] is not ledger:
+            if self._counts is not None:
+                self._counts[0].unwatch(self._counts[1].change)
+            counts = LeaseCounts()
+            ledger.watch(counts.change)
+            self._counts = (ledger, counts)
+        return self._counts[1]
+
     def _first_held(self, e: Any, decided: list[float]) -> None:
-        """A lease seen holding for the first time; ``decided``: when victims were chosen for it."""
+        """A lease seen holding for the first time (each lease begins holding once: :class:`LeaseCounts`
+        reports it once); ``decided``: when victims were chosen for it."""
         lease = e.lease
-        self._holding_seen.add(lease.lease_id)
         granted = lease.entered(LeaseState.GRANTED)
         if granted is None:
             return
@@ -428,8 +426,70 @@ class HeadMetrics:
             self._server = None
 
 
-def _inc(d: dict[tuple[str, ...], float], key: tuple[str, ...]) -> None:
-    d[key] = d.get(key, 0) + 1
+def _inc(d: dict[tuple[str, ...], float], key: tuple[str, ...], n: int = 1) -> None:
+    v = d.get(key, 0) + n
+    if v:
+        d[key] = v
+    else:
+        del d[key]  # as a count from scratch would not have the key
+
+
+class LeaseCounts:
+    """The live (not ended) leases of a ledger, counted as they change (a :meth:`Ledger.watch` er).
+
+    Invariant: after any sequence of changes, ``by_state``, ``queued`` and ``active`` equal
+    :func:`count_live` over the ledger's entries (no zero entries), so a cycle reads them in
+    O(1) instead of walking every live lease; ``entered`` holds the ids that began holding
+    devices since the reader last emptied it (the reader checks they still hold)."""
+
+    __slots__ = ("by_state", "queued", "active", "entered")
+
+    def __init__(self) -> None:
+        self.by_state: dict[tuple[str, ...], float] = {}  # (kind, state) -> live leases
+        self.queued: dict[tuple[str, ...], float] = {}  # (priority class, queue) -> pending leases
+        self.active: dict[tuple[str, ...], float] = {}  # (kind,) -> leases holding devices
+        self.entered: set[str] = set()
+
+    def change(self, old: Any, new: Any) -> None:
+        was = _live_keys(old) if old is not None else None
+        now = _live_keys(new) if new is not None else None
+        if was == now:
+            return
+        for keys, n in ((was, -1), (now, 1)):
+            if keys is None:
+                continue
+            state_key, queue_key, active_key = keys
+            _inc(self.by_state, state_key, n)
+            if queue_key is not None:
+                _inc(self.queued, queue_key, n)
+            if active_key is not None:
+                _inc(self.active, active_key, n)
+        if now is not None and now[2] is not None and (was is None or was[2] is None):
+            self.entered.add(new.lease_id)
+
+
+def _live_keys(e: Any) -> tuple[tuple[str, ...], tuple[str, ...] | None, tuple[str, ...] | None] | None:
+    """What one entry adds to the counts: (kind, state), (class, queue) if pending, (kind,) if holding;
+    None for an ended lease."""
+    lease = e.lease
+    if lease.state in LEASE_TRANSITIONS.terminal:
+        return None
+    kind = lease.allocation.kind.value if lease.allocation else (e.spec.request.kind or "any")
+    state_key = (str(getattr(kind, "value", kind)), lease.state.value)
+    if lease.state is LeaseState.PENDING:
+        return state_key, (lease.priority_class or "none", e.spec.queue or "default"), None
+    if lease.holding and lease.allocation is not None:
+        return state_key, None, (lease.allocation.kind.value,)
+    return state_key, None, None
+
+
+def count_live(entries: Iterable[Any]) -> LeaseCounts:
+    """:class:`LeaseCounts` from scratch, by walking ``entries`` (what the kept counts must equal)."""
+    counts = LeaseCounts()
+    for e in entries:
+        counts.change(None, e)
+    counts.entered.clear()
+    return counts
 
 
 def _sync(gauge: Gauge, values: Mapping[tuple[str, ...], float], *, keep_zero: bool = False) -> None:

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from orchestrator.control import edge, revocation
 from orchestrator.control.controller import HeadController, ReconcileReport
+from orchestrator.control.heap import HeapAction, HeapState, decide as decide_heap
 from orchestrator.control.inventory_check import InventoryCheck
 from orchestrator.control.jobs import JobManager, JobRunner
 from orchestrator.control.metrics import HeadMetrics
@@ -96,7 +97,7 @@ class HeadService:
         self.restored = self.ctl.restore()
         self.jobs.restore()
         self.started_at = clock()
-        self._nodes_seen = (0, 0)  # node records (when the heap was last frozen, at the last cycle)
+        self._heap = HeapState()  # when the heap was last frozen and collected (orchestrator.control.heap)
 
     # ---- time ----------------------------------------------------------------------------------
     def cycle(self) -> ReconcileReport:
@@ -117,30 +118,36 @@ class HeadService:
         for event in self.jobs.reconcile():
             log.info("%s", event)
         self.metrics.update(self.ctl, report, measured=self.ctl.measured)
-        self._freeze_when_settled()
+        self._tend_heap()
         if report.lost_nodes or report.lost_leases:
             log.warning("lost nodes %s, lost leases %s, requeued %s", report.lost_nodes, report.lost_leases,
                         report.requeued)
         return report
 
-    def _freeze_when_settled(self) -> None:
-        """Once nodes have joined (at start-up, after a restore, when the cluster grows) and the
-        agents asked for have registered -- or no more registered for a cycle -- collect garbage
-        once and freeze what survives (``gc.freeze``).
+    def _tend_heap(self) -> None:
+        """Collect and freeze the heap as :func:`orchestrator.control.heap.decide` says.
 
-        What the nodes brought (inventories, node records, the snapshot's static part, the
-        per-GPU series) lives as long as the nodes do; frozen, later full collections walk only
-        what came after it, instead of a million objects per pause at 5,000 nodes. The price:
-        a frozen object that later becomes part of a garbage cycle is not reclaimed (none of
-        these form cycles; they are freed by reference counting when dropped)."""
-        nodes = len(self.ctl.nodes.records)
-        frozen_at, last = self._nodes_seen
-        self._nodes_seen = (frozen_at, nodes)
-        if nodes > frozen_at and (not self.ctl.nodes.starts or nodes == last):
-            gc.collect()
-            gc.freeze()
-            self._nodes_seen = (nodes, nodes)
-            log.info("heap frozen after %d nodes joined: %d objects", nodes - frozen_at, gc.get_freeze_count())
+        Once nodes have joined (at start-up, after a restore, when the cluster grows) and the
+        agents asked for have registered -- or no more registered for a cycle -- collect garbage
+        once and freeze what survives (``gc.freeze``); after that, every ``FREEZE_EVERY_S`` of the
+        head's clock, collect what came since (a collection walks only what is not frozen) and
+        freeze it too; every ``FULL_EVERY_S``, unfreeze and collect everything once.
+
+        Frozen, what the nodes and the settled leases brought is not walked by later
+        collections, so a pause costs what changed since the last freeze instead of the whole
+        heap (a million objects and more at 5,000 nodes and 50,000 leases). The price: a frozen
+        object that later becomes part of a garbage cycle waits for the next full collection
+        (ledger entries, leases and node records form no cycles; reference counting frees them)."""
+        action, why, self._heap = decide_heap(self._heap, nodes=len(self.ctl.nodes.records),
+                                              starts_pending=bool(self.ctl.nodes.starts), now=self.clock())
+        if action is HeapAction.NONE:
+            return
+        if action is HeapAction.FULL_COLLECT:
+            gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        if action is not HeapAction.FREEZE_RECENT:  # gc.get_freeze_count() walks every frozen object: not each time
+            log.info("heap %s (%s): %d objects frozen", action.value, why, gc.get_freeze_count())
 
     def cycle_safely(self) -> ReconcileReport | None:
         """:meth:`cycle`, logging instead of raising: one bad cycle never stops the loop (the next one retries)."""

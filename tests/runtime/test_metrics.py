@@ -87,7 +87,7 @@ def test_metrics_follow_the_ledger_and_serve_over_http(ctl, agents, clock) -> No
     m.update(ctl)
     assert value(m, "orchestrator_leases_active", kind="whole") == 0
     assert not [k for k in samples(m) if k[0] == "orchestrator_lease_gpu_utilization_ratio" and ("lease", "a") in k[1]]
-    assert "a" not in m._holding_seen and "b" in m._holding_seen  # noqa: SLF001 - observed once, then forgotten
+    assert not m._counts[1].entered  # noqa: SLF001 - each lease observed once when it began holding, then forgotten
     m.update(ctl)
     assert value(m, "orchestrator_lease_wait_seconds_count") == 2  # not observed twice
     port = m.serve(0, "127.0.0.1")
