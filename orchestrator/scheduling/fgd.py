@@ -431,7 +431,11 @@ class DefaultPolicy(FgdPolicy):
                 # only what the host constraint adds: the type's claim on its feasible nodes beyond
                 # the claim it would spread over every node with its model and GPU count
                 out[feasible] += d * total * (1.0 / gpus[feasible].sum() - 1.0 / gpus[fits].sum())
-            return np.minimum(out, 1.0)
+            # It offsets the stranding term's pull towards CPU-rich nodes, so it fades with that term:
+            # where the workload out-asks the cluster's CPU (openb x2 CPU asks) both are off and FGD's
+            # own fit test (a type whose CPU does not fit makes the node's free GPU a fragment) decides.
+            fade = self.strand_weight_on(st) / self.strand_weight if self.strand_weight else 1.0
+            return np.minimum(out * fade, 1.0)
         return st.cache(("fgd", self.key, "host_scarcity", len(MODEL_NAMES)), build)
 
     @staticmethod

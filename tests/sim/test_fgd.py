@@ -251,3 +251,13 @@ def test_default_keeps_small_pods_off_the_only_node_a_big_pod_fits() -> None:
     assert "scarce-model GPU +0 milli" in got.reason.text
     big = place(snap.apply(got.allocation), GpuRequest.whole(8, cpu_milli=120000), DefaultPolicy(SMALL_WL, demand=BIG_DEMAND))
     assert isinstance(big, Placement) and big.allocation.node_name == "big"
+
+
+def test_host_scarcity_fades_with_the_stranding_term() -> None:
+    # Typical pods asking 20 cores per GPU on a cluster of 14 per GPU: stranding is off (c / r < 1),
+    # and so is the host term that offsets its pull towards CPU-rich nodes.
+    hungry = normalise_workload([(TaskType(20000, 1000, 1), 1)])
+    st = big_and_small_8gpu().static
+    policy = DefaultPolicy(hungry, demand=BIG_DEMAND)
+    assert policy.strand_weight_on(st) == 0.0 and not policy.host_scarcity(st).any()
+    assert DefaultPolicy(SMALL_WL, demand=BIG_DEMAND).host_scarcity(st).any()
