@@ -4,6 +4,8 @@
     .venv/bin/python bench/trace_eval.py --lists default --seeds 10 --plot docs/img/openb_default.png
     .venv/bin/python bench/trace_eval.py --lists all --compare default fgd    # ours vs FGD on every list
     .venv/bin/python bench/trace_eval.py --lists default /tmp/lists/spec33.csv --compare default fgd --seeds 3 --workers 1
+    .venv/bin/python bench/trace_eval.py --lists all --compare default fgd --seeds 3 --seeds-by default=10 gpushare100=10 \
+        --compare-plot docs/img/openb_default_vs_fgd.png     # issue #16's table and chart (add the built lists)
 
 Prints, per pod list, the allocation table (mean of the seeds: every 10%
 checkpoint from 50% to 130% and the area under the curve over 50-130%, see
@@ -15,7 +17,10 @@ checkpoint, the AUC difference, the difference at 130%); then one JSON line
 per list (``{"pod_list", "wall_s", "results": [...], "compare": {...}}``).
 A list is a name (``openb_pod_list_NAME.csv`` in ``--trace-dir``, default
 ``../shared/traces/openb``), ``all``, or a path to a pod-list CSV (such as
-those ``bench/make_pod_lists.py`` writes). A figure-printing benchmark, not a test.
+those ``bench/make_pod_lists.py`` writes); ``--seeds-by NAME=N`` gives one list
+its own seed count, and ``--compare-plot PATH`` draws ``A - B`` along the
+curve, one panel per list (mean over seeds, and the seeds' min..max as a
+band). A figure-printing benchmark, not a test.
 """
 
 from __future__ import annotations
