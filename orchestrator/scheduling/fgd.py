@@ -344,7 +344,9 @@ class DefaultPolicy(FgdPolicy):
        capacity to each feasible node's scarcity (:meth:`host_scarcity`). A
        node's scarcity is its model's plus this, capped at 1
        (:meth:`node_scarcity`), and the floor is the least scarcity among the
-       nodes the request could ever use (:meth:`scarcity_floor`). Without it
+       nodes the request could ever use (:meth:`scarcity_floor`). CPU taken
+       counts too: ``(host_n - host_floor) x cpu x`` the workload's GPU per CPU
+       (a CPU-only pod on a G3 node takes cores the big pods need). Without it
        the stranding term sends CPU-hungry pods to exactly those CPU-rich
        nodes, and on ``multigpu20`` and lists with 30-50% multi-GPU demand the
        120-core 8-GPU pods failed from 70% arrival on. ``demand`` is the type
@@ -469,8 +471,16 @@ class DefaultPolicy(FgdPolicy):
         if got is None:
             models, count, cpu, mem = key
             ok = (self._model_and_count_fit(st, models, count) & (st.cpu_total >= cpu) & (st.mem_total >= mem))
-            got = memo[key] = float(self.node_scarcity(st)[ok].min()) if ok.any() else 0.0
-        return got
+            got = memo[key] = ((float(self.node_scarcity(st)[ok].min()), float(self.host_scarcity(st)[ok].min()))
+                               if ok.any() else (0.0, 0.0))
+        return got[0]
+
+    def host_floor(self, st: SnapshotStatic, req: GpuRequest) -> float:
+        """The least :meth:`host_scarcity` among the nodes that could ever hold ``req``."""
+        self.scarcity_floor(st, req)
+        key = (tuple(req.models), int(req.count) if req.count is not None else 1, int(req.cpu_milli),
+               int(req.host_memory_mib or 0))
+        return st.cache(("fgd", self.key, "scarcity_floor", len(MODEL_NAMES)), dict)[key][1]
 
     def strand_weight_on(self, st: SnapshotStatic) -> float:
         """The stranding term's weight on a cluster: ``strand_weight x clip(2 (c / r - 1), 0, 1)``,
@@ -515,7 +525,13 @@ class DefaultPolicy(FgdPolicy):
             # request could use: a T4-only pod pays nothing for T4, an any-model pod pays for taking T4.
             node_sc = self.node_scarcity(ctx.static)[nodes]
             floor = self.scarcity_floor(ctx.static, req)
-            ctx.memo["scarce"] = cost = (node_sc - floor) * (gpu_before - gpu_after)
+            cost = (node_sc - floor) * (gpu_before - gpu_after)
+            if req.cpu_milli and self._gpu_per_cpu:
+                # CPU taken from a host-scarce node, in the GPU-milli it would feed at the workload's rate:
+                # a CPU-only pod on a G3 node takes what the 120-core 8-GPU pods need as surely as a GPU pod.
+                host = self.host_scarcity(ctx.static)[nodes] - self.host_floor(ctx.static, req)
+                cost = cost + np.maximum(host, 0.0) * req.cpu_milli * self._gpu_per_cpu
+            ctx.memo["scarce"] = cost
             inc = inc + self.scarcity_weight * cost
         # Rounded like FragModel.combine, so equal states compare equal however they were reached.
         return np.round(inc, 6)

@@ -261,3 +261,12 @@ def test_host_scarcity_fades_with_the_stranding_term() -> None:
     policy = DefaultPolicy(hungry, demand=BIG_DEMAND)
     assert policy.strand_weight_on(st) == 0.0 and not policy.host_scarcity(st).any()
     assert DefaultPolicy(SMALL_WL, demand=BIG_DEMAND).host_scarcity(st).any()
+
+
+def test_default_keeps_cpu_only_pods_off_the_only_node_a_big_pod_fits() -> None:
+    # A CPU-only pod takes no GPU but 20 of the cores the 120-core 8-GPU pod needs on "big".
+    snap, pod = big_and_small_8gpu(), GpuRequest.whole(0, cpu_milli=20000)
+    off = place(snap, pod, DefaultPolicy(SMALL_WL, demand=BIG_DEMAND, scarcity_weight=0))
+    assert isinstance(off, Placement) and off.allocation.node_name == "big"
+    got = place(snap, pod, DefaultPolicy(SMALL_WL, demand=BIG_DEMAND))
+    assert isinstance(got, Placement) and got.allocation.node_name == "small"
