@@ -23,8 +23,16 @@ refuses one inside it), for seed ``S``:
 * ``cpuxK_sS.csv`` for each ``--cpu-scales`` (default 2, 3): every pod's
   ``cpu_milli`` multiplied by ``K``, capped at the largest node's CPU (a pod no
   node can hold tells nothing about placement); nothing else changes.
+* ``multigpuNN_sS.csv`` for each ``--multi-gpu-shares`` (default 30, 40, 50 %):
+  built the way openb's own ``multigpu20`` was built from ``default`` (that
+  list is ``default``'s 8,152 pods plus 172 more 2-, 4- and 8-GPU pods, so that
+  multi-GPU pods make 20.4% of the GPU demand instead of 7.3%): the
+  ``default`` list, then copies of its own multi-GPU pods (every column, a new
+  name ``openb-pod-NNNN`` continuing the numbering) drawn uniformly with
+  replacement until multi-GPU pods make at least ``NN``% of the list's GPU
+  demand (GPU-milli). Appended at the end: the replay shuffles by seed anyway.
 * ``MANIFEST.json``: the seed, the inputs, and per list the pods, the
-  constrained share and the total CPU asked.
+  constrained share, the multi-GPU share of the GPU demand and the total CPU asked.
 
 Every other column (names, memory, GPUs, QoS, times) is the ``default``
 list's, in its order. Same seed, same files (``numpy.random.default_rng``;
@@ -90,6 +98,26 @@ def with_cpu_scale(rows: list[dict[str, str]], factor: float, cap: int) -> list[
     return [dict(r, cpu_milli=str(min(cap, int(round(int(r["cpu_milli"]) * factor))))) for r in rows]
 
 
+def with_multi_gpu(rows: list[dict[str, str]], share: float, rng: np.random.Generator) -> list[dict[str, str]]:
+    """``rows`` plus copies of its multi-GPU pods, drawn uniformly with replacement, until they make at
+    least ``share`` of the GPU demand (GPU-milli); the copies are renamed ``openb-pod-NNNN`` after the last."""
+    def demand(r: dict[str, str]) -> int:
+        return int(r["num_gpu"]) * int(r["gpu_milli"])
+    multi = [r for r in rows if int(r["num_gpu"]) > 1]
+    if not multi:
+        raise ValueError("the source list has no multi-GPU pod to copy")
+    total = sum(demand(r) for r in rows)
+    have = sum(demand(r) for r in multi)
+    out = [dict(r) for r in rows]
+    width = len(rows[-1]["name"].rsplit("-", 1)[-1])
+    while have < share * total:
+        r = dict(multi[int(rng.integers(len(multi)))], name=f"openb-pod-{len(out):0{width}d}")
+        out.append(r)
+        have += demand(r)
+        total += demand(r)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace-dir", type=Path, default=REPO.parent / "shared" / "traces" / "openb")
@@ -97,6 +125,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--spec-shares", type=float, nargs="*", default=[0.20, 0.25, 0.33, 0.40],
                     help="shares of the GPU pods that name a model")
+    ap.add_argument("--multi-gpu-shares", type=float, nargs="*", default=[0.30, 0.40, 0.50],
+                    help="shares of the GPU demand that multi-GPU pods make")
     ap.add_argument("--cpu-scales", type=float, nargs="*", default=[2.0, 3.0], help="CPU-ask multipliers")
     args = ap.parse_args()
     out = args.out.resolve()
@@ -117,13 +147,17 @@ def main() -> int:
     mix, biggest = spec_mix(spec_rows), max_gpus_by_model(node_rows)
     cap = max(int(r["cpu_milli"]) for r in node_rows)
     out.mkdir(parents=True, exist_ok=True)
+    # One stream per spec share first, as before (so adding the multi-GPU lists changed no existing list).
     streams = np.random.default_rng(args.seed).spawn(len(args.spec_shares))
+    multi_streams = np.random.default_rng([args.seed, 1]).spawn(len(args.multi_gpu_shares))
     manifest: dict = {"seed": args.seed, "source": {k: str(p) for k, p in src.items()}, "lists": {}}
     built: list[tuple[str, list[dict[str, str]]]] = []
     for share, rng in zip(args.spec_shares, streams):
         built.append((f"gpuspec{int(round(share * 100))}_s{args.seed}", with_specs(rows, share, mix, biggest, rng)))
     for factor in args.cpu_scales:
         built.append((f"cpux{factor:g}_s{args.seed}", with_cpu_scale(rows, factor, cap)))
+    for share, rng in zip(args.multi_gpu_shares, multi_streams):
+        built.append((f"multigpu{int(round(share * 100))}_s{args.seed}", with_multi_gpu(rows, share, rng)))
     for name, new in built:
         path = out / f"{name}.csv"
         _write(path, header, new)
@@ -131,6 +165,9 @@ def main() -> int:
         manifest["lists"][name] = {
             "path": str(path), "pods": len(new),
             "gpu_pods_naming_a_model_pct": round(100 * sum(1 for r in gpu if r["gpu_spec"]) / len(gpu), 2),
+            "multi_gpu_demand_pct": round(100 * sum(int(r["num_gpu"]) * int(r["gpu_milli"]) for r in gpu
+                                                    if int(r["num_gpu"]) > 1)
+                                          / sum(int(r["num_gpu"]) * int(r["gpu_milli"]) for r in gpu), 2),
             "cpu_asked_cores": round(sum(int(r["cpu_milli"]) for r in new) / 1000, 1)}
         print(f"{path}: {manifest['lists'][name]}")
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -297,7 +297,7 @@ class FgdPolicy(Policy):
 
 
 class DefaultPolicy(FgdPolicy):
-    """Ours: FGD plus the two things its score does not see.
+    """Ours: FGD plus what its score does not see (host memory, CPU, scarce models and nodes).
 
     1. **Host memory** in the fit test: a task type whose memory does not fit
        the node counts like one whose CPU does not (``with_memory=True``).
@@ -335,6 +335,25 @@ class DefaultPolicy(FgdPolicy):
        use -- so a pod that may only use ``m`` pays nothing, and a workload
        with no constrained type (openb ``default``) scores exactly as before.
        ``scarcity_weight=0`` turns it off.
+    4. **Host-scarce nodes** (the same cost, per node rather than per model).
+       A GPU type whose CPU or memory only some of the nodes with its model and
+       GPU count can hold (openb: an 8-GPU pod asking 120 cores fits only the
+       39 G3 nodes of 128 cores among 617 eight-GPU nodes) claims those nodes
+       beyond an even spread; its share of the GPU demand ``d`` adds
+       ``d x (1 / share(feasible) - 1 / share(model and count fit))`` of GPU
+       capacity to each feasible node's scarcity (:meth:`host_scarcity`). A
+       node's scarcity is its model's plus this, capped at 1
+       (:meth:`node_scarcity`), and the floor is the least scarcity among the
+       nodes the request could ever use (:meth:`scarcity_floor`). CPU taken
+       counts too: ``(host_n - host_floor) x cpu x`` the workload's GPU per CPU
+       (a CPU-only pod on a G3 node takes cores the big pods need). Without it
+       the stranding term sends CPU-hungry pods to exactly those CPU-rich
+       nodes, and on ``multigpu20`` and lists with 30-50% multi-GPU demand the
+       120-core 8-GPU pods failed from 70% arrival on. ``demand`` is the type
+       distribution both scarcity terms read (default: ``workload``); the
+       replay passes every shape of the pod list, because the typical pods
+       (95% of pods by count) leave out the rare, big shapes that need these
+       nodes.
 
     ``repack=True`` also asks the replay to move small shares when a GPU request
     fits nowhere (:mod:`orchestrator.sim.repack`); off by default, because on
@@ -347,13 +366,15 @@ class DefaultPolicy(FgdPolicy):
     name = "default"
 
     def __init__(self, workload: Iterable[tuple[Any, float]] = (), *, strand_weight: float = 2.0,
-                 scarcity_weight: float = 1.0, repack: bool = False, **params: Any) -> None:
+                 scarcity_weight: float = 1.0, demand: Iterable[tuple[Any, float]] = (), repack: bool = False,
+                 **params: Any) -> None:
         params.setdefault("with_memory", True)
         for name, w in (("strand_weight", strand_weight), ("scarcity_weight", scarcity_weight)):
             if not (math.isfinite(w) and w >= 0):
                 raise InvalidRequestError(name, w, "a finite number >= 0")
+        demand = tuple(demand)
         super().__init__(workload, strand_weight=strand_weight, scarcity_weight=scarcity_weight, repack=repack,
-                         **params)
+                         **({"demand": demand} if demand else {}), **params)
         self.capabilities = replace(FgdPolicy.capabilities, repack=repack)
         rate = cpu_per_gpu_milli(self.workload)
         self.strand_weight = float(strand_weight) if rate > 0 else 0.0
@@ -361,7 +382,11 @@ class DefaultPolicy(FgdPolicy):
         self.scarcity_weight = float(scarcity_weight)
         # GPU demand of the workload's model-constrained types, per model (a type naming k models
         # counts 1/k on each), as a share of all its GPU demand.
-        gpu = sum(p * t.total_gpu_milli for t, p in self.workload if t.gpu_count)
+        self.demand = normalise_workload(demand) if demand else self.workload
+        gpu = sum(p * t.total_gpu_milli for t, p in self.demand if t.gpu_count)
+        # (type, its share of the GPU demand) of every GPU type: what the host-scarcity term reads.
+        self._gpu_demand = tuple((t, p * t.total_gpu_milli / gpu) for t, p in self.demand
+                                 if t.gpu_count and gpu > 0)
         self._constrained: dict[str, float] = {}
         for t, p in self.workload:
             if t.gpu_count and t.models and gpu > 0:
@@ -384,6 +409,79 @@ class DefaultPolicy(FgdPolicy):
             return out, float(out[cap > 0].min()) if (cap > 0).any() else 0.0
         return st.cache(("fgd", self.key, "scarcity", len(MODEL_NAMES)), build)
 
+    def host_scarcity(self, st: SnapshotStatic) -> np.ndarray:
+        """(N,) per node: the share of its GPUs that GPU types shut out of other nodes by their host
+        CPU or memory expect to claim, summed over those types, capped at 1 (0 on CPU-only nodes).
+
+        A type's *feasible nodes* are those of a model it may use, with at least its GPU count,
+        CPU and memory in all; it is *host-bound* when its CPU or memory rules out some node that
+        has its model and GPU count (openb: an 8-GPU pod asking 120 cores fits only the 39 G3
+        nodes of 128 cores, of 617 eight-GPU nodes). Its pressure on each feasible node is its
+        share of the GPU demand (of ``demand``) over the feasible nodes' share of the GPUs."""
+        def build() -> np.ndarray:
+            gpu_nodes = st.model >= 0
+            gpus = np.where(gpu_nodes, st.present.sum(1), 0).astype(np.float64)
+            total = gpus.sum()
+            out = np.zeros(st.n)
+            if total <= 0:
+                return out
+            for t, d in self._gpu_demand:
+                fits = self._model_and_count_fit(st, t.models, t.gpu_count)
+                feasible = fits & (st.cpu_total >= t.cpu_milli) & (st.mem_total >= t.memory_mib)
+                if not feasible.any() or (feasible == fits).all():
+                    continue
+                # only what the host constraint adds: the type's claim on its feasible nodes beyond
+                # the claim it would spread over every node with its model and GPU count
+                out[feasible] += d * total * (1.0 / gpus[feasible].sum() - 1.0 / gpus[fits].sum())
+            # It offsets the stranding term's pull towards CPU-rich nodes, so it fades with that term:
+            # where the workload out-asks the cluster's CPU (openb x2 CPU asks) both are off and FGD's
+            # own fit test (a type whose CPU does not fit makes the node's free GPU a fragment) decides.
+            fade = self.strand_weight_on(st) / self.strand_weight if self.strand_weight else 1.0
+            return np.minimum(out * fade, 1.0)
+        return st.cache(("fgd", self.key, "host_scarcity", len(MODEL_NAMES)), build)
+
+    @staticmethod
+    def _model_and_count_fit(st: SnapshotStatic, models: tuple[str, ...], count: int) -> np.ndarray:
+        """(N,) GPU nodes of a model in ``models`` (any when empty) with at least ``count`` GPUs."""
+        ok = (st.model >= 0) & (st.present.sum(1) >= count)
+        if models:
+            idx = [MODEL_NAMES.index(m) for m in models if m in MODEL_NAMES]
+            ok &= np.isin(st.model, idx)
+        return ok
+
+    def node_scarcity(self, st: SnapshotStatic) -> np.ndarray:
+        """(N,) per node: its model's scarcity (:meth:`scarcity`) plus its host scarcity
+        (:meth:`host_scarcity`), capped at 1; 0 on CPU-only nodes."""
+        def build() -> np.ndarray:
+            sc, _ = self.scarcity(st)
+            model_sc = np.where(st.model >= 0, sc[np.maximum(st.model, 0).astype(np.int64)], 0.0)
+            return np.minimum(model_sc + self.host_scarcity(st), 1.0)
+        return st.cache(("fgd", self.key, "node_scarcity", len(MODEL_NAMES)), build)
+
+    def scarcity_floor(self, st: SnapshotStatic, req: GpuRequest) -> float:
+        """The least :meth:`node_scarcity` among the nodes whose model, GPU count, CPU and memory
+        could ever hold ``req`` (0 when none could): what the request pays nothing for."""
+        def build() -> dict:
+            return {}
+        memo = st.cache(("fgd", self.key, "scarcity_floor", len(MODEL_NAMES)), build)
+        # Read from the request itself (any sharing kind: MIG and MPS requests too).
+        key = (tuple(req.models), int(req.count) if req.count is not None else 1, int(req.cpu_milli),
+               int(req.host_memory_mib or 0))
+        got = memo.get(key)
+        if got is None:
+            models, count, cpu, mem = key
+            ok = (self._model_and_count_fit(st, models, count) & (st.cpu_total >= cpu) & (st.mem_total >= mem))
+            got = memo[key] = ((float(self.node_scarcity(st)[ok].min()), float(self.host_scarcity(st)[ok].min()))
+                               if ok.any() else (0.0, 0.0))
+        return got[0]
+
+    def host_floor(self, st: SnapshotStatic, req: GpuRequest) -> float:
+        """The least :meth:`host_scarcity` among the nodes that could ever hold ``req``."""
+        self.scarcity_floor(st, req)
+        key = (tuple(req.models), int(req.count) if req.count is not None else 1, int(req.cpu_milli),
+               int(req.host_memory_mib or 0))
+        return st.cache(("fgd", self.key, "scarcity_floor", len(MODEL_NAMES)), dict)[key][1]
+
     def strand_weight_on(self, st: SnapshotStatic) -> float:
         """The stranding term's weight on a cluster: ``strand_weight x clip(2 (c / r - 1), 0, 1)``,
         ``c`` the cluster's CPU per GPU-milli over its GPU nodes and ``r`` the workload's rate.
@@ -402,6 +500,10 @@ class DefaultPolicy(FgdPolicy):
             return self.strand_weight * min(1.0, max(0.0, 2.0 * (cpu / gpus * self._gpu_per_cpu - 1.0)))
         return st.cache(("fgd", self.key, "strand_weight"), build)
 
+    def _scarce_any(self, st: SnapshotStatic) -> bool:
+        return bool(st.cache(("fgd", self.key, "scarce_any", len(MODEL_NAMES)),
+                             lambda: bool(self.node_scarcity(st).any())))
+
     def stranded(self, free_gpu_milli: np.ndarray, free_cpu_milli: np.ndarray) -> np.ndarray:
         """GPU-milli the free CPU cannot feed at the workload's CPU-per-GPU rate (>= 0)."""
         return np.maximum(free_gpu_milli - free_cpu_milli * self._gpu_per_cpu, 0.0)
@@ -409,7 +511,7 @@ class DefaultPolicy(FgdPolicy):
     def frag_increase(self, snap: ClusterSnapshot, nodes: np.ndarray, alt: Alternative, req: GpuRequest,
                       ctx: NodeContext) -> np.ndarray:
         inc, f_after = self._frag_parts(snap, nodes, alt, req, ctx)
-        if not self.strand_weight and not (self.scarcity_weight and self._constrained):
+        if not self.strand_weight and not (self.scarcity_weight and (self._constrained or self._gpu_demand)):
             return inc
         t = self.tables(ctx.static)
         gpu_before = t.total[t.states(ctx.states)]
@@ -418,15 +520,18 @@ class DefaultPolicy(FgdPolicy):
             ctx.memo["stranded"] = grow = (self.stranded(gpu_after, ctx.cpu_free - req.cpu_milli)
                                            - self.stranded(gpu_before, ctx.cpu_free))
             inc = inc + self.strand_weight_on(ctx.static) * grow
-        sc, floor = self.scarcity(ctx.static) if self.scarcity_weight and self._constrained else (None, 0.0)
-        if sc is not None and sc.any():
-            # GPU-milli taken from a model that constrained pods need, beyond the least scarce model
-            # this request may use: a T4-only pod pays nothing, an any-model pod pays for taking T4.
-            node_sc = sc[ctx.static.model[nodes].astype(np.int64)]
-            allowed = [MODEL_NAMES.index(m) for m in req.models if m in MODEL_NAMES]
-            if allowed:
-                floor = float(sc[allowed].min())
-            ctx.memo["scarce"] = cost = (node_sc - floor) * (gpu_before - gpu_after)
+        if self.scarcity_weight and self._scarce_any(ctx.static):
+            # GPU-milli taken from nodes that constrained pods need, beyond the least scarce node this
+            # request could use: a T4-only pod pays nothing for T4, an any-model pod pays for taking T4.
+            node_sc = self.node_scarcity(ctx.static)[nodes]
+            floor = self.scarcity_floor(ctx.static, req)
+            cost = (node_sc - floor) * (gpu_before - gpu_after)
+            if req.cpu_milli and self._gpu_per_cpu:
+                # CPU taken from a host-scarce node, in the GPU-milli it would feed at the workload's rate:
+                # a CPU-only pod on a G3 node takes what the 120-core 8-GPU pods need as surely as a GPU pod.
+                host = self.host_scarcity(ctx.static)[nodes] - self.host_floor(ctx.static, req)
+                cost = cost + np.maximum(host, 0.0) * req.cpu_milli * self._gpu_per_cpu
+            ctx.memo["scarce"] = cost
             inc = inc + self.scarcity_weight * cost
         # Rounded like FragModel.combine, so equal states compare equal however they were reached.
         return np.round(inc, 6)

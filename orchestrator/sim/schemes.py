@@ -34,7 +34,7 @@ import numpy as np
 from orchestrator.core.request import GpuRequest, Isolation
 from orchestrator.scheduling.engine import Placement, place, resolve
 from orchestrator.scheduling.snapshot import ClusterSnapshot
-from orchestrator.sim.arrival import arrival_sequence, make_policy, node_specs, pod_request, seed_streams
+from orchestrator.sim.arrival import arrival_sequence, demand_workload, make_policy, node_specs, pod_request, seed_streams
 from orchestrator.sim.openb import MILLI, NodeTable, PodTable, load_nodes, load_pods
 from orchestrator.sim.workload import typical_workload
 
@@ -69,7 +69,7 @@ def replay_scheme(nodes: NodeTable, pods: PodTable, scheme: str, *, seed: int = 
     order_rng, node_rng, _ = seed_streams(seed)
     capacity = nodes.total_gpu_milli
     snap = ClusterSnapshot.build(node_specs(nodes, node_rng.permutation(len(nodes))))
-    pol = make_policy(policy, typical_workload(pods, with_memory=True))
+    pol = make_policy(policy, typical_workload(pods, with_memory=True), demand_workload(pods))
     seq = arrival_sequence(pods, capacity, order_rng, target_pct=target_pct, order="shuffled")
     demand = pods.gpu_request_milli
     cache: dict[tuple[Any, ...], tuple[GpuRequest, Any]] = {}

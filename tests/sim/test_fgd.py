@@ -213,3 +213,60 @@ def test_stranding_fades_where_the_workload_asks_more_cpu_per_gpu_than_the_clust
     ours = DefaultPolicy(WL)
     on = lambda cpu: ours.strand_weight_on(ClusterSnapshot.build([NodeSpec("a", "T4", 2, cpu_milli=cpu)]).static)  # noqa: E731
     assert (on(4000), on(7500), on(16000)) == (0.0, pytest.approx(1.0), 2.0)
+
+
+# ---- default: nodes that host-bound types need ----------------------------------------------------------
+
+# FGD's typical pods: only 1-GPU pods. The demand adds a rare 8-GPU pod asking 120 cores, which only
+# a 128-core node can hold (as openb's 39 G3 nodes among 617 eight-GPU nodes).
+SMALL_WL = normalise_workload([(TaskType(4000, 1000, 1), 1)])
+BIG_DEMAND = normalise_workload([(TaskType(4000, 1000, 1), 9), (TaskType(120000, 1000, 8), 1)])
+
+
+def big_and_small_8gpu() -> ClusterSnapshot:
+    # "big" first: on equal scores the first node in order wins.
+    return ClusterSnapshot.build([NodeSpec("big", "G3", 8, cpu_milli=128000), NodeSpec("small", "G2", 8, cpu_milli=96000)])
+
+
+def test_host_scarcity_by_hand() -> None:
+    st = big_and_small_8gpu().static
+    policy = DefaultPolicy(SMALL_WL, demand=BIG_DEMAND)
+    # The 8-GPU type is 800 / 1700 of the GPU demand, fits half the GPUs (big) of the 16 with its
+    # count: its claim beyond an even spread is 0.47 x 16 x (1/8 - 1/16) = 0.47 on big, 0 on small.
+    assert policy.host_scarcity(st).tolist() == pytest.approx([800 / 1700, 0.0])
+    # Unconstrained types add nothing; without the rare type in the demand there is no term at all.
+    assert not DefaultPolicy(SMALL_WL).host_scarcity(st).any()
+    # The 1-GPU pod could use small (0): its floor is 0; the 8-GPU pod's only node is big: it pays nothing.
+    assert policy.scarcity_floor(st, GpuRequest.whole(1, cpu_milli=4000)) == 0.0
+    assert policy.scarcity_floor(st, GpuRequest.whole(8, cpu_milli=120000)) == pytest.approx(800 / 1700)
+
+
+def test_default_keeps_small_pods_off_the_only_node_a_big_pod_fits() -> None:
+    snap, pod = big_and_small_8gpu(), GpuRequest.whole(1, cpu_milli=4000)
+    # Without the term the pod takes the first node, and the 8-GPU 120-core pod then fits nowhere.
+    off = place(snap, pod, DefaultPolicy(SMALL_WL, demand=BIG_DEMAND, scarcity_weight=0))
+    assert isinstance(off, Placement) and off.allocation.node_name == "big"
+    got = place(snap, pod, DefaultPolicy(SMALL_WL, demand=BIG_DEMAND))
+    assert isinstance(got, Placement) and got.allocation.node_name == "small"
+    assert "scarce-model GPU +0 milli" in got.reason.text
+    big = place(snap.apply(got.allocation), GpuRequest.whole(8, cpu_milli=120000), DefaultPolicy(SMALL_WL, demand=BIG_DEMAND))
+    assert isinstance(big, Placement) and big.allocation.node_name == "big"
+
+
+def test_host_scarcity_fades_with_the_stranding_term() -> None:
+    # Typical pods asking 20 cores per GPU on a cluster of 14 per GPU: stranding is off (c / r < 1),
+    # and so is the host term that offsets its pull towards CPU-rich nodes.
+    hungry = normalise_workload([(TaskType(20000, 1000, 1), 1)])
+    st = big_and_small_8gpu().static
+    policy = DefaultPolicy(hungry, demand=BIG_DEMAND)
+    assert policy.strand_weight_on(st) == 0.0 and not policy.host_scarcity(st).any()
+    assert DefaultPolicy(SMALL_WL, demand=BIG_DEMAND).host_scarcity(st).any()
+
+
+def test_default_keeps_cpu_only_pods_off_the_only_node_a_big_pod_fits() -> None:
+    # A CPU-only pod takes no GPU but 20 of the cores the 120-core 8-GPU pod needs on "big".
+    snap, pod = big_and_small_8gpu(), GpuRequest.whole(0, cpu_milli=20000)
+    off = place(snap, pod, DefaultPolicy(SMALL_WL, demand=BIG_DEMAND, scarcity_weight=0))
+    assert isinstance(off, Placement) and off.allocation.node_name == "big"
+    got = place(snap, pod, DefaultPolicy(SMALL_WL, demand=BIG_DEMAND))
+    assert isinstance(got, Placement) and got.allocation.node_name == "small"

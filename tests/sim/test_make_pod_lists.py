@@ -37,3 +37,20 @@ def test_specs_exact_share_servable_and_seeded() -> None:
 def test_cpu_scale_is_capped_at_the_largest_node() -> None:
     out = mpl.with_cpu_scale(_pods(), 3, cap=128000)
     assert out[0]["cpu_milli"] == "12000" and out[40]["cpu_milli"] == "128000" and out[41]["cpu_milli"] == "6000"
+
+
+def test_multi_gpu_share_reached_with_copies_of_the_lists_own_multi_gpu_pods() -> None:
+    def rows() -> list[dict[str, str]]:
+        out = [{"name": f"openb-pod-{i:04d}", "cpu_milli": "4000", "num_gpu": "1", "gpu_milli": "1000"} for i in range(40)]
+        out += [{"name": "openb-pod-0040", "cpu_milli": "90000", "num_gpu": "8", "gpu_milli": "1000"},
+                {"name": "openb-pod-0041", "cpu_milli": "30000", "num_gpu": "2", "gpu_milli": "1000"}]
+        return out
+    out = mpl.with_multi_gpu(rows(), 0.5, np.random.default_rng(0))
+    demand = lambda rs: sum(int(r["num_gpu"]) * int(r["gpu_milli"]) for r in rs)  # noqa: E731
+    multi = [r for r in out if int(r["num_gpu"]) > 1]
+    assert demand(multi) >= 0.5 * demand(out)
+    assert demand(multi[:-1]) < 0.5 * (demand(out) - demand(multi[-1:]))  # stops at the first draw that reaches it
+    assert out[:42] == rows()  # the source list, unchanged, first
+    assert {(r["cpu_milli"], r["num_gpu"]) for r in out[42:]} <= {("90000", "8"), ("30000", "2")}
+    assert len({r["name"] for r in out}) == len(out) and out[42]["name"] == "openb-pod-0042"
+    assert out == mpl.with_multi_gpu(rows(), 0.5, np.random.default_rng(0))
