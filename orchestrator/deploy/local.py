@@ -118,7 +118,12 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
                          "--temp-dir", str(state_dir / "ray"), "--dashboard-host", "127.0.0.1",
                          "--dashboard-port", str(api_port), "--include-dashboard", "true" if dashboard else "false"]
         else:
-            argv[1:1] = ["--address", address]
+            # A temp dir of its own: Ray keeps runtime-env packages (a job's working_dir) in the session
+            # dir, and each raylet's runtime-env agent has its own cache; on a miss an agent unpacks with
+            # overwrite, deleting the directory a job on another raylet of this host runs in (its cwd
+            # vanishes mid-run). One session dir per raylet, as on separate hosts. "r<i>" is no longer
+            # than the head's "ray", so Ray's socket paths fit wherever the head's do.
+            argv[1:1] = ["--address", address, "--temp-dir", str(state_dir / f"r{i}")]
         out.append(NodeLaunch(node.name, i == 0, tuple(argv), str(state_dir / "logs" / f"{node.name}.log")))
     return LaunchPlan(address, tuple(out), dashboard_url)
 
@@ -281,7 +286,7 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
                           detail="one is already up there: run `orchestrator down` first, or pass --state-dir")
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    for sub in ("ray", "tmp", "logs"):
+    for sub in ("ray", "tmp", "logs", *(f"r{i}" for i in range(1, len(config.nodes)))):
         (state_dir / sub).mkdir(parents=True, exist_ok=True)
     auth = auth_env(state_dir)
     run_id = secrets.token_hex(8)

@@ -41,6 +41,9 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
             f"rgo-node-{n.name}": 1.0, **{f"rgo-gpu-{i}": 1.0 for i in range(node.gpus)}}  # type: ignore[union-attr]
         assert f"rgo.io/node={n.name}" in _opt(n.argv, "--labels").split(",")
         assert n.log.startswith(str(tmp_path))
+    temps = [_opt(n.argv, "--temp-dir") for n in plan.nodes]
+    assert len(set(temps)) == len(temps)  # a session dir per raylet: their runtime-env agents never share one
+    assert all(len(t) <= len(str(tmp_path / "ray")) for t in temps)  # no socket path longer than the head's
     for w in workers:
         assert _opt(w.argv, "--address") == plan.address and "--head" not in w.argv
     assert len({_opt(n.argv, "--dashboard-agent-listen-port") for n in plan.nodes}) == 3  # no port shared
