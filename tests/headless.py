@@ -71,6 +71,9 @@ class LocalProcessRunner:
             return "STOPPED"
         return "SUCCEEDED" if rc == 0 else "FAILED"
 
+    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
+        return {s: self.status(s) for s in submission_ids}
+
     def stop(self, submission_id: str) -> None:
         p = self.procs.get(submission_id)
         if p is not None and p.poll() is None:
