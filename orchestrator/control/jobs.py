@@ -96,6 +96,35 @@ class JobRunner(Protocol):
     def logs(self, submission_id: str) -> str: ...
 
 
+class AdmissionOnlyRunner:
+    """A :class:`JobRunner` that runs nothing (``settings.job_runner: none``): a submitted job is known at once
+    and reads SUCCEEDED from then on, so an admitted job finishes at the next status read and frees its lease.
+
+    For measuring job admission under load (``bench/load.py``) without starting a Ray driver per job; the
+    head's job layer, ledger and scheduler do exactly what they do for real jobs."""
+
+    def __init__(self) -> None:
+        self._known: set[str] = set()
+
+    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
+               label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
+        if submission_id in self._known:
+            raise RuntimeError(f"Job with submission_id {submission_id} already exists")  # as Ray says it
+        self._known.add(submission_id)
+
+    def status(self, submission_id: str) -> str | None:
+        return "SUCCEEDED" if submission_id in self._known else None
+
+    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
+        return {s: self.status(s) for s in submission_ids}
+
+    def stop(self, submission_id: str) -> None:
+        pass
+
+    def logs(self, submission_id: str) -> str:
+        return ""
+
+
 class JobManager:
     """Jobs on top of leases; see the module docstring."""
 
@@ -243,6 +272,11 @@ class JobManager:
             elif job.state is JobState.RUNNING:
                 self.ctl.report_checkpoint(e.lease_id, path, now)
         return self.get(job_id)
+
+    def advance(self, job_id: str) -> str | None:
+        """One step of one job now, outside the cycle: a job whose lease the fast grant path just granted is
+        admitted (and started) in the call that submitted it."""
+        return self._step(self._job(job_id))
 
     # ---- the reconcile step --------------------------------------------------------------------
     def reconcile(self) -> list[str]:
