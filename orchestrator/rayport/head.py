@@ -93,7 +93,12 @@ class HeadActor:
         self._wake = asyncio.Event()
         self._told: set[tuple[str, str]] = set()  # agent work each agent has been woken for
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # lease id -> callers waiting for it to settle
-        self._task = asyncio.get_event_loop().create_task(self._loop())
+        self._home = asyncio.get_event_loop()  # the loop the cycle task runs on
+        self._task = self._home.create_task(self._loop())
+
+    def _poke(self) -> None:
+        """Wake the cycle task (thread-safe: Ray may run calls on another thread's loop than the task's)."""
+        self._home.call_soon_threadsafe(self._wake.set)
 
     def _wake_agents(self) -> None:
         """Wake the agents whose work gained an item this cycle (fire and forget: the heartbeat is the backstop)."""
@@ -125,8 +130,8 @@ class HeadActor:
         """Resolve the waiters of every lease that has settled (handed out, or ended for good)."""
         for lease_id in [lid for lid in self._waiters if self.service.lease_settled(lid) is not None]:
             for fut in self._waiters.pop(lease_id):
-                if not fut.done():
-                    fut.set_result(None)
+                # Thread-safe: Ray may run the loop task and the calls on different threads' loops.
+                fut.get_loop().call_soon_threadsafe(_resolve, fut)
 
     async def _settled(self, lease_id: str, timeout: float, key: str | None) -> dict[str, Any]:
         """Wait (a future, no polling) until the lease or its latest attempt is handed out or has ended."""
@@ -171,11 +176,16 @@ class HeadActor:
             self.service.grant_now()
         except Exception:  # as a failed cycle: logged, and the next cycle schedules the request
             log.exception("fast grant path failed; the next cycle schedules the request")
-        self._wake.set()  # the cycle does the rest: agents, jobs, metrics (and the queue, if not granted now)
+        self._poke()  # the cycle does the rest: agents, jobs, metrics (and the queue, if not granted now)
         settled = await self._settled(queued["ok"], timeout, key)
         if "error" in settled:
             return settled
         return answer(self.service.activate_settled, settled["ok"], key, holder)
+
+
+def _resolve(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _raise(e: Exception) -> None:
@@ -190,7 +200,7 @@ def _forward(name: str) -> Callable[..., Any]:
     async def method(self: HeadActor, *args: Any, **kwargs: Any) -> dict[str, Any]:
         reply = answer(getattr(self.service, name), *args, **kwargs)
         if name in WAKES:
-            self._wake.set()
+            self._poke()
         return reply
 
     del method.__wrapped__  # Ray must see the forwarder itself (async, any arguments), not the declaration
