@@ -66,6 +66,9 @@ class NoJobs:
     def status(self, submission_id: str) -> str | None:
         return None
 
+    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
+        return {s: None for s in submission_ids}
+
     def stop(self, submission_id: str) -> None:
         pass
 

@@ -71,6 +71,9 @@ class LocalProcessRunner:
             return "STOPPED"
         return "SUCCEEDED" if rc == 0 else "FAILED"
 
+    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
+        return {s: self.status(s) for s in submission_ids}
+
     def stop(self, submission_id: str) -> None:
         p = self.procs.get(submission_id)
         if p is not None and p.poll() is None:
@@ -187,6 +190,9 @@ class InProcessHead:
     def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> dict[str, Any]:
         """As the actor answers it: poll the service between cycles of the background thread."""
         self._record("wait_lease", (lease_id, timeout))
+        return self._settled(lease_id, timeout, key)
+
+    def _settled(self, lease_id: str, timeout: float, key: str | None) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
@@ -196,6 +202,18 @@ class InProcessHead:
                 if time.monotonic() >= deadline:
                     raise self.service.lease_timeout(lease_id, timeout)
             time.sleep(0.01)
+
+    def acquire_lease(self, lease_request: Mapping[str, Any], timeout: float, key: str | None = None,
+                      holder: str | None = None) -> dict[str, Any]:
+        """As the actor answers it: queue, the fast grant path, then wait between cycles of the background thread."""
+        self._record("acquire_lease", (lease_request, timeout))
+        lease_request = _wire(lease_request)
+        with self.lock:
+            lease_id = self.service.request_lease(lease_request)
+            self.service.grant_now()
+        settled = self._settled(lease_id, timeout, key)
+        with self.lock:
+            return _wire(self.service.activate_settled(settled, key, holder))
 
     def kill_holder(self, holder: str) -> None:
         with self.lock:

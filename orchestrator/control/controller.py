@@ -366,6 +366,21 @@ class HeadController:
                 self._free(e)
                 report.expired_leases.append(e.lease_id)
 
+    def schedule_now(self) -> ReconcileReport:
+        """The fast grant path: schedule at once, outside a cycle, when the queue holds exactly one request.
+
+        A request that finds nothing else waiting is placed in the call that brought it, instead of a
+        cycle later. The same plan a cycle makes (:meth:`_schedule`, time windows applied first); with
+        more than one request waiting the next cycle schedules them together, so a burst costs one plan
+        per cycle rather than one per request over the whole queue."""
+        report = ReconcileReport()
+        if self.ledger.count(LeaseState.PENDING) == 1:
+            self._apply_window()
+            now = self.clock()
+            self._last_schedule = now
+            self._schedule(now, report)
+        return report
+
     def _schedule(self, now: float, report: ReconcileReport) -> None:
         self._dirty = False
         pending = self.ledger.in_state(LeaseState.PENDING)

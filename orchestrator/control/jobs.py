@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from orchestrator.control.controller import HeadController
 from orchestrator.control.ledger import LedgerEntry
@@ -86,9 +86,43 @@ class JobRunner(Protocol):
 
     def status(self, submission_id: str) -> str | None: ...
 
+    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
+        """The status of each of ``submission_ids`` in one read (Ray: one ``list_jobs`` call, not one per job);
+        an id Ray does not know maps to None."""
+        ...
+
     def stop(self, submission_id: str) -> None: ...
 
     def logs(self, submission_id: str) -> str: ...
+
+
+class AdmissionOnlyRunner:
+    """A :class:`JobRunner` that runs nothing (``settings.job_runner: none``): a submitted job is known at once
+    and reads SUCCEEDED from then on, so an admitted job finishes at the next status read and frees its lease.
+
+    For measuring job admission under load (``bench/load.py``) without starting a Ray driver per job; the
+    head's job layer, ledger and scheduler do exactly what they do for real jobs."""
+
+    def __init__(self) -> None:
+        self._known: set[str] = set()
+
+    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
+               label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
+        if submission_id in self._known:
+            raise RuntimeError(f"Job with submission_id {submission_id} already exists")  # as Ray says it
+        self._known.add(submission_id)
+
+    def status(self, submission_id: str) -> str | None:
+        return "SUCCEEDED" if submission_id in self._known else None
+
+    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
+        return {s: self.status(s) for s in submission_ids}
+
+    def stop(self, submission_id: str) -> None:
+        pass
+
+    def logs(self, submission_id: str) -> str:
+        return ""
 
 
 class JobManager:
@@ -107,7 +141,8 @@ class JobManager:
         self._acks: dict[str, tuple[str, int | None, float]] = {}  # job id -> (checkpoint path, step, at)
         self._seq = 0
         self.status_poll_s = status_poll_s
-        self._polled: dict[str, tuple[float, str | None]] = {}  # submission id -> (when, Ray status)
+        self._ray_status: dict[str, str | None] = {}  # submission id -> Ray status, as of the last batched read
+        self._read_at = float("-inf")
 
     # ---- persistence ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -238,10 +273,19 @@ class JobManager:
                 self.ctl.report_checkpoint(e.lease_id, path, now)
         return self.get(job_id)
 
+    def advance(self, job_id: str) -> str | None:
+        """One step of one job now, outside the cycle: a job whose lease the fast grant path just granted is
+        admitted (and started) in the call that submitted it."""
+        return self._step(self._job(job_id))
+
     # ---- the reconcile step --------------------------------------------------------------------
     def reconcile(self) -> list[str]:
-        """Drive every live job one step; returns human-readable events (for the head's log)."""
+        """Drive every live job one step; returns human-readable events (for the head's log).
+
+        The Ray status of every started job is read at most once per ``status_poll_s``, in one batched
+        call (:meth:`JobRunner.status_many`): one read per tick, whatever the number of jobs."""
         events: list[str] = []
+        self._read_statuses()
         for job in list(self._jobs.values()):
             if job.terminal:
                 continue
@@ -442,19 +486,24 @@ class JobManager:
         return {"worker": index, "lease_id": lease_id, "state": ex.get("state"), "node": pl.get("node") if pl else None,
                 "reason": (pend or {}).get("reason") or (pl or {}).get("reason") or ""}
 
-    def _status(self, sub_id: str | None) -> str | None:
-        if not sub_id:
-            return None
+    def _read_statuses(self) -> None:
         now = self.clock()
-        at, cached = self._polled.get(sub_id, (float("-inf"), None))
-        if now - at < self.status_poll_s:
-            return cached
+        if now - self._read_at < self.status_poll_s:
+            return
+        ids = [j.ray_submission_id for j in self._jobs.values()
+               if j.ray_submission_id and j.state in (JobState.RUNNING, JobState.PREEMPTING)]
+        self._read_at = now
+        if not ids:
+            self._ray_status = {}
+            return
         try:
-            status = self.runner.status(sub_id)
-        except Exception:
-            status = None
-        self._polled[sub_id] = (now, status)
-        return status
+            self._ray_status = dict(self.runner.status_many(ids))
+        except Exception:  # the Ray job API is a boundary: keep the last answers, ask again next tick
+            pass
+
+    def _status(self, sub_id: str | None) -> str | None:
+        """The job's Ray status from the last batched read (None: not read yet, or unknown to Ray)."""
+        return self._ray_status.get(sub_id) if sub_id else None
 
     def _stop(self, sub_id: str | None) -> None:
         if sub_id:

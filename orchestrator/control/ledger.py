@@ -304,6 +304,10 @@ class Ledger:
     def __iter__(self) -> Iterator[LedgerEntry]:
         return iter(list(self.entries.values()))
 
+    def count(self, state: LeaseState) -> int:
+        """How many leases are in ``state`` (no entries built or sorted)."""
+        return len(self._by_state[state])
+
     def in_state(self, *states: LeaseState) -> list[LedgerEntry]:
         if len(states) == 1:
             return self.in_order(self._by_state[states[0]])

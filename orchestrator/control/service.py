@@ -22,6 +22,9 @@ Invariants:
   next cycle retry;
 * :meth:`HeadService.wait_lease` in-process drives :meth:`cycle` itself; the
   actor answers it from :meth:`lease_settled` on its event loop instead;
+* the one exception to "only a cycle moves the state on": :meth:`grant_now`,
+  the fast grant path of ``acquire_lease``, schedules a request that is alone
+  in the queue in the call that brought it (the same plan a cycle would make);
 * time windows read ``day_clock`` (an injected :class:`~orchestrator.core.clock.Clock`):
   the one given, else a compressed day when ``settings.day_clock`` is set, else the
   machine's local time (:func:`day_clock_of`).
@@ -205,6 +208,24 @@ class HeadService:
             time.sleep(min(0.05, self.settings.reconcile_interval_s))
         return d
 
+    def acquire_lease(self, lease_request: Mapping[str, Any], timeout: float, key: str | None = None,
+                      holder: str | None = None) -> Json:
+        lease_id = self.request_lease(lease_request)
+        self.grant_now()
+        return self.activate_settled(self.wait_lease(lease_id, timeout, key), key, holder)
+
+    def grant_now(self) -> ReconcileReport:
+        """The fast grant path (:meth:`HeadController.schedule_now`): a request alone in the queue is placed
+        in the call that brought it; the next cycle does everything else (agents, jobs, metrics)."""
+        return self.ctl.schedule_now()
+
+    def activate_settled(self, settled: Json, key: str | None, holder: str | None) -> Json:
+        """What ``acquire_lease`` answers: the settled view, activated by ``holder`` when it was granted and
+        the requester's ``key`` revealed its token (only the requester may activate)."""
+        if holder is None or settled.get("state") != LeaseState.GRANTED.value or settled.get("fencing_token") is None:
+            return settled
+        return self.ctl.activate(settled["lease_id"], int(settled["fencing_token"]), holder)
+
     def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
         return self.ctl.activate(lease_id, token, holder, workload)
 
@@ -220,7 +241,11 @@ class HeadService:
 
     # ---- jobs ----------------------------------------------------------------------------------
     def submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Json:
-        return self.jobs.submit(JobSpec.parse(spec), job_id)
+        d = self.jobs.submit(JobSpec.parse(spec), job_id)
+        if d["state"] == "queued" and self.grant_now().granted:  # the fast grant path, as for a lease
+            self.jobs.advance(d["job_id"])
+            d = self.jobs.get(d["job_id"])
+        return d
 
     def get_job(self, job_id: str) -> Json:
         return self.jobs.get(job_id)

@@ -40,6 +40,14 @@ class HeadApi(Protocol):
         The token is in the answer only with the requester's ``key``."""
         ...
 
+    def acquire_lease(self, lease_request: Mapping[str, Any], timeout: float, key: str | None = None,
+                      holder: str | None = None) -> Json:
+        """``request_lease`` and ``wait_lease`` in one call (the SDK's grant path): queue the request, grant it at
+        once when nothing else waits (the fast path), else wait for the cycle that grants it; ``LeaseTimeoutError``
+        after ``timeout`` (the request stays queued: the caller withdraws it). With the requester's ``key`` and a
+        ``holder`` (an actor id), a granted lease is activated by that holder before the answer."""
+        ...
+
     def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
         """The holder started on the devices (a stale token is refused). ``workload`` names what runs on them
         (``actor:<ns>/<name>``, ``job:<id>``, ``pid:<n>``) so the node's agent can stop it when it is revoked."""

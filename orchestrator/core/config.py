@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -85,6 +85,9 @@ class RuntimeSettings(_Frozen):
     ended_retention_s: Annotated[float, Field(ge=0, description="Ended leases leave the ledger and the GCS this long "
                                               "after they end (also how long a retried lease id is recognised); "
                                               "0 keeps them forever")] = 86400.0
+    job_runner: Literal["ray", "none"] = Field(
+        default="ray", description="ray: an admitted job runs as a Ray job. none: nothing runs it; it is recorded "
+        "as started and succeeds at the next status read (what bench/load.py measures job admission with)")
     day_clock: DayClock | None = Field(default=None, description="A compressed day for the head's time windows "
                                        "({speedup: 720, start: '06:00'}: a day in 120 s from 06:00); "
                                        "null: the machine's local time of day")

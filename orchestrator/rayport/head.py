@@ -11,7 +11,12 @@ loop:
 * a reconcile loop: every ``reconcile_interval_s``, or at once after a call
   that may make the queue schedulable (:data:`WAKES`), it runs one
   :meth:`HeadService.cycle`;
-* ``wait_lease``, which waits on the event loop without blocking other calls;
+* ``wait_lease`` and ``acquire_lease``, which wait on the event loop without
+  blocking other calls and without polling: each waiter is a future that the
+  loop resolves after the cycle (or the fast grant path) that settled its lease.
+  ``acquire_lease`` queues, tries the fast grant path
+  (:meth:`HeadService.grant_now`) and waits, in one call: the SDK's lease
+  cycle is one call to get the devices and one to give them back;
 * waking a node's agent when the head has a checkpoint to ask for or a lease to
   revoke there (:meth:`HeadService.agent_work`), so the
   agent acts within a call's latency instead of a heartbeat interval.
@@ -32,6 +37,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.control.edge import check_args
+from orchestrator.control.jobs import AdmissionOnlyRunner
 from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
@@ -72,7 +78,8 @@ class HeadActor:
     def __init__(self, settings: dict[str, Any], cluster: dict[str, Any], start_agent: Callable[..., Any]) -> None:
         s = RuntimeSettings.model_validate(settings)
         self.service = HeadService(s, ClusterConfig.model_validate(cluster), GcsKvStore(s.namespace),
-                                   ray_api.RayJobRunner(), RayClusterPort(s, start_agent), clock=time.time,
+                                   ray_api.RayJobRunner() if s.job_runner == "ray" else AdmissionOnlyRunner(),
+                                   RayClusterPort(s, start_agent), clock=time.time,
                                    metrics=HeadMetrics())
         port = s.metrics_port or int(os.environ.get(env.METRICS_PORT, "0") or 0)
         if port:
@@ -85,7 +92,13 @@ class HeadActor:
                 log.exception("could not serve metrics on %s:%s", host, port)
         self._wake = asyncio.Event()
         self._told: set[tuple[str, str]] = set()  # agent work each agent has been woken for
-        self._task = asyncio.get_event_loop().create_task(self._loop())
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # lease id -> callers waiting for it to settle
+        self._home = asyncio.get_event_loop()  # the loop the cycle task runs on
+        self._task = self._home.create_task(self._loop())
+
+    def _poke(self) -> None:
+        """Wake the cycle task (thread-safe: Ray may run calls on another thread's loop than the task's)."""
+        self._home.call_soon_threadsafe(self._wake.set)
 
     def _wake_agents(self) -> None:
         """Wake the agents whose work gained an item this cycle (fire and forget: the heartbeat is the backstop)."""
@@ -103,6 +116,7 @@ class HeadActor:
             t0 = time.monotonic()
             self.service.cycle_safely()
             self._wake_agents()
+            self._notify()
             took = time.monotonic() - t0
             if took > 1.0:  # the loop that hears heartbeats was busy this long
                 log.warning("head: one cycle took %.1fs", took)
@@ -112,19 +126,66 @@ class HeadActor:
                 pass
             self._wake.clear()
 
-    async def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> dict[str, Any]:
-        """Wait on the event loop until the lease (or its latest attempt) is handed out or has ended."""
-        bad = answer(check_args, "wait_lease", (lease_id, timeout, key), {})  # as every forwarded method is
-        if "error" in bad:
-            return bad
+    def _notify(self) -> None:
+        """Resolve the waiters of every lease that has settled (handed out, or ended for good)."""
+        for lease_id in [lid for lid in self._waiters if self.service.lease_settled(lid) is not None]:
+            for fut in self._waiters.pop(lease_id):
+                # Thread-safe: Ray may run the loop task and the calls on different threads' loops.
+                fut.get_loop().call_soon_threadsafe(_resolve, fut)
+
+    async def _settled(self, lease_id: str, timeout: float, key: str | None) -> dict[str, Any]:
+        """Wait (a future, no polling) until the lease or its latest attempt is handed out or has ended."""
         deadline = time.monotonic() + timeout
         while True:
             reply = answer(self.service.lease_settled, lease_id, key)
             if "error" in reply or reply["ok"] is not None:
                 return reply
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return answer(_raise, self.service.lease_timeout(lease_id, timeout))
-            await asyncio.sleep(0.05)
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(lease_id, []).append(fut)
+            try:
+                await asyncio.wait_for(fut, left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                waiting = self._waiters.get(lease_id)
+                if waiting is not None and fut in waiting:
+                    waiting.remove(fut)
+                    if not waiting:
+                        del self._waiters[lease_id]
+
+    async def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> dict[str, Any]:
+        """Wait on the event loop until the lease (or its latest attempt) is handed out or has ended."""
+        bad = answer(check_args, "wait_lease", (lease_id, timeout, key), {})  # as every forwarded method is
+        if "error" in bad:
+            return bad
+        return await self._settled(lease_id, timeout, key)
+
+    async def acquire_lease(self, lease_request: dict[str, Any], timeout: float, key: str | None = None,
+                            holder: str | None = None) -> dict[str, Any]:
+        """Queue, try the fast grant path, wait: ``HeadApi.acquire_lease``."""
+        bad = answer(check_args, "acquire_lease", (lease_request, timeout, key, holder), {})
+        if "error" in bad:
+            return bad
+        queued = answer(self.service.request_lease, lease_request)
+        if "error" in queued:
+            return queued
+        try:
+            self.service.grant_now()
+        except Exception:  # as a failed cycle: logged, and the next cycle schedules the request
+            log.exception("fast grant path failed; the next cycle schedules the request")
+        self._poke()  # the cycle does the rest: agents, jobs, metrics (and the queue, if not granted now)
+        settled = await self._settled(queued["ok"], timeout, key)
+        if "error" in settled:
+            return settled
+        return answer(self.service.activate_settled, settled["ok"], key, holder)
+
+
+def _resolve(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _raise(e: Exception) -> None:
@@ -139,7 +200,7 @@ def _forward(name: str) -> Callable[..., Any]:
     async def method(self: HeadActor, *args: Any, **kwargs: Any) -> dict[str, Any]:
         reply = answer(getattr(self.service, name), *args, **kwargs)
         if name in WAKES:
-            self._wake.set()
+            self._poke()
         return reply
 
     del method.__wrapped__  # Ray must see the forwarder itself (async, any arguments), not the declaration

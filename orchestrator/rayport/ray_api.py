@@ -41,7 +41,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import ray
 
@@ -472,6 +472,11 @@ class RayJobRunner:
             return str(self.client.get_job_status(submission_id).value)
         except RuntimeError:
             return None
+
+    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
+        """One ``list_jobs`` call (one HTTP request) for every job, instead of one ``get_job_status`` each."""
+        known = {j.submission_id: str(j.status.value) for j in self.client.list_jobs() if j.submission_id}
+        return {s: known.get(s) for s in submission_ids}
 
     def stop(self, submission_id: str) -> None:
         self.client.stop_job(submission_id)

@@ -15,9 +15,12 @@ The head's namespace and name come from the arguments, else
 ``ORCHESTRATOR_NAMESPACE`` / ``ORCHESTRATOR_HEAD_NAME`` (the head sets them
 inside its jobs), else the state file, else ``rgo`` / ``rgo-head``.
 
-**Fate sharing.** :meth:`Connection.start_holder` makes a small actor owned by
-the calling driver; when the driver dies, Ray kills it and the head's
-dead-holder check frees what it held.
+**Fate sharing.** :meth:`Connection.holder_id` names this driver's holder: a
+small actor owned by the calling driver, made on first use and kept for the
+driver's life, so every lease the driver takes is activated with the same one
+(Ray makes actors at 1-3 a second on a loaded host: one per lease made the
+default ``lease()`` cost 0.7 s). When the driver dies, Ray kills the holder and
+the head's dead-holder check frees everything activated with it.
 
 Ray is imported only when a connection is made (``import orchestrator.sdk``
 stays free of Ray, which takes a second to import): the heavy-dependency
@@ -112,6 +115,18 @@ class Connection:
         ray.get(actor.__ray_ready__.remote(), timeout=120)
         return actor, actor._actor_id.hex()
 
+    def holder_id(self) -> str:
+        """The id of this driver's holder (see "Fate sharing" in the module docstring): started on first use,
+        then reused by every lease of this driver. A new Ray connection (a new job id) gets a new one."""
+        import ray
+
+        global _HOLDER
+        job = ray.get_runtime_context().get_job_id()
+        if _HOLDER is None or _HOLDER[0] != job:
+            actor, aid = self.start_holder()
+            _HOLDER = (job, actor, aid)
+        return _HOLDER[2]
+
     def stop_holder(self, actor: Any) -> None:
         import ray
 
@@ -121,6 +136,10 @@ class Connection:
         if self.owned:
             self._ray_api.disconnect()
             self.owned = False
+
+
+#: This driver's holder: (Ray job id of the connection it belongs to, the actor, its id).
+_HOLDER: tuple[str, Any, str] | None = None
 
 
 class _Holder:

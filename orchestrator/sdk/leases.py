@@ -25,10 +25,17 @@ implement:
   and returns the new handle, whose ``resume_from`` is the checkpoint path:
   start the actor again from it (its ``__init__`` can take the path).
 
-**Fate sharing.** A lease is activated with a small holder actor owned by the
-calling driver (:meth:`orchestrator.sdk.connect.Connection.start_holder`);
-when the driver dies without leaving the block, Ray kills that actor and the
-head's dead-holder check frees the devices.
+**Fate sharing.** A lease is activated with the calling driver's holder, a
+small actor owned by the driver and shared by all its leases
+(:meth:`orchestrator.sdk.connect.Connection.holder_id`); when the driver dies
+without leaving the block, Ray kills that actor and the head's dead-holder
+check frees the devices.
+
+**One call to get the devices.** :func:`lease` asks with
+``HeadApi.acquire_lease``: the head queues the request, grants it at once when
+nothing else waits, else when the cycle that grants it has run (no polling on
+either side), and activates it with the driver's holder before answering. A
+lease's life is that call and the release.
 """
 
 from __future__ import annotations
@@ -183,24 +190,22 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
         head = conn.head
     lid = lease_id or new_lease_id()
     key = secrets.token_hex(16)  # stays here: the head keeps only its digest
-    holder: Any = None
     handle: LeaseHandle | None = None
     requested = failed = False
     why = "holder left the lease block"
     try:
-        head.request_lease({"lease_id": lid, "request": req.model_dump(mode="json"),
-                            "owner": owner or _default_owner(), "priority_class": priority or "", "queue": queue,
-                            "requeue_on_loss": False, "requester_digest": key_digest(key),
-                            "requeue_on_preempt": requeue, "checkpoint_dir": checkpoint_dir})
-        requested = True
-        info = head.wait_lease(lid, timeout, key)
+        holder_id = conn.holder_id() if fate_share and conn is not None else None
+        requested = True  # from here a request may be queued: the block's end withdraws it
+        info = head.acquire_lease({"lease_id": lid, "request": req.model_dump(mode="json"),
+                                   "owner": owner or _default_owner(), "priority_class": priority or "",
+                                   "queue": queue, "requeue_on_loss": False, "requester_digest": key_digest(key),
+                                   "requeue_on_preempt": requeue, "checkpoint_dir": checkpoint_dir},
+                                  timeout, key, holder_id)
         if info.get("state") not in ("granted", "active") or not info.get("handout"):
             last = (info.get("history") or [{}])[-1].get("reason", "")
             raise OrchestratorError(f"lease {lid} ended before it was handed out: {info.get('state')} ({last})")
-        holder_id = None
-        if fate_share and conn is not None:
-            holder, holder_id = conn.start_holder()
-        info = {**info, **head.activate(lid, int(info["fencing_token"]), holder_id)}
+        if info.get("state") == "granted":  # no holder to activate it with (fate_share=False, or a given head)
+            info = {**info, **head.activate(lid, int(info["fencing_token"]), None)}
         handle = LeaseHandle(head, info, poll_s=poll_s, key=key,
                              namespace=conn.target.namespace if conn is not None else (namespace or "rgo"))
         yield handle
@@ -221,11 +226,6 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
             if not failed:
                 raise  # otherwise the error that ended the block matters more
         finally:
-            if holder is not None and conn is not None:
-                try:
-                    conn.stop_holder(holder)
-                except Exception:
-                    pass  # it dies with the driver anyway
             if conn is not None:
                 conn.close()
 
@@ -455,7 +455,6 @@ def gang_lease(gang: GangRequest | str, *, priority: str | None = None, queue: s
     ids = [gang_worker_id(gid, i) for i in range(spec.workers)]
     members: list[LeaseHandle] = []
     handle: GangHandle | None = None
-    holder: Any = None
     why, failed = "holder left the gang block", False
     deadline = time.monotonic() + timeout
     try:
@@ -470,9 +469,7 @@ def gang_lease(gang: GangRequest | str, *, priority: str | None = None, queue: s
         if bad:
             raise OrchestratorError(f"gang {gid}: worker lease {bad[0]['lease_id']} ended before it was handed out: "
                                     f"{bad[0].get('state')}")
-        holder_id = None
-        if fate_share and conn is not None:
-            holder, holder_id = conn.start_holder()
+        holder_id = conn.holder_id() if fate_share and conn is not None else None
         ns = conn.target.namespace if conn is not None else (namespace or "rgo")
         for d in infos:
             d = {**d, **head.activate(d["lease_id"], int(d["fencing_token"]), holder_id)}
@@ -499,10 +496,5 @@ def gang_lease(gang: GangRequest | str, *, priority: str | None = None, queue: s
             if not failed:
                 raise
         finally:
-            if holder is not None and conn is not None:
-                try:
-                    conn.stop_holder(holder)
-                except Exception:
-                    pass
             if conn is not None:
                 conn.close()

@@ -30,6 +30,7 @@ class FakeRayJobs:
         self.submitted: dict[str, dict[str, Any]] = {}
         self.statuses: dict[str, str] = {}
         self.stopped: list[str] = []
+        self.reads: list[list[str]] = []  # one entry per batched status read
 
     def submit(self, submission_id, entrypoint, runtime_env, label_selector, handout, metadata) -> None:
         if submission_id in self.submitted:
@@ -40,6 +41,10 @@ class FakeRayJobs:
 
     def status(self, submission_id: str) -> str | None:
         return self.statuses.get(submission_id)
+
+    def status_many(self, submission_ids) -> dict[str, str | None]:
+        self.reads.append(list(submission_ids))
+        return {s: self.statuses.get(s) for s in submission_ids}
 
     def stop(self, submission_id: str) -> None:
         self.stopped.append(submission_id)
@@ -436,3 +441,26 @@ def test_a_gang_job_that_can_never_fit_or_names_a_node_is_refused_naming_the_fie
     with pytest.raises(InvalidRequestError) as e:
         as_spec({"name": "g", "entrypoint": "x", "gpu": "2x2", "workers": 3})
     assert e.value.field == "workers"
+
+
+def test_every_running_jobs_ray_status_comes_from_one_batched_read_per_tick(ctl, jm, agents, clock, ray_jobs) -> None:
+    # Issue #18 item 4: one HTTP call per job per tick does not hold at a thousand jobs.
+    ids = [jm.submit(spec(f"b{i}", gpu="timeslice:0.25", priority="batch"))["job_id"] for i in range(6)]
+    cycle(ctl, jm, agents, 2)
+    assert all(jm.get(j)["state"] == "running" for j in ids)
+    subs = sorted(jm.get(j)["ray_submission_id"] for j in ids)
+    ray_jobs.reads.clear()
+    jm.status_poll_s = 0.5
+    clock.advance(1)
+    ray_jobs.statuses[subs[0]] = "SUCCEEDED"
+    jm.reconcile()
+    assert len(ray_jobs.reads) == 1 and sorted(ray_jobs.reads[0]) == subs  # every job, one read
+    assert jm.get(ids[0])["state"] == "succeeded"
+    jm.reconcile()
+    jm.reconcile()
+    assert len(ray_jobs.reads) == 1  # not again within status_poll_s
+    clock.advance(0.5)
+    ray_jobs.statuses[subs[1]] = "FAILED"
+    jm.reconcile()
+    assert len(ray_jobs.reads) == 2 and len(ray_jobs.reads[1]) == 5  # the finished one is not asked about
+    assert jm.get(ids[1])["state"] == "failed"

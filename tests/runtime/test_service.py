@@ -53,3 +53,60 @@ def test_bad_input_at_the_edge_is_a_typed_error_and_the_head_keeps_every_lease(t
         assert head.get_lease("keep")["state"] == "granted"
     finally:
         head.close()
+
+
+def test_a_request_alone_in_the_queue_is_granted_in_the_call_that_brought_it(tmp_path: Path) -> None:
+    # Issue #18 item 4: the fast grant path. Under the lock the background cycle cannot run in between.
+    head = InProcessHead(workdir=tmp_path)
+    try:
+        with head.lock:
+            svc = head.service
+            svc.request_lease({"lease_id": "alone", "request": "1"})
+            assert svc.grant_now().granted == ["alone"]
+            assert svc.get_lease("alone")["state"] == "granted"
+            # Two waiting: left to the next cycle, which plans them together (one plan, not one per request).
+            svc.request_lease({"lease_id": "b1", "request": "1"})
+            svc.request_lease({"lease_id": "b2", "request": "1"})
+            assert svc.grant_now().granted == []
+            assert sorted(svc.cycle().granted) == ["b1", "b2"]
+    finally:
+        head.close()
+
+
+def test_acquire_lease_queues_grants_and_activates_with_the_holder_in_one_call(tmp_path: Path) -> None:
+    head = InProcessHead(workdir=tmp_path)
+    try:
+        got = head.acquire_lease({"lease_id": "one", "request": "1", "requester_digest": key_digest("k")}, 5.0, "k",
+                                 "holder-actor")
+        assert got["state"] == "active" and got["holder"] == "holder-actor" and got["fencing_token"] >= 1
+        assert head.methods() == ["acquire_lease"]
+        # Without the requester's key the holder cannot activate it: granted, token redacted.
+        other = head.acquire_lease({"lease_id": "two", "request": "1", "requester_digest": key_digest("k")}, 5.0,
+                                   "guess", "holder-actor")
+        assert other["state"] == "granted" and other["fencing_token"] is None
+        # The holder's death frees what it activated (fate sharing, one holder for many leases).
+        head.kill_holder("holder-actor")
+        head.wait_for(lambda: head.service.get_lease("one")["state"] == "lost", 5, "the holder's lease lost")
+    finally:
+        head.close()
+
+
+def test_a_job_submitted_to_an_idle_queue_is_admitted_in_the_submit_call(tmp_path: Path) -> None:
+    head = InProcessHead(workdir=tmp_path)
+    try:
+        with head.lock:  # no background cycle in between: the submit call itself admits and starts it
+            d = head.service.submit_job({"name": "quick", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}})
+        assert d["state"] == "running" and [h["state"] for h in d["history"]][:2] == ["queued", "admitted"]
+    finally:
+        head.close()
+
+
+def test_the_admission_only_runner_runs_nothing_and_each_job_succeeds_once() -> None:
+    from orchestrator.control.jobs import AdmissionOnlyRunner
+
+    r = AdmissionOnlyRunner()
+    assert r.status("a.a1") is None
+    r.submit("a.a1", "true", {}, {}, {}, {})
+    with pytest.raises(RuntimeError, match="already exists"):  # what the job layer adopts after a crash
+        r.submit("a.a1", "true", {}, {}, {}, {})
+    assert r.status_many(["a.a1", "b.a1"]) == {"a.a1": "SUCCEEDED", "b.a1": None}

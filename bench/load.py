@@ -1,0 +1,240 @@
+"""Load on a real local cluster: jobs (and SDK leases) submitted concurrently from several processes.
+
+Starts the demo cluster (``configs/cluster.demo.yaml``: three raylets on 127.0.0.1, the head actor and
+three agents) with :func:`orchestrator.deploy.local.up_local` in a state directory of its own, in the
+namespace ``rgo-load``, and stops it on exit and on SIGINT, SIGTERM and SIGHUP (and, through the
+launcher's watchdog, when this process is SIGKILLed).
+
+**What is measured.**
+
+* ``--jobs N``: ``--clients`` processes (spawned, each one Ray driver with ``--threads`` threads) submit
+  N jobs between them, each with its own id (``load-c<client>-<i>``), through ``HeadApi.submit_job``. A
+  job asks for ``timeslice:0.05``; its entrypoint is ``true``. The head runs with
+  ``settings.job_runner: none``: an admitted job is handed to a runner that starts **no** Ray driver and
+  reports it SUCCEEDED at the next batched status read (which frees its lease). So what is measured is
+  **job admission**: submit -> lease queued -> lease granted -> job admitted -> recorded as started. A
+  job's **grant latency** is the head's ADMITTED time (its history) minus the client's clock just before
+  the submit call (one host, one clock). ``grants_per_s`` is jobs admitted / (last admission - first
+  submit).
+* ``--leases N``: the same processes take N SDK leases with ``orchestrator.lease("timeslice:0.05")``
+  (fate-shared with the driver's holder actor), each released at once. A lease's grant latency is the
+  client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
+  call). Each client takes one lease first, not counted, which makes its holder actor.
+* ``bare_actor_call_p50_ms``: a no-op method of a no-op actor, called 200 times in a row from this
+  process while the cluster is idle, in the same run.
+
+**Accounting.** Afterwards this process reads every job once (``list_jobs``) and every lease
+(``get_lease``): ``lost`` counts submitted ids that did not end succeeded (jobs) / released (leases),
+or are missing; ``duplicated`` counts ids seen twice, jobs run on more than one attempt, leases granted
+more than once, and jobs of this bench the clients did not submit.
+
+Prints one JSON object (``--json``; else a summary): ``jobs``, ``lost``, ``duplicated``,
+``grants_per_s``, ``grant_p50_ms``, ``grant_p99_ms``, ``bare_actor_call_p50_ms`` (the jobs), and
+``leases`` (the same fields for the leases) when asked.
+
+    .venv/bin/python bench/load.py --jobs 1000 --clients 8 --leases 1000 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
+
+NAMESPACE = "rgo-load"
+GPU = {"kind": "timeslice", "fraction": 0.05}
+
+
+def config() -> ClusterConfig:
+    cfg = load_config(DEMO_CONFIG)
+    settings = cfg.settings.model_copy(update={"namespace": NAMESPACE, "job_runner": "none"})
+    return cfg.model_copy(update={"settings": settings})
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+class Noop:
+    def ping(self) -> None:
+        return None
+
+
+# ---- one client process ------------------------------------------------------------------------
+def client(address: str, index: int, jobs: int, leases: int, threads: int) -> dict[str, Any]:
+    """Submit ``jobs`` jobs, then take ``leases`` leases, from ``threads`` threads; what each took."""
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.client import HeadClient
+    from orchestrator.sdk.leases import lease
+
+    ray_api.connect(address, NAMESPACE)
+    head = HeadClient(NAMESPACE)
+    out: dict[str, Any] = {"jobs": [], "leases": [], "errors": []}
+
+    def submit(i: int) -> None:
+        job_id = f"load-c{index}-{i}"
+        t0 = time.time()
+        try:
+            head.submit_job({"name": "load", "entrypoint": "true", "gpu": GPU, "priority": "batch"}, job_id)
+            out["jobs"].append((job_id, t0))
+        except Exception as e:  # counted as lost by the accounting; said here too
+            out["errors"].append(f"{job_id}: {type(e).__name__}: {e}")
+
+    def take(i: int, counted: bool = True) -> None:
+        lid = f"load-l{index}-{i}"
+        t0 = time.perf_counter()
+        try:
+            with lease(GPU, priority="batch", lease_id=lid, namespace=NAMESPACE, timeout=120):
+                took = time.perf_counter() - t0
+            if counted:
+                out["leases"].append((lid, took))
+        except Exception as e:
+            out["errors"].append(f"{lid}: {type(e).__name__}: {e}")
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(submit, range(jobs)))
+        if leases:
+            take(-1, counted=False)  # makes this driver's holder actor
+            list(pool.map(take, range(leases)))
+    ray_api.disconnect()
+    return out
+
+
+# ---- the run -----------------------------------------------------------------------------------
+def bare_call_ms(n: int = 200) -> list[float]:
+    from orchestrator.rayport import ray_api
+
+    # by value: the workers cannot import this file (run as __main__, or as `load` by the tests)
+    actor = ray_api.remote_class(Noop, by_value=sys.modules[Noop.__module__]).options(num_cpus=0).remote()
+    ray_api.get(actor.ping.remote(), timeout=120)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        ray_api.get(actor.ping.remote(), timeout=60)
+        out.append((time.perf_counter() - t0) * 1000)
+    ray_api.kill(actor)
+    return out
+
+
+def split(n: int, parts: int) -> list[int]:
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def run(address: str, jobs: int, leases: int, clients: int, threads: int) -> dict[str, Any]:
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.client import HeadClient
+
+    ray_api.connect(address, NAMESPACE)
+    bare = bare_call_ms()
+    head = HeadClient(NAMESPACE)
+    ctx = mp.get_context("spawn")  # Ray drivers do not survive fork
+    t0 = time.time()
+    with ctx.Pool(clients) as pool:
+        results = pool.starmap(client, [(address, i, j, le, threads)
+                                        for i, (j, le) in enumerate(zip(split(jobs, clients), split(leases, clients)))])
+    wall = time.time() - t0
+    submitted = [j for r in results for j in r["jobs"]]
+    errors = [e for r in results for e in r["errors"]]
+    deadline = time.monotonic() + 120
+    while True:  # every job admitted and finished (the runner reports success at the next status read)
+        mine = [j for j in head.list_jobs() if j["job_id"].startswith("load-c")]
+        if all(j["state"] in ("succeeded", "failed", "cancelled") for j in mine) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    out = {"jobs": jobs, "clients": clients, "threads": threads, "load_wall_s": round(wall, 2)}
+    out.update(account_jobs(submitted, mine, jobs))
+    out["bare_actor_call_p50_ms"] = round(percentile(bare, 0.5) or 0, 3)
+    out["bare_actor_call_p99_ms"] = round(percentile(bare, 0.99) or 0, 3)
+    if leases:
+        out["leases"] = account_leases([x for r in results for x in r["leases"]], head, leases)
+    out["errors"] = errors[:10]
+    ray_api.disconnect()
+    return out
+
+
+def account_jobs(submitted: list[tuple[str, float]], seen: list[dict[str, Any]], asked: int) -> dict[str, Any]:
+    sent = dict(submitted)
+    by_id: dict[str, int] = {}
+    for j in seen:
+        by_id[j["job_id"]] = by_id.get(j["job_id"], 0) + 1
+    views = {j["job_id"]: j for j in seen}
+    lost = asked - len(sent) + sum(1 for jid in sent if jid not in views or views[jid]["state"] != "succeeded")
+    duplicated = (sum(n - 1 for n in by_id.values()) + sum(1 for j in seen if j["attempt"] != 1)
+                  + sum(1 for jid in by_id if jid not in sent))
+    admitted = []
+    for jid, t0 in sent.items():
+        at = next((h["at"] for h in views.get(jid, {}).get("history", []) if h["state"] == "admitted"), None)
+        if at is not None:
+            admitted.append((t0, at))
+    lat = [(at - t0) * 1000 for t0, at in admitted]
+    span = (max(at for _, at in admitted) - min(t0 for t0, _ in admitted)) if admitted else 0.0
+    return {"lost": lost, "duplicated": duplicated, "admitted": len(admitted),
+            "grants_per_s": round(len(admitted) / span, 1) if span > 0 else None,
+            "grant_p50_ms": _r(percentile(lat, 0.5)), "grant_p99_ms": _r(percentile(lat, 0.99))}
+
+
+def account_leases(took: list[tuple[str, float]], head: Any, asked: int) -> dict[str, Any]:
+    ids = [lid for lid, _ in took]
+    lost = asked - len(set(ids))
+    duplicated = len(ids) - len(set(ids))
+    for lid in set(ids):
+        d = head.get_lease(lid)
+        if d["state"] != "released":
+            lost += 1
+        duplicated += max(0, sum(1 for h in d["history"] if h["state"] == "granted") - 1)
+    lat = [s * 1000 for _, s in took]
+    return {"leases": asked, "lost": lost, "duplicated": duplicated,
+            "grant_p50_ms": _r(percentile(lat, 0.5)), "grant_p99_ms": _r(percentile(lat, 0.99))}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--leases", type=int, default=0, help="SDK leases to take as well (0: none)")
+    p.add_argument("--clients", type=int, default=8, help="client processes")
+    p.add_argument("--threads", type=int, default=16, help="threads per client")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    from orchestrator.deploy import local
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the Ctrl-C path: the finally below stops the cluster
+        signal.signal(sig, _interrupt)
+    state_dir = Path(tempfile.mkdtemp(prefix="rgo-load-", dir=os.environ.get("TMPDIR") or "/tmp"))
+    say = lambda m: print(f"[load] {m}", file=sys.stderr)  # noqa: E731
+    try:
+        state = local.up_local(config(), state_dir, progress=say)
+        out = run(state.address, a.jobs, a.leases, a.clients, a.threads)
+    finally:
+        local.down(state_dir, progress=say)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}")
+    return 0 if out["lost"] == 0 and out["duplicated"] == 0 and (
+        not a.leases or (out["leases"]["lost"] == 0 and out["leases"]["duplicated"] == 0)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
