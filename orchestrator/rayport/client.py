@@ -19,8 +19,10 @@ from orchestrator.core.errors import NotConnectedError
 from orchestrator.rayport.ray_api import get_head
 from orchestrator.rayport.wire import unwrap
 
-#: Seconds a call waits for the head's answer (``wait_lease`` waits its own timeout plus this).
+#: Seconds a call waits for the head's answer (a method in ``WAITING`` waits its own timeout plus this).
 CALL_TIMEOUT_S = 60.0
+#: Methods that wait on the head for up to their ``timeout`` argument: the call may take that much longer.
+WAITING = frozenset({"wait_lease", "acquire_lease"})
 
 
 class HeadClient(HeadApi):
@@ -60,7 +62,7 @@ def _call(name: str) -> Callable[..., Any]:
         bound = sig.bind(self, *args, **kwargs)
         bound.apply_defaults()
         values = [_plain(v) for k, v in bound.arguments.items() if k != "self"]
-        timeout = CALL_TIMEOUT_S + float(bound.arguments["timeout"]) if name == "wait_lease" else CALL_TIMEOUT_S
+        timeout = CALL_TIMEOUT_S + float(bound.arguments["timeout"]) if name in WAITING else CALL_TIMEOUT_S
         return self.call(name, *values, timeout=timeout)
 
     return method

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import pytest
 
 from orchestrator.control.service import HeadService
 from orchestrator.core.api import HEAD_METHODS, HeadApi
-from orchestrator.rayport.client import HeadClient
+from orchestrator.rayport.client import CALL_TIMEOUT_S, WAITING, HeadClient
 from orchestrator.rayport.head import HeadActor
 
 
@@ -44,3 +45,22 @@ def test_nothing_answers_a_method_the_declaration_lacks() -> None:
     public = {n for n, v in HeadService.__dict__.items() if callable(v) and not n.startswith("_")}
     helpers = {"cycle", "cycle_safely", "lease_settled", "lease_timeout", "agent_work", "grant_now", "activate_settled"}  # the service's own, used by the actor and in-process
     assert public - helpers == set(HEAD_METHODS)
+
+
+@pytest.mark.parametrize("name", sorted(WAITING))
+def test_a_call_that_waits_on_the_head_gets_its_wait_plus_the_call_timeout(name: str) -> None:
+    # acquire_lease waited only the 60 s call timeout: a training backlog asking with a day's timeout
+    # got GetTimeoutError from its own client while the head was still (correctly) holding it in the queue.
+    seen: list[float | None] = []
+
+    class Recording(HeadClient):
+        def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+            seen.append(timeout)
+            return {}
+
+    client = Recording(handle=object())
+    args = {"wait_lease": ("l-1", 500.0), "acquire_lease": ({"lease_id": "l-1"}, 500.0)}[name]
+    getattr(client, name)(*args)
+    assert seen == [CALL_TIMEOUT_S + 500.0]
+    client.get_lease("l-1")
+    assert seen[-1] == CALL_TIMEOUT_S
