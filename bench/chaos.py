@@ -102,6 +102,16 @@ class Chaos:
     violations: list[Violation] = field(default_factory=list)
     recovery: dict[str, list[float]] = field(default_factory=dict)
     n: int = 0
+    t0: float = 0.0
+    _seen: set[tuple[str, str]] = field(default_factory=set)
+
+    def record(self, found: list[Violation]) -> None:
+        """Keep each distinct violation once: one that persists over steps is one broken invariant."""
+        for v in found:
+            if (v.kind, v.detail) not in self._seen:
+                self._seen.add((v.kind, v.detail))
+                self.violations.append(v)
+                _log(f"VIOLATION {v.kind}: {v.detail}")
 
     # ---- reading ----------------------------------------------------------------------------------
     def agents_held(self) -> dict[str, list[str] | None]:
@@ -135,17 +145,18 @@ class Chaos:
     def check(self, after_kill: bool = False) -> None:
         """The invariants after one step: double grants and history at once, agreement once settled."""
         deadline = time.monotonic() + (self.kill_settle_s if after_kill else self.settle_s)
-        first = True
         want = {n.name for n in self.config.nodes}
         while True:
-            obs, more = self.observe()
-            if first:  # each observation once into the history (a settle loop reads the same state again)
-                self.violations += double_grants(obs)
-                self.violations += self.history.observe(obs, more["gone"])
-                first = False
-            else:
-                self.violations += [v for v in double_grants(obs) if v.detail not in {x.detail for x in self.violations}]
-                self.violations += self.history.observe(obs, more["gone"])
+            try:
+                obs, more = self.observe()
+            except OrchestratorError as e:  # the head restarting: it must answer before the deadline
+                if time.monotonic() > deadline:
+                    self.record([Violation("disagreement", f"the head did not answer: {e}")])
+                    return
+                time.sleep(0.5)
+                continue
+            self.record(double_grants(obs))
+            self.record(self.history.observe(obs, more["gone"]))
             disagree = disagreements(obs)
             settled = not disagree and (not after_kill or (obs.registered >= want and all(
                 obs.agents.get(n) is not None for n in want)))
@@ -153,8 +164,8 @@ class Chaos:
                 return
             if time.monotonic() > deadline:
                 answering = sorted(n for n, v in obs.agents.items() if v is not None)
-                self.violations += disagree or [Violation("disagreement", f"not settled in time: registered "
-                                                          f"{sorted(obs.registered)}, agents answering {answering}")]
+                self.record(disagree or [Violation("disagreement", f"not settled in time: registered "
+                                                   f"{sorted(obs.registered)}, agents answering {answering}")])
                 _log(f"not settled: {[v.detail for v in disagree][:3]}")
                 return
             time.sleep(0.3)
@@ -261,7 +272,7 @@ class Chaos:
                 except OrchestratorError:
                     pass
                 if time.monotonic() - t0 > self.kill_settle_s:
-                    self.violations.append(Violation("disagreement", "the head did not come back"))
+                    self.record([Violation("disagreement", "the head did not come back")])
                     return
                 time.sleep(0.1)
             self.recovery.setdefault("head_back_s", []).append(time.monotonic() - t0)
@@ -321,8 +332,12 @@ class Chaos:
             return f"kill_{kill}"
         names, weights = zip(*OPS)
         op = self.rng.choices(names, weights)[0]
-        getattr(self, op)()
-        self.activate_spikes()
+        try:
+            getattr(self, op)()
+            self.activate_spikes()
+        except OrchestratorError as e:  # a typed refusal (a lease gone, a token stale): the check says if it matters
+            self.ops["op_errors"] += 1
+            _log(f"{op}: {type(e).__name__}: {e}")
         self.check()
         return op
 
@@ -344,7 +359,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     _log(f"cluster up in {time.monotonic() - t_up:.1f}s at {state.address}")
     c = Chaos(config, state_dir, random.Random(a.seed), a.settle_s, a.kill_settle_s,
               head=HeadClient(config.settings.namespace, config.settings.head_name))
+    error = None
+    try:
+        _loop(c, a)
+    except Exception as e:  # the bench itself failed: still report what it saw, and fail
+        error = f"{type(e).__name__}: {e}"
+        _log(f"the run stopped early: {error}")
+    return _figures(c, a, error)
+
+
+def _loop(c: Chaos, a: argparse.Namespace) -> None:
     t0 = time.monotonic()
+    c.t0 = t0
     end = t0 + a.minutes * 60
     next_kill = t0 + a.kill_every_s
     kinds, weights = zip(*KILLS)
@@ -358,6 +384,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             next_kill = time.monotonic() + a.kill_every_s
         time.sleep(max(0.0, min(60.0 / a.steps_per_minute, end - time.monotonic())) * c.rng.random())
     c.check()
+
+
+def _figures(c: Chaos, a: argparse.Namespace, error: str | None) -> dict[str, Any]:
     kinds = Counter(v.kind for v in c.violations)
     ops = sum(v for k, v in c.ops.items() if k != "sdk_not_granted")
     return {
@@ -371,7 +400,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "recovery_s": {k: {"median": round(statistics.median(v), 2), "max": round(max(v), 2), "n": len(v)}
                        for k, v in sorted(c.recovery.items())},
         "violations": [v.to_json() for v in c.violations[:20]], "lost_leases": c.history.lost_ids[:20],
-        "wall_s": round(time.monotonic() - t0, 1),
+        "wall_s": round(time.monotonic() - c.t0, 1), "error": error,
     }
 
 
@@ -410,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
     print(json.dumps(out) if a.json else json.dumps(out, indent=2))
-    return 0 if out["leases_lost"] == out["double_grants"] == out["invariant_violations"] == 0 else 1
+    ok = out["leases_lost"] == out["double_grants"] == out["invariant_violations"] == 0 and out["error"] is None
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -237,12 +237,14 @@ class History:
     def fault(self, node: str, at: float) -> None:
         self.faults[node].append(at)
 
-    def _lost(self, t: _Tracked, why: str) -> Violation:
-        if not t.counted:
-            t.counted = True
-            self.leases_lost += 1
-            self.lost_ids.append(t.first.lease_id)
-        return Violation("lease_lost", why, t.first.lease_id, (t.held or t.last).node or "")
+    def _lost(self, t: _Tracked, why: str) -> list[Violation]:
+        """Count ``t`` lost, once: a lease lost is one violation however often it is seen so."""
+        if t.counted:
+            return []
+        t.counted = True
+        self.leases_lost += 1
+        self.lost_ids.append(t.first.lease_id)
+        return [Violation("lease_lost", why, t.first.lease_id, (t.held or t.last).node or "")]
 
     def observe(self, obs: Observation, gone: Iterable[str] = ()) -> list[Violation]:
         """Check ``obs`` against what came before. ``gone``: lease ids the driver asked the ledger for
@@ -261,7 +263,7 @@ class History:
         for lid in gone:
             t = self.leases.get(lid)
             if t is not None and t.held is not None and not t.ended:
-                out.append(self._lost(t, f"{lid} was {t.held.state} and is gone from the ledger without ending"))
+                out += self._lost(t, f"{lid} was {t.held.state} and is gone from the ledger without ending")
         return out
 
     def _fencing(self, t: _Tracked, le: LeaseSeen, obs: Observation) -> list[Violation]:
@@ -286,8 +288,8 @@ class History:
     def _step(self, t: _Tracked, le: LeaseSeen, at: float) -> list[Violation]:
         out: list[Violation] = []
         if t.ended:
-            if le.state != t.last.state and not t.counted:
-                out.append(self._lost(t, f"{le.lease_id} ended {t.last.state} and is now {le.state}"))
+            if le.state != t.last.state:
+                out += self._lost(t, f"{le.lease_id} ended {t.last.state} and is now {le.state}")
             return out
         if le.holding:
             h = t.held
@@ -295,29 +297,29 @@ class History:
                 out.append(Violation("fencing", f"{le.lease_id}'s token changed {h.token} -> {le.token}", le.lease_id,
                                      le.node or ""))
             if h is not None and _devices(le) != _devices(h):
-                out.append(self._lost(t, f"{le.lease_id} moved while holding: {_devices(h)} -> {_devices(le)}"))
+                out += self._lost(t, f"{le.lease_id} moved while holding: {_devices(h)} -> {_devices(le)}")
             if h is None:
                 t.held_since = at
             t.held = le
             return out
         if le.state == "pending":
             if t.held is not None:
-                out.append(self._lost(t, f"{le.lease_id} was {t.held.state} and is pending again"))
+                out += self._lost(t, f"{le.lease_id} was {t.held.state} and is pending again")
             return out
         t.ended = True  # a terminal state
         if t.held is None:
             return out  # withdrawn or expired before a grant: nothing was held
         node = t.held.node or ""
         if not le.reason.strip():
-            out.append(self._lost(t, f"{le.lease_id} ended {le.state} with no reason"))
+            out += self._lost(t, f"{le.lease_id} ended {le.state} with no reason")
         elif le.state == "released" and le.lease_id in self.own and le.lease_id not in self.released_by_driver:
-            out.append(self._lost(t, f"{le.lease_id} was released by someone else: {le.reason}"))
+            out += self._lost(t, f"{le.lease_id} was released by someone else: {le.reason}")
         elif le.state == "lost":
             since = t.held_since if t.held_since is not None else float("-inf")
             if any(since <= f + self.fault_window_s and f <= at for f in self.faults.get(node, ())):
                 self.ended_by_faults += 1
             elif "holder died" not in le.reason:
-                out.append(self._lost(t, f"{le.lease_id} on {node} ended lost with no fault on that node: {le.reason}"))
+                out += self._lost(t, f"{le.lease_id} on {node} ended lost with no fault on that node: {le.reason}")
         return out
 
 

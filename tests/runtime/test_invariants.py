@@ -137,6 +137,7 @@ def test_a_lease_lost_is_one_that_vanished_regressed_or_ended_without_cause() ->
         return h.leases_lost
 
     assert lost(_at(11, 1), gone=("a",)) == 1  # gone from the ledger while holding
+    assert lost(_at(11, 1), _at(12, 1), gone=("a",)) == 1  # once, however often it is seen gone
     assert lost(_at(11, 1)) == 0  # merely absent from a partial view: not proof
     assert lost(_at(11, 1, _seen("a", "pending"))) == 1
     assert lost(_at(11, 1, _seen("a", "lost", 1, reason=""))) == 1
