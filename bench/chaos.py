@@ -424,8 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = run(a)
     except (KeyboardInterrupt, Stop) as e:
-        _log(f"stopped by {type(e).__name__}; stopping the cluster")
-        return 130
+        signum = e.args[0] if isinstance(e, Stop) else signal.SIGINT
+        _log(f"stopped by {signal.Signals(signum).name}; stopping the cluster")
+        return 128 + signum
     finally:
         from orchestrator.rayport import ray_api
 
