@@ -57,7 +57,7 @@ from orchestrator.sdk.leases import lease
 
 #: What the SDK and the spikes ask for: (``--gpu`` form, weight).
 MIX = (("1", 4), ("2", 1), ("mps:30%,10GiB", 2), ("timeslice:0.5", 2), ("mig:1g.10gb", 1), ("mig:3g.40gb", 1))
-#: Operations and their weights; kills are drawn apart (``--kills-per-minute``).
+#: Operations and their weights; kills come apart, every ``--kill-every-s`` seconds.
 OPS = (("sdk_request", 5), ("sdk_release", 4), ("job_submit", 1.5), ("job_cancel", 1), ("spike", 0.6),
        ("spike_release", 1.5))
 KILLS = (("head", 2), ("agent", 2), ("raylet", 1))
@@ -151,7 +151,7 @@ class Chaos:
                 obs, more = self.observe()
             except OrchestratorError as e:  # the head restarting: it must answer before the deadline
                 if time.monotonic() > deadline:
-                    self.record([Violation("disagreement", f"the head did not answer: {e}")])
+                    self.record([Violation("recovery", f"the head did not answer: {e}")])
                     return
                 time.sleep(0.5)
                 continue
@@ -164,7 +164,7 @@ class Chaos:
                 return
             if time.monotonic() > deadline:
                 answering = sorted(n for n, v in obs.agents.items() if v is not None)
-                self.record(disagree or [Violation("disagreement", f"not settled in time: registered "
+                self.record(disagree or [Violation("recovery", f"not settled in time: registered "
                                                    f"{sorted(obs.registered)}, agents answering {answering}")])
                 _log(f"not settled: {[v.detail for v in disagree][:3]}")
                 return
@@ -228,13 +228,18 @@ class Chaos:
                                      "requeue_on_loss": False, "requester_digest": key_digest(KEY)})
             self.spikes.append(lid)
 
+    def note_token(self, d: dict[str, Any]) -> None:
+        """Keep a granted lease's token. A pending one shows 0, not a token: noting it would make the
+        lease's first holding sighting carry 0 when it is granted before the next status read."""
+        if d["state"] != "pending" and d.get("fencing_token"):
+            self.tokens[d["lease_id"]] = int(d["fencing_token"])
+
     def spike_release(self) -> None:
         """Release (or withdraw) half of the spikes' leases; a granted one is activated first, as a holder would."""
         self.rng.shuffle(self.spikes)
         for lid in self.spikes[: max(1, len(self.spikes) // 2)]:
             d = self.head.get_lease(lid, KEY)
-            if d.get("fencing_token") is not None:
-                self.tokens[lid] = int(d["fencing_token"])
+            self.note_token(d)
             if d["state"] in ("pending", "granted", "active", "checkpointing"):
                 self.history.released(lid)
                 try:
@@ -247,8 +252,7 @@ class Chaos:
         """Spike leases granted since the last step are activated (their holder started), token noted."""
         for lid in self.spikes:
             d = self.head.get_lease(lid, KEY)
-            if d.get("fencing_token") is not None:
-                self.tokens[lid] = int(d["fencing_token"])
+            self.note_token(d)
             if d["state"] == "granted":
                 try:
                     self.head.activate(lid, int(d["fencing_token"]))
@@ -272,7 +276,7 @@ class Chaos:
                 except OrchestratorError:
                     pass
                 if time.monotonic() - t0 > self.kill_settle_s:
-                    self.record([Violation("disagreement", "the head did not come back")])
+                    self.record([Violation("recovery", "the head did not come back")])
                     return
                 time.sleep(0.1)
             self.recovery.setdefault("head_back_s", []).append(time.monotonic() - t0)

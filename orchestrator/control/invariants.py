@@ -99,7 +99,7 @@ class Observation:
 class Violation:
     """One broken invariant: ``kind`` is a stable code, ``detail`` says what was seen."""
 
-    kind: str  # double_grant | disagreement | fencing | lease_lost
+    kind: str  # double_grant | disagreement | fencing | lease_lost (| recovery: a driver's, nothing came back in time)
     detail: str
     lease_id: str = ""
     node: str = ""
