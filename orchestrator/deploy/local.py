@@ -102,30 +102,44 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
     dashboard_url = ""
     out = []
     for i, node in enumerate(config.nodes):
-        argv = ["start", "--block", "--node-ip-address", "127.0.0.1",
-                "--num-cpus", str(node.cpus), "--num-gpus", "0",  # cards are rgo-gpu-<i> (core.config)
-                "--resources", json.dumps(node.ray_resources(), sort_keys=True),
-                "--labels", ",".join(f"{k}={v}" for k, v in sorted(node.ray_labels().items())),
-                "--object-store-memory", str(OBJECT_STORE_BYTES),
-                "--dashboard-agent-listen-port", str(ports()),
-                "--min-worker-port", "0", "--max-worker-port", "0",
-                "--disable-usage-stats"]
         if i == 0:
+            argv = _node_argv(node, ports)
             # The dashboard process serves the job API that Ray jobs are submitted through: a free loopback port.
             api_port = ports()
             dashboard_url = f"http://127.0.0.1:{api_port}"
             argv[1:1] = ["--head", "--port", str(gcs), "--ray-client-server-port", str(ports()),
                          "--temp-dir", str(state_dir / "ray"), "--dashboard-host", "127.0.0.1",
                          "--dashboard-port", str(api_port), "--include-dashboard", "true" if dashboard else "false"]
+            out.append(NodeLaunch(node.name, True, tuple(argv), str(state_dir / "logs" / f"{node.name}.log")))
         else:
-            # A temp dir of its own: Ray keeps runtime-env packages (a job's working_dir) in the session
-            # dir, and each raylet's runtime-env agent has its own cache; on a miss an agent unpacks with
-            # overwrite, deleting the directory a job on another raylet of this host runs in (its cwd
-            # vanishes mid-run). One session dir per raylet, as on separate hosts. "r<i>" is no longer
-            # than the head's "ray", so Ray's socket paths fit wherever the head's do.
-            argv[1:1] = ["--address", address, "--temp-dir", str(state_dir / f"r{i}")]
-        out.append(NodeLaunch(node.name, i == 0, tuple(argv), str(state_dir / "logs" / f"{node.name}.log")))
+            out.append(worker_launch(config, i, address, state_dir, ports))
     return LaunchPlan(address, tuple(out), dashboard_url)
+
+
+def _node_argv(node: Any, ports: Callable[[], int]) -> list[str]:
+    """What every node's ``ray start`` says, the Ray head node's and the workers'."""
+    return ["start", "--block", "--node-ip-address", "127.0.0.1",
+            "--num-cpus", str(node.cpus), "--num-gpus", "0",  # cards are rgo-gpu-<i> (core.config)
+            "--resources", json.dumps(node.ray_resources(), sort_keys=True),
+            "--labels", ",".join(f"{k}={v}" for k, v in sorted(node.ray_labels().items())),
+            "--object-store-memory", str(OBJECT_STORE_BYTES),
+            "--dashboard-agent-listen-port", str(ports()),
+            "--min-worker-port", "0", "--max-worker-port", "0",
+            "--disable-usage-stats"]
+
+
+def worker_launch(config: ClusterConfig, i: int, address: str, state_dir: Path,
+                  ports: Callable[[], int] = free_port) -> NodeLaunch:
+    """The ``ray start`` of the file's node ``i`` (not the first) joining the cluster at ``address``."""
+    node = config.nodes[i]
+    argv = _node_argv(node, ports)
+    # A temp dir of its own: Ray keeps runtime-env packages (a job's working_dir) in the session
+    # dir, and each raylet's runtime-env agent has its own cache; on a miss an agent unpacks with
+    # overwrite, deleting the directory a job on another raylet of this host runs in (its cwd
+    # vanishes mid-run). One session dir per raylet, as on separate hosts. "r<i>" is no longer
+    # than the head's "ray", so Ray's socket paths fit wherever the head's do.
+    argv[1:1] = ["--address", address, "--temp-dir", str(state_dir / f"r{i}")]
+    return NodeLaunch(node.name, False, tuple(argv), str(state_dir / "logs" / f"{node.name}.log"))
 
 
 def auth_env(state_dir: Path, environ: dict[str, str] | None = None, home: Path | None = None) -> dict[str, str]:
@@ -329,6 +343,27 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     return state
 
 
+def restart_worker(config: ClusterConfig, state_dir: Path, node_name: str, *, progress: Progress,
+                   timeout_s: float = 120.0) -> Proc:
+    """Start the raylet of worker node ``node_name`` of a running local cluster again, after it died (the
+    chaos bench kills raylets). It joins as ``up`` started it, with the run's marker, and is recorded in the
+    state file, so ``down`` (ours or the watchdog's) stops it too. The head then starts an agent on it."""
+    state = State.load(state_dir)
+    if state is None or state.attached:
+        raise ConfigError("state_dir", str(state_dir), "a local cluster started by `up`")
+    names = [n.name for n in config.nodes]
+    if node_name not in names[1:]:
+        raise ConfigError("node", node_name, names[1:], detail="a worker node of the cluster file")
+    launch = worker_launch(config, names.index(node_name), state.address, state_dir)
+    offset = Path(launch.log).stat().st_size if Path(launch.log).exists() else 0
+    progress(f"starting raylet {node_name} again")
+    proc = _spawn(launch, _child_env(state_dir, state.env, state.run_id), state_dir / "tmp")
+    state.processes.append(proc)
+    state.save(state_dir)
+    _wait_started(proc, launch, time.monotonic() + timeout_s, offset)
+    return proc
+
+
 def attach(config: ClusterConfig, address: str, state_dir: Path, *, progress: Progress, timeout_s: float = 120.0) -> State:
     """Start the orchestrator on a Ray cluster that already runs."""
     t0 = time.monotonic()
@@ -345,10 +380,11 @@ def attach(config: ClusterConfig, address: str, state_dir: Path, *, progress: Pr
 _STARTED = b"Ray runtime started"
 
 
-def _wait_started(proc: Proc, node: NodeLaunch, deadline: float) -> None:
+def _wait_started(proc: Proc, node: NodeLaunch, deadline: float, offset: int = 0) -> None:
+    """Until the node's log says it started (past ``offset``: a restarted node appends to its old log)."""
     while time.monotonic() < deadline:
         try:
-            if _STARTED in Path(node.log).read_bytes():
+            if _STARTED in Path(node.log).read_bytes()[offset:]:
                 return
         except OSError:
             pass
