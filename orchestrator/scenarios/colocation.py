@@ -626,6 +626,23 @@ MIG_TARGETS = {
 }
 
 
+def baseline_replicas(scheme: Scheme, peak: int, cfg: Any) -> int | None:
+    """A baseline's service size all day: the peak ``ours`` needed (None for ``ours``, which follows the
+    load). Static MIG gets no more than its fixed layout has slices of the replica's profile: asking for more
+    would wait out the lease timeout for slices that cannot exist."""
+    if scheme.load_driven:
+        return None
+    if scheme.mig == "static":
+        return min(peak, static_slices(cfg, scheme.inference_request))
+    return peak
+
+
+def static_slices(cfg: Any, request: str) -> int:
+    """How many MIG instances of ``request``'s profile (``mig:<profile>``) the cluster file's layout holds."""
+    profile = request.split(":", 1)[1] if request.startswith("mig:") else ""
+    return sum(1 for n in cfg.nodes for slices in n.mig.values() for m in slices if m.profile == profile)
+
+
 def default_curve() -> Any:
     lg = load_loadgen()
     return lg.RateCurve(tuple((h * 3600.0, float(r)) for h, r in DEFAULT_DAY), "day")
@@ -665,7 +682,7 @@ def run_colocation(day: DayConfig, service: Any, say: Say, *, schemes: tuple[str
         peak: int | None = None
         for name in schemes:
             scheme = SCHEMES[name]
-            fixed = None if scheme.load_driven else (peak or service.autoscale.max_replicas)
+            fixed = baseline_replicas(scheme, peak or service.autoscale.max_replicas, cfg)
             say(f"[{name}] replaying the day ({day.day_s:g}s): {scheme.label}"
                 + (f", {fixed} replicas all day" if fixed else ", replicas follow the load"))
             res = Replay(cfg, scheme, day, service, state.address, sd / "work", say, fixed_replicas=fixed).run()

@@ -103,3 +103,15 @@ def test_a_scheme_that_does_not_exist_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="scheme 'mps_only'"):
         sc.run_colocation(sc.DayConfig(), load_colocation(DEFAULT_COLOCATION).service, lambda s: None,
                           schemes=("ours", "mps_only"))
+
+
+def test_static_mig_is_provisioned_with_no_more_replicas_than_its_layout_has_slices() -> None:
+    # The demo's fixed layout has three 1g.10gb instances (a 1g.20gb is another profile): a fourth replica
+    # would wait out its lease timeout (120 s of the scenario's 10 minutes) for a slice that cannot exist.
+    cfg = replay("static_mig").cluster_config()
+    assert sc.static_slices(cfg, sc.SCHEMES["static_mig"].inference_request) == 3
+    assert sc.static_slices(cfg, "mig:1g.20gb") == 1 and sc.static_slices(cfg, "1") == 0
+    assert sc.baseline_replicas(sc.SCHEMES["static_mig"], 5, cfg) == 3
+    assert sc.baseline_replicas(sc.SCHEMES["static_mig"], 2, cfg) == 2
+    assert sc.baseline_replicas(sc.SCHEMES["whole_card"], 5, cfg) == 5
+    assert sc.baseline_replicas(sc.SCHEMES["ours"], 5, cfg) is None
