@@ -263,6 +263,23 @@ class TrainingBacklog:
 
 
 # ---- the chart of the day ---------------------------------------------------------------------------
+def replica_cards(replica: Any) -> float:
+    """The cards one leased replica holds (its share's ``card_share``: a 1g slice 1/7, a quarter time-slice
+    0.25); one card when its hand-out is unknown."""
+    handle = getattr(replica, "handle", None)
+    return ShareSpeed.of_env(handle.env).card_share if handle is not None else 1.0
+
+
+def rolling_mean(values: list[Any], n: int) -> list[float | None]:
+    """The mean of each value and the ``n - 1`` before it (None values skipped): a tick's useful GPU-time
+    arrives in whole steps, so one tick reads above 100 % and the next below; the chart shows the trend."""
+    out: list[float | None] = []
+    for i in range(len(values)):
+        window = [v for v in values[max(0, i - n + 1): i + 1] if v is not None]
+        out.append(round(sum(window) / len(window), 2) if window else None)
+    return out
+
+
 def day_charts(timeline: list[dict[str, Any]], label: str) -> list[Any]:
     """Chart specs of one replay's day: load, leases by kind, utilisation, p99 latency (x: hour of the day)."""
     from orchestrator.dashboard.report import ChartSpec, Series
@@ -278,12 +295,13 @@ def day_charts(timeline: list[dict[str, Any]], label: str) -> list[Any]:
         ChartSpec("colocation_load", f"Load and replicas: {label}", "per second / replicas",
                   [s("offered_rps", "offered requests/s"), s("served_rps", "answered requests/s"),
                    s("replicas", "inference replicas")], x_label=x),
-        ChartSpec("colocation_leases", f"Cards held, by kind: {label}", "cards",
+        ChartSpec("colocation_leases", f"Cards held, by kind: {label}", "cards (a 1g MIG slice = 1/7)",
                   [s("training_cards", "training")] + [
                       Series(f"inference ({k})", hours, [p.get("inference_kinds", {}).get(k, 0.0) for p in timeline])
                       for k in kinds], kind="step", x_label=x),
         ChartSpec("colocation_utilisation", f"GPU utilisation: {label}", "% of the cluster's GPU-time",
-                  [s("utilization_pct", "useful GPU-time / available")], x_label=x),
+                  [Series("useful GPU-time / available (2 s mean)", hours,
+                          rolling_mean([p.get("utilization_pct") for p in timeline], 4))], x_label=x),
         ChartSpec("colocation_latency", f"Inference p99 latency: {label}", "ms",
                   [s("p99_ms", "p99 (last few seconds)"), s("slo_ms", "SLO")], x_label=x),
     ]
@@ -547,9 +565,10 @@ class Replay:
                 ld = svc.load(reset=False)  # a peek: the scaling loop's averaging window is its own
                 served_rps = (ld["served"] - prev_served) / dt
                 prev_t, prev_useful, prev_served = now, useful, ld["served"]
-                kinds: dict[str, float] = {}
-                for r in list(svc.replicas):
-                    kinds[r.kind or "?"] = kinds.get(r.kind or "?", 0.0) + 1.0
+                kinds: dict[str, float] = {}  # cards held by inference, by kind (a 1g slice is 1/7 of a card)
+                for r, suffix in [(r, "") for r in list(svc.replicas)] + [(r, ", spare") for r in list(svc.spares)]:
+                    k = f"{r.kind or '?'}{suffix}"
+                    kinds[k] = round(kinds.get(k, 0.0) + replica_cards(r), 3)
                 hour = ((now - t0) * self.day.speedup / 3600.0)
                 self.timeline.append({
                     "hour": round(hour, 3), "offered_rps": round(self.day.curve.rate((now - t0) * self.day.speedup), 2),

@@ -115,3 +115,19 @@ def test_static_mig_is_provisioned_with_no_more_replicas_than_its_layout_has_sli
     assert sc.baseline_replicas(sc.SCHEMES["static_mig"], 2, cfg) == 2
     assert sc.baseline_replicas(sc.SCHEMES["whole_card"], 5, cfg) == 5
     assert sc.baseline_replicas(sc.SCHEMES["ours"], 5, cfg) is None
+
+
+def test_inference_is_charted_in_cards_held_and_utilisation_as_its_trend() -> None:
+    # A replica on a 1g slice holds a seventh of a card, not a card; a tick's steps arrive whole, so the
+    # raw per-tick utilisation alternates above and below 100 % and the chart shows its 2 s mean.
+    class Handle:
+        env = {"ORCHESTRATOR_SHARE_KIND": "mig", "ORCHESTRATOR_MIG_PROFILE": "1g.10gb"}
+
+    class Replica:
+        handle = Handle()
+
+    assert sc.replica_cards(Replica()) == pytest.approx(1 / 7)
+    assert sc.rolling_mean([120.0, 80.0, None, 100.0, 60.0], 2) == [120.0, 100.0, 80.0, 100.0, 80.0]
+    timeline = [{"hour": h, "utilization_pct": [130.0, 70.0][h % 2]} for h in range(8)]
+    util = sc.day_charts(timeline, "ours")[2].series[0]
+    assert util.y[3:] == [100.0] * 5
