@@ -345,6 +345,8 @@ class DayConfig:
     #: spike doubles the load within a compressed quarter hour; with two, ours missed the SLO on 2 % of the
     #: day's requests there (p99 585 ms), with three none (p99 378 ms), for 3/7 of a card held idle.
     warm_spares: int = 3
+    #: Warm spares by night (``ours``): the night layout has one 1g slice a MIG card, for the inference floor.
+    night_warm_spares: int = 0
 
     @property
     def speedup(self) -> float:
@@ -457,7 +459,7 @@ class Replay:
             if self.scheme.load_driven:
                 loops.append(threading.Thread(target=self._scale, args=(svc,), daemon=True, name="colocation-scale"))
             if self.scheme.mig == "live":
-                loops.append(threading.Thread(target=self._mig_windows, args=(head, t0), daemon=True,
+                loops.append(threading.Thread(target=self._mig_windows, args=(head, svc, t0), daemon=True,
                                               name="colocation-mig"))
             for t in loops:
                 t.start()
@@ -517,8 +519,10 @@ class Replay:
             except Exception as e:  # one failed step is reported; the next samples afresh
                 self.say(f"[{self.scheme.name}] scaling step failed: {type(e).__name__}: {e}")
 
-    def _mig_windows(self, head: HeadApi, t0: float) -> None:
-        """At each window's start, ask the head for that window's MIG layout (it drains only what differs)."""
+    def _mig_windows(self, head: HeadApi, svc: Any, t0: float) -> None:
+        """At each window's start, ask the head for that window's MIG layout (it drains only what differs).
+        The warm spares follow the window: by night they would hold the 1g slices the night layout merges
+        back into training's 2g slice (a GPU serving inference is never drained), so there are none."""
         from orchestrator.core.clock import parse_hhmm
 
         starts = sorted((parse_hhmm(w["start"]), w["name"]) for w in WINDOWS)
@@ -531,6 +535,7 @@ class Replay:
                 if begin < at <= day_s and at not in done:
                     done.add(at)
                     pending = name
+                    svc.warm_spares = self.day.warm_spares if name == "day" else self.day.night_warm_spares
             if pending is None:
                 continue
             try:  # again every half second until the layout holds: a GPU serving inference is never drained,

@@ -158,6 +158,8 @@ class LeasedService:
         self._starting = 0
         self._lock = threading.RLock()
         self._starters: list[threading.Thread] = []
+        self._asking: set[str] = set()  # replicas whose lease is asked for and not yet answered
+        self._stopping = False
         self.retired: list[LeasedReplicaInfo] = []
         self.state = ScalerState()
         #: every decision and change: {"t_s", "event" (decide/add/remove/add_failed), "replicas", "reason"...}
@@ -194,6 +196,11 @@ class LeasedService:
         not to. Replicas still starting are awaited first."""
         with self._lock:
             self._want, self.warm_spares = 0, 0
+            self._stopping = True
+            asking = list(self._asking)
+        if self.head is not None:  # a start still waiting for its lease gives up now, not at its lease timeout
+            for name in asking:
+                _quiet(self.head.release, name, None, "withdrawn: the service is stopping")
         for t in list(self._starters):
             t.join(timeout=self.lease_timeout_s + 120)
         with self._lock:
@@ -293,6 +300,8 @@ class LeasedService:
         t0 = time.monotonic()
         stack = ExitStack()
         kw: dict[str, Any] = {"head": self.head} if self.head is not None else {"address": self.address}
+        with self._lock:
+            self._asking.add(name)
         try:
             le = stack.enter_context(lease(self.request, priority=self.cfg.priority_class,
                                            queue=getattr(self.cfg, "queue", "default"), namespace=self.namespace,
@@ -303,6 +312,14 @@ class LeasedService:
             self._log("add_failed", self.clock.monotonic(), replica=name, reason=reason, error=str(e))
             self.say(f"{name}: no lease within {self.lease_timeout_s:g}s: {e}")
             return None
+        except OrchestratorError:
+            stack.close()
+            if self._stopping:  # stop() withdrew the request
+                return None
+            raise
+        finally:
+            with self._lock:
+                self._asking.discard(name)
         granted = time.monotonic() - t0
         try:
             opts = serve_api.replica_options(le.handout, le.node or "", num_cpus=0)
