@@ -32,6 +32,8 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import logging
 import os
@@ -100,7 +102,8 @@ class HeadService:
         self.restored = self.ctl.restore()
         self.jobs.restore()
         self.started_at = clock()
-        self._heap = HeapState()  # when the heap was last frozen and collected (orchestrator.control.heap)
+        self._heap = HeapState()
+        self._fast_reports: list[ReconcileReport] = []  # what grant_now did since the last cycle  # when the heap was last frozen and collected (orchestrator.control.heap)
 
     # ---- time ----------------------------------------------------------------------------------
     def cycle(self) -> ReconcileReport:
@@ -120,7 +123,8 @@ class HeadService:
             self.ctl.agent_start_requested(start.node_name)
         for event in self.jobs.reconcile():
             log.info("%s", event)
-        self.metrics.update(self.ctl, report, measured=self.ctl.measured)
+        fast, self._fast_reports = self._fast_reports, []
+        self.metrics.update(self.ctl, _merged(fast, report), measured=self.ctl.measured)
         self._tend_heap()
         if report.lost_nodes or report.lost_leases:
             log.warning("lost nodes %s, lost leases %s, requeued %s", report.lost_nodes, report.lost_leases,
@@ -216,8 +220,13 @@ class HeadService:
 
     def grant_now(self) -> ReconcileReport:
         """The fast grant path (:meth:`HeadController.schedule_now`): a request alone in the queue is placed
-        in the call that brought it; the next cycle does everything else (agents, jobs, metrics)."""
-        return self.ctl.schedule_now()
+        in the call that brought it; the next cycle does everything else (agents, jobs, metrics).
+
+        Invariant: what it did (grants, victims asked to checkpoint, its plan time) reaches the metrics with
+        the next cycle's report, as if that cycle had done it."""
+        report = self.ctl.schedule_now()
+        self._fast_reports.append(report)
+        return report
 
     def activate_settled(self, settled: Json, key: str | None, holder: str | None) -> Json:
         """What ``acquire_lease`` answers: the settled view, activated by ``holder`` when it was granted and
@@ -378,3 +387,20 @@ def _inventory(data: Mapping[str, Any]) -> NodeInventory:
 # Every method of the API checks its arguments' declared types first (orchestrator.control.edge).
 for _name in HEAD_METHODS:
     setattr(HeadService, _name, edge.checked(_name, getattr(HeadService, _name)))
+
+
+def _merged(earlier: list[ReconcileReport], report: ReconcileReport) -> ReconcileReport:
+    """A copy of ``report`` with the fast grant path's reports since the last cycle folded in (lists joined,
+    plan times added), so metrics count a preemption the fast path started as the cycle's own."""
+    if not earlier:
+        return report
+    report = dataclasses.replace(report, **{f.name: list(getattr(report, f.name)) for f in dataclasses.fields(report)
+                                            if isinstance(getattr(report, f.name), list)})
+    for r in earlier:
+        for f in dataclasses.fields(ReconcileReport):
+            mine = getattr(report, f.name)
+            if isinstance(mine, list):
+                mine[:0] = getattr(r, f.name)
+        if r.plan_seconds is not None:
+            report.plan_seconds = (report.plan_seconds or 0.0) + r.plan_seconds
+    return report
