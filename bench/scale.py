@@ -137,22 +137,13 @@ def _pct(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
 
 
-def run(nodes: int = 5000, leases: int = 50000, *, rate: float = 200.0, hold_s: float = 60.0, tick_s: float = 0.25,
-        heartbeat_s: float = 1.0, seed: int = 0, progress: bool = False) -> dict[str, Any]:
-    """Run the bench; the figures and the accounting as a dict (see the module docstring)."""
-    rng = random.Random(seed)
-    clock = SimClock()
-    settings = RuntimeSettings(heartbeat_interval_s=heartbeat_s, agent_ttl_s=max(10.0, 5 * heartbeat_s),
-                               reconcile_interval_s=tick_s)
-    config = cluster(nodes)
+def bring_up(config: ClusterConfig, settings: RuntimeSettings,
+             clock: SimClock) -> tuple[HeadService, BenchPort, float]:
+    """A head over simulated agents, every one registered: the head starts an agent on every node and each
+    registers. Returns the head, its port (the agents) and the seconds spent in ``register_agent`` (timed
+    apart from heartbeats)."""
     port = BenchPort(config, settings)
-    store = MemoryStore()
-    head = HeadService(settings, config, store, NoJobs(), port, clock=clock, status_poll_s=0.0)
-    digest = key_digest(KEY)
-    kinds, weights = zip(*MIX)
-    t0 = time.perf_counter()
-
-    # Bring-up: the head starts an agent on every node; each registers (timed apart from heartbeats).
+    head = HeadService(settings, config, MemoryStore(), NoJobs(), port, clock=clock, status_poll_s=0.0)
     head.cycle()
     reg_s = 0.0
     for core in port.agents.values():
@@ -161,7 +152,21 @@ def run(nodes: int = 5000, leases: int = 50000, *, rate: float = 200.0, hold_s: 
         reg_s += time.perf_counter() - s
         core.apply_assignments(ack["assignments"], ack.get("revocations"))
     head.cycle()
-    assert len(head.ctl.registered_nodes()) == nodes, "every agent registered"
+    assert len(head.ctl.registered_nodes()) == len(config.nodes), "every agent registered"
+    return head, port, reg_s
+
+
+def run(nodes: int = 5000, leases: int = 50000, *, rate: float = 200.0, hold_s: float = 60.0, tick_s: float = 0.25,
+        heartbeat_s: float = 1.0, seed: int = 0, progress: bool = False) -> dict[str, Any]:
+    """Run the bench; the figures and the accounting as a dict (see the module docstring)."""
+    rng = random.Random(seed)
+    clock = SimClock()
+    settings = RuntimeSettings(heartbeat_interval_s=heartbeat_s, agent_ttl_s=max(10.0, 5 * heartbeat_s),
+                               reconcile_interval_s=tick_s)
+    digest = key_digest(KEY)
+    kinds, weights = zip(*MIX)
+    t0 = time.perf_counter()
+    head, port, reg_s = bring_up(cluster(nodes), settings, clock)
     names = sorted(port.agents)
     per_tick = max(1, round(heartbeat_s / tick_s))
 

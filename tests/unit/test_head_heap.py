@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import gc
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,12 +10,7 @@ from orchestrator.control.service import HeadService
 from orchestrator.control.store import MemoryStore
 from orchestrator.core.config import RuntimeSettings
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
-_spec = importlib.util.spec_from_file_location("scale_bench_heap", _PATH)
-assert _spec is not None and _spec.loader is not None
-scale = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = scale
-_spec.loader.exec_module(scale)
+from scalebench import scale
 
 
 def test_freezes_after_the_agents_register_and_again_when_the_cluster_grows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,13 +78,8 @@ def test_the_head_freezes_recent_objects_on_its_own_clock(monkeypatch: pytest.Mo
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
     settings = RuntimeSettings(heartbeat_interval_s=1.0, agent_ttl_s=10.0, reconcile_interval_s=0.25)
     config = scale.cluster(2)
-    port = scale.BenchPort(config, settings)
     clock = scale.SimClock()
-    head = HeadService(settings, config, MemoryStore(), scale.NoJobs(), port, clock=clock, status_poll_s=0.0)
-    head.cycle()
-    for core in port.agents.values():
-        head.register_agent(**core.registration())
-    head.cycle()
+    head, port, _ = scale.bring_up(config, settings, clock)
     assert calls == ["collect", "freeze"]
     clock.now += heap.FREEZE_EVERY_S
     head.cycle()

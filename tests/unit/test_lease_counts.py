@@ -3,23 +3,13 @@ count from scratch after every change."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 from orchestrator.control.metrics import LeaseCounts, count_live
-from orchestrator.control.service import HeadService
-from orchestrator.control.store import MemoryStore
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.lease import LeaseState, key_digest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
-_spec = importlib.util.spec_from_file_location("scale_bench_counts", _PATH)
-assert _spec is not None and _spec.loader is not None
-scale = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = scale
-_spec.loader.exec_module(scale)
+from scalebench import scale
 
 
 def _same(kept: LeaseCounts, fresh: LeaseCounts) -> None:
@@ -33,13 +23,8 @@ def test_kept_counts_equal_a_fresh_count_through_grants_activations_releases_exp
     settings = RuntimeSettings(heartbeat_interval_s=1.0, agent_ttl_s=10.0, reconcile_interval_s=0.25,
                                grant_ttl_s=5.0, ended_retention_s=60.0)
     config = scale.cluster(4)  # the fourth node has MIG cards
-    port = scale.BenchPort(config, settings)
     clock = scale.SimClock()
-    head = HeadService(settings, config, MemoryStore(), scale.NoJobs(), port, clock=clock, status_poll_s=0.0)
-    head.cycle()
-    for core in port.agents.values():
-        head.register_agent(**core.registration())
-    head.cycle()
+    head, port, _ = scale.bring_up(config, settings, clock)
     digest = key_digest(scale.KEY)
     mirror: dict[str, object] = {}
 

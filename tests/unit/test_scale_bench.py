@@ -6,19 +6,11 @@ accounting, which a slower or a faster head must get equally right.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
-_spec = importlib.util.spec_from_file_location("scale_bench", _PATH)
-assert _spec is not None and _spec.loader is not None
-scale = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = scale  # its dataclasses look their module up
-_spec.loader.exec_module(scale)
+from scalebench import scale
 
 NODES, LEASES = 40, 400
 
