@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from itertools import count
 from pathlib import Path
 
@@ -14,10 +11,11 @@ import pytest
 
 from orchestrator.core.errors import ConfigError
 
-from orchestrator.deploy import local as launcher
 from orchestrator.core.config import ClusterConfig, parse_config
 from orchestrator.core.statefile import Proc, State
 from orchestrator.deploy.local import auth_env, down, plan_local_cluster, session_members
+
+from .standins import standin_raylet
 
 
 def _opt(argv: tuple[str, ...], flag: str) -> str:
@@ -68,16 +66,7 @@ def test_auth_stays_on_and_writes_only_inside_the_state_dir(tmp_path: Path) -> N
 
 
 def _session(tmp_path: Path, name: str) -> Proc:
-    """A stand-in raylet: a session leader with a child, as `ray start --block` and its processes are."""
-    script = "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"
-    p = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    for _ in range(100):
-        if len(session_members(p.pid)) == 2:
-            break
-        time.sleep(0.05)
-    st = launcher._stat(p.pid)
-    assert st is not None
-    return Proc(name, p.pid, st[0], st[1])
+    return standin_raylet(name)
 
 
 def test_down_stops_exactly_the_sessions_it_started_and_removes_the_state_dir(tmp_path: Path) -> None:

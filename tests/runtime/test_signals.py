@@ -19,6 +19,8 @@ from orchestrator.core.statefile import Proc, State
 from orchestrator.deploy import local as launcher
 from orchestrator.deploy.local import ProcInfo, leftovers, session_members
 
+from .standins import standin_raylet
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -53,18 +55,7 @@ def test_the_state_file_keeps_the_run_id_and_the_watchdog(tmp_path: Path) -> Non
 
 
 def _session(marker: str | None = None) -> Proc:
-    """A stand-in raylet: a session leader with a child that it stops on SIGTERM, as `ray start --block` does."""
-    script = ("import signal, subprocess, sys, time; c = subprocess.Popen(['sleep', '300']); "
-              "signal.signal(signal.SIGTERM, lambda *a: (c.kill(), c.wait(), sys.exit(0))); time.sleep(300)")
-    env = dict(os.environ, **({launcher.RUN_MARKER: marker} if marker else {}))
-    p = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, env=env)
-    for _ in range(100):
-        if len(session_members(p.pid)) == 2:
-            break
-        time.sleep(0.05)
-    st = launcher._stat(p.pid)
-    assert st is not None
-    return Proc("n", p.pid, st[0], st[1])
+    return standin_raylet(marker=marker, stops_child_on_sigterm=True)
 
 
 #: An owner command: starts the watchdog of the state dir, says READY, then detaches or waits to be killed.
