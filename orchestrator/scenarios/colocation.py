@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 from orchestrator.core.api import HeadApi
 from orchestrator.core.errors import LeaseTimeoutError
+from orchestrator.core.request import GpuRequest
 from orchestrator.rayport import ray_api
 from orchestrator.scenarios.actors import load_example, load_train
 from orchestrator.sdk.leases import LeaseHandle, lease
@@ -663,7 +664,7 @@ def baseline_replicas(scheme: Scheme, peak: int, cfg: Any) -> int | None:
 
 def static_slices(cfg: Any, request: str) -> int:
     """How many MIG instances of ``request``'s profile (``mig:<profile>``) the cluster file's layout holds."""
-    profile = request.split(":", 1)[1] if request.startswith("mig:") else ""
+    profile = GpuRequest.parse(request).profile  # None unless a MIG slice is asked for
     return sum(1 for n in cfg.nodes for slices in n.mig.values() for m in slices if m.profile == profile)
 
 
