@@ -46,15 +46,18 @@ gang does.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from orchestrator.control.controller import HeadController
+from orchestrator.control.handout import Handout
 from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
 from orchestrator.core import env as envvars
+from orchestrator.core.allocation import Allocation
 from orchestrator.core.config import RAY_NODE_ID_LABEL
 from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
 from orchestrator.core.ids import attempt_id, job_slug
@@ -129,7 +132,7 @@ class JobManager:
     """Jobs on top of leases; see the module docstring."""
 
     def __init__(self, ctl: HeadController, store: StateStore, runner: JobRunner, *, clock: Callable[[], float],
-                 namespace: str, head_name: str, status_poll_s: float = 0.0) -> None:
+                 namespace: str, head_name: str, status_poll_s: float = 0.0, launch_in_step: bool = True) -> None:
         self.ctl = ctl
         self.store = store
         self.runner = runner
@@ -143,6 +146,16 @@ class JobManager:
         self.status_poll_s = status_poll_s
         self._ray_status: dict[str, str | None] = {}  # submission id -> Ray status, as of the last batched read
         self._read_at = float("-inf")
+        # False: a job's Ray submission waits for :meth:`launch`, which the head calls once the store holds the
+        # admission (the grant it runs on included); True: at once, for stores that are durable on each write.
+        self.launch_in_step = launch_in_step
+        self._ready: dict[str, Callable[[], str]] = {}  # job id -> its submission, awaiting launch()
+        # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
+        # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
+        # do, so a cycle steps only those of a long queue (see reconcile()).
+        self._live: dict[str, None] = {}
+        self._touched: set[str] = set()
+        ctl.ledger.watch(self._lease_changed)
 
     # ---- persistence ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -152,13 +165,29 @@ class JobManager:
                 job = _job_from_json(d)
                 self._jobs[job.job_id] = job
                 self._seq = max(self._seq, int(d.get("seq", 0)))
+        for job in sorted(self._jobs.values(), key=lambda j: j.submitted_at):
+            self._track(job)
+            self._touched.add(job.job_id)  # every restored job is looked at once
         return len(self._jobs)
 
     def _commit(self, job: Job) -> Job:
         self._seq += 1
         self.store.put(self._prefix + job.job_id, {**_job_json(job), "seq": self._seq})
         self._jobs[job.job_id] = job
+        self._track(job)
         return job
+
+    def _track(self, job: Job) -> None:
+        if job.terminal:
+            self._live.pop(job.job_id, None)
+        else:
+            self._live.setdefault(job.job_id, None)
+
+    def _lease_changed(self, old: LedgerEntry | None, new: LedgerEntry | None) -> None:
+        """A ledger watcher: a lease of a job changed (or was dropped), so the job has a step to take."""
+        owner = (new or old).spec.owner  # type: ignore[union-attr]
+        if owner.startswith("job:"):
+            self._touched.add(owner[4:])
 
     # ---- public API ----------------------------------------------------------------------------
     def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
@@ -282,17 +311,27 @@ class JobManager:
     def reconcile(self) -> list[str]:
         """Drive every live job one step; returns human-readable events (for the head's log).
 
+        A queued job is stepped only when a lease of its changed since its last step (a ledger watcher marks
+        it; every restored job is marked once), or when its last step failed: one that is still waiting for
+        its grant has nothing to do, and a cycle costs what changed, not the length of the queue. A running
+        (or preempting) job is stepped when marked so, or when this cycle read Ray's statuses; an admitted
+        one every cycle.
+
         The Ray status of every started job is read at most once per ``status_poll_s``, in one batched
         call (:meth:`JobRunner.status_many`): one read per tick, whatever the number of jobs."""
         events: list[str] = []
-        self._read_statuses()
-        for job in list(self._jobs.values()):
-            if job.terminal:
-                continue
+        read = self._read_statuses()
+        touched, self._touched = self._touched, set()
+        for job_id in list(self._live):
+            job = self._jobs[job_id]
+            if job_id not in touched and (job.state is JobState.QUEUED or (
+                    not read and job.state in (JobState.RUNNING, JobState.PREEMPTING))):
+                continue  # nothing it looks at changed since its last step: its lease, and Ray's status
             try:
                 ev = self._step(job)
             except Exception as e:  # one job's failure never stops the others (or the head)
                 ev = f"{job.job_id}: reconcile error {type(e).__name__}: {e}"
+                self._touched.add(job_id)  # tried again next cycle
             if ev:
                 events.append(ev)
         return events
@@ -315,6 +354,8 @@ class JobManager:
                 return f"{job.job_id}: lease {job.lease_id} missing; requested again"
             return None
         if job.state is JobState.ADMITTED:
+            if job.job_id in self._ready:
+                return None  # its submission waits for launch()
             if state is LeaseState.GRANTED and lease:
                 return self._start(job, lease)
             if state in (LeaseState.LOST, LeaseState.PREEMPTED, LeaseState.EXPIRED) or state is None:
@@ -372,6 +413,33 @@ class JobManager:
             env[envvars.RESUME_FROM] = job.resume_from
         runtime_env = {**job.spec.runtime_env, "env_vars": env}
         job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
+        submit = functools.partial(self._submit, job.job_id, sub_id, runtime_env, h, demand, members, node, a)
+        if self.launch_in_step:
+            return submit()
+        self._ready[job.job_id] = submit
+        return f"{job.job_id}: admitted on {node}; submitted to Ray once recorded"
+
+    def launch(self) -> list[str]:
+        """Submit to Ray every job admitted since the last call (``launch_in_step=False``), each only if it is
+        still admitted on the lease it was admitted on; call once the store holds what was written so far.
+
+        Invariant: no Ray job starts on a grant a restarted head would not restore."""
+        ready, self._ready = self._ready, {}
+        events = []
+        for job_id, submit in ready.items():
+            job = self._jobs.get(job_id)
+            state, _ = self._view(job) if job else (None, None)
+            if job is None or job.state is not JobState.ADMITTED or state is not LeaseState.GRANTED:
+                continue  # changed meanwhile (cancelled, preempted, lost): the next step deals with it
+            try:
+                events.append(submit())
+            except Exception as e:  # one job's failure never stops the others (or the head)
+                events.append(f"{job_id}: launch error {type(e).__name__}: {e}")
+        return events
+
+    def _submit(self, job_id: str, sub_id: str, runtime_env: dict[str, Any], h: Handout, demand: dict[str, Any],
+                members: list[LedgerEntry], node: str, a: Allocation) -> str:
+        job = self._jobs[job_id]
         try:
             self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {RAY_NODE_ID_LABEL: h.node_id},
                                demand, {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
@@ -486,20 +554,22 @@ class JobManager:
         return {"worker": index, "lease_id": lease_id, "state": ex.get("state"), "node": pl.get("node") if pl else None,
                 "reason": (pend or {}).get("reason") or (pl or {}).get("reason") or ""}
 
-    def _read_statuses(self) -> None:
+    def _read_statuses(self) -> bool:
+        """Read the Ray status of every started job if ``status_poll_s`` has passed; True if it did."""
         now = self.clock()
         if now - self._read_at < self.status_poll_s:
-            return
-        ids = [j.ray_submission_id for j in self._jobs.values()
+            return False
+        ids = [j.ray_submission_id for j in map(self._jobs.__getitem__, self._live)
                if j.ray_submission_id and j.state in (JobState.RUNNING, JobState.PREEMPTING)]
         self._read_at = now
         if not ids:
             self._ray_status = {}
-            return
+            return True
         try:
             self._ray_status = dict(self.runner.status_many(ids))
         except Exception:  # the Ray job API is a boundary: keep the last answers, ask again next tick
-            pass
+            return False
+        return True
 
     def _status(self, sub_id: str | None) -> str | None:
         """The job's Ray status from the last batched read (None: not read yet, or unknown to Ray)."""

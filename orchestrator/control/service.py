@@ -25,6 +25,9 @@ Invariants:
 * the one exception to "only a cycle moves the state on": :meth:`grant_now`,
   the fast grant path of ``acquire_lease``, schedules a request that is alone
   in the queue in the call that brought it (the same plan a cycle would make);
+* with ``launch_in_cycle=False`` (the head actor, whose store commits in groups:
+  :mod:`orchestrator.control.journal`) a cycle admits jobs but starts none:
+  :meth:`launch` submits them to Ray once the store holds the admissions;
 * time windows read ``day_clock`` (an injected :class:`~orchestrator.core.clock.Clock`):
   the one given, else a compressed day when ``settings.day_clock`` is set, else the
   machine's local time (:func:`day_clock_of`).
@@ -83,7 +86,8 @@ class HeadService:
 
     def __init__(self, settings: RuntimeSettings, cluster: ClusterConfig, store: StateStore, runner: JobRunner,
                  port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = 0.5,
-                 metrics: HeadMetrics | None = None, day_clock: Clock | None = None) -> None:
+                 metrics: HeadMetrics | None = None, day_clock: Clock | None = None,
+                 launch_in_cycle: bool = True) -> None:
         self.settings = settings
         self.cluster = cluster
         self.port = port
@@ -93,7 +97,8 @@ class HeadService:
         self.ctl = HeadController(settings, store, clock=clock, holder_probe=self._holders_alive,
                                   sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings))
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
-                               head_name=settings.head_name, status_poll_s=status_poll_s)
+                               head_name=settings.head_name, status_poll_s=status_poll_s,
+                               launch_in_step=launch_in_cycle)
         self.metrics = metrics or HeadMetrics()
         self.metrics_port: int | None = None
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
@@ -155,6 +160,14 @@ class HeadService:
         gc.freeze()
         if action is not HeapAction.FREEZE_RECENT:  # gc.get_freeze_count() walks every frozen object: not each time
             log.info("heap %s (%s): %d objects frozen", action.value, why, gc.get_freeze_count())
+
+    def launch(self) -> list[str]:
+        """Submit to Ray the jobs admitted since the last call (``launch_in_cycle=False``: the head actor calls
+        it once the store holds the admissions; see :meth:`JobManager.launch`)."""
+        events = self.jobs.launch()
+        for event in events:
+            log.info("%s", event)
+        return events
 
     def cycle_safely(self) -> ReconcileReport | None:
         """:meth:`cycle`, logging instead of raising: one bad cycle never stops the loop (the next one retries)."""

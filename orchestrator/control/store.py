@@ -3,23 +3,25 @@
 Hard state is what cannot be rebuilt from the agents: the lease ledger, the
 queue order and the fencing counter (plus the last inventory of each node, so
 a restarted head can rebuild its snapshot and re-apply the ledger before the
-agents have re-registered). It is written here *before* the head answers a
-caller or hands devices out, so a head that dies at any point restarts into
-a state it has already promised nothing beyond.
+agents have re-registered). No caller is answered, and no device or Ray job
+handed out, on hard state the store does not hold yet, so a head that dies at
+any point restarts into a state it has already promised nothing beyond.
 
 Keys are plain strings under a per-namespace prefix; values are JSON. Two
 implementations:
 
-* :class:`MemoryStore` -- a dict, for unit tests (and for a head that runs
-  without Ray, which nothing here does);
-* :class:`orchestrator.rayport.store.GcsKvStore` -- Ray's GCS key-value
-  store (in the Ray port, the one layer that imports Ray). It survives a head-actor restart; it
-  survives a GCS restart only where GCS fault tolerance (external Redis, as
-  KubeRay configures it) is on.
+* :class:`MemoryStore` -- a dict, durable on each write, for unit tests and
+  in-process heads;
+* :class:`orchestrator.control.journal.Journal` -- the real head's: answers
+  from memory and writes in batches (group commit) to Ray's GCS key-value
+  table, through :mod:`orchestrator.rayport.store`; the head actor waits for
+  the batch holding a change before it answers or acts on it. It survives a
+  head-actor restart; it survives a GCS restart only where GCS fault
+  tolerance (external Redis, as KubeRay configures it) is on.
 
-Writes of one key are atomic; there are no multi-key transactions, so the
-head orders its writes so that any prefix of them restores consistently
-(fencing counter first, then the leases it covers).
+A :class:`MemoryStore` write is durable at once, so in-process the order of
+writes is the order of effects; in the journal a batch lands whole, so a
+restart sees the state as of some batch boundary, never half a change.
 """
 
 from __future__ import annotations

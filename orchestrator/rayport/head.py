@@ -7,7 +7,13 @@ desired apart from actual). The wrapper adds only what needs Ray or an event
 loop:
 
 * on start -- and on every restart, since Ray restarts it (``max_restarts=-1``)
-  -- the service restores itself from the GCS KV store (:class:`~.store.GcsKvStore`);
+  -- the service restores itself from the journal in the GCS KV table
+  (:func:`~.store.load_journal`);
+* group commit (:class:`~.store.GroupCommit`): the service's writes go to the journal in
+  memory; every reply, and every job's submission to Ray, waits until the journal's batch
+  holding what was changed before it is in the GCS. Calls that change state while a batch is
+  being written share the next one. So a reply never tells a client of a state a restarted head
+  would not restore, and no Ray job starts on a grant it would not restore;
 * a reconcile loop: every ``reconcile_interval_s``, or at once after a call
   that may make the queue schedulable (:data:`WAKES`), it runs one
   :meth:`HeadService.cycle`;
@@ -37,6 +43,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.control.edge import check_args
+from orchestrator.control.journal import Journal
 from orchestrator.control.jobs import AdmissionOnlyRunner
 from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
@@ -45,7 +52,7 @@ from orchestrator.core import env
 from orchestrator.core.api import HEAD_METHODS, HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.rayport import ray_api
-from orchestrator.rayport.store import GcsKvStore
+from orchestrator.rayport.store import GroupCommit, gcs_table
 from orchestrator.rayport.wire import answer
 
 log = logging.getLogger(__name__)
@@ -77,10 +84,13 @@ class HeadActor:
 
     def __init__(self, settings: dict[str, Any], cluster: dict[str, Any], start_agent: Callable[..., Any]) -> None:
         s = RuntimeSettings.model_validate(settings)
-        self.service = HeadService(s, ClusterConfig.model_validate(cluster), GcsKvStore(s.namespace),
+        table = gcs_table(s.namespace)
+        journal = Journal.load(table)
+        self.commit = GroupCommit(journal, table)
+        self.service = HeadService(s, ClusterConfig.model_validate(cluster), journal,
                                    ray_api.RayJobRunner() if s.job_runner == "ray" else AdmissionOnlyRunner(),
                                    RayClusterPort(s, start_agent), clock=time.time,
-                                   metrics=HeadMetrics())
+                                   metrics=HeadMetrics(), launch_in_cycle=False)
         port = s.metrics_port or int(os.environ.get(env.METRICS_PORT, "0") or 0)
         if port:
             host = os.environ.get(env.METRICS_HOST, s.metrics_host)
@@ -117,6 +127,8 @@ class HeadActor:
             self.service.cycle_safely()
             self._wake_agents()
             self._notify()
+            await self.commit.durable()  # what the cycle admitted is in the GCS: now start it
+            self.service.launch()
             took = time.monotonic() - t0
             if took > 1.0:  # the loop that hears heartbeats was busy this long
                 log.warning("head: one cycle took %.1fs", took)
@@ -161,11 +173,19 @@ class HeadActor:
         bad = answer(check_args, "wait_lease", (lease_id, timeout, key), {})  # as every forwarded method is
         if "error" in bad:
             return bad
-        return await self._settled(lease_id, timeout, key)
+        reply = await self._settled(lease_id, timeout, key)
+        await self.commit.durable()
+        return reply
 
     async def acquire_lease(self, lease_request: dict[str, Any], timeout: float, key: str | None = None,
                             holder: str | None = None) -> dict[str, Any]:
         """Queue, try the fast grant path, wait: ``HeadApi.acquire_lease``."""
+        reply = await self._acquire(lease_request, timeout, key, holder)
+        await self.commit.durable()
+        return reply
+
+    async def _acquire(self, lease_request: dict[str, Any], timeout: float, key: str | None,
+                       holder: str | None) -> dict[str, Any]:
         bad = answer(check_args, "acquire_lease", (lease_request, timeout, key, holder), {})
         if "error" in bad:
             return bad
@@ -201,6 +221,7 @@ def _forward(name: str) -> Callable[..., Any]:
         reply = answer(getattr(self.service, name), *args, **kwargs)
         if name in WAKES:
             self._poke()
+        await self.commit.durable()
         return reply
 
     del method.__wrapped__  # Ray must see the forwarder itself (async, any arguments), not the declaration

@@ -262,6 +262,13 @@ class GcsKv:
     def get(self, key: str) -> bytes | None:
         return self._kv._internal_kv_get(key, namespace=self._ns)
 
+    def multi_get(self, keys: list[str]) -> dict[str, bytes]:
+        """The values of those of ``keys`` that exist, in one round trip."""
+        if not keys:
+            return {}
+        got = self._kv.global_gcs_client.internal_kv_multi_get([k.encode() for k in keys], self._ns.encode())
+        return {k.decode(): v for k, v in got.items()}
+
     def put(self, key: str, value: bytes) -> None:
         self._kv._internal_kv_put(key, value, overwrite=True, namespace=self._ns)
 

@@ -1,15 +1,34 @@
-"""The head's :class:`~orchestrator.control.store.StateStore` on Ray's GCS key-value table.
+"""The head's hard state on Ray's GCS key-value table, committed in groups.
 
-Values are JSON with sorted keys (what :class:`~orchestrator.control.store.MemoryStore`
-round-trips too, so unit tests and the real head store the same bytes).
+:func:`load_journal` reads the head's :class:`~orchestrator.control.journal.Journal` (a
+:class:`~orchestrator.control.store.StateStore` answering from memory) from the GCS;
+:class:`GroupCommit` writes its batches there on a thread of its own while the head's event loop
+goes on, and lets a coroutine wait until everything changed before it is written
+(:meth:`GroupCommit.durable`): callers that changed state while one batch was in flight share the
+next one.
+
+Invariants: one batch in flight at a time, written by one thread, in the order taken; a batch that
+fails is retried (with its records merged into the next) after a back-off, and nobody waiting on it
+is answered until one lands; :meth:`GroupCommit.durable` never returns before the journal's
+``durable`` version has reached the ``version`` it saw when called.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
+from orchestrator.control.journal import Batch, Journal, KvTable, write_batch
 from orchestrator.rayport.ray_api import GcsKv
+
+log = logging.getLogger(__name__)
+
+#: Back-off after a failed batch write: doubled from the first to the last, per failure in a row.
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
 
 
 def kv_namespace(namespace: str) -> str:
@@ -17,21 +36,71 @@ def kv_namespace(namespace: str) -> str:
     return f"rgo.{namespace}"
 
 
-class GcsKvStore:
-    """Ray's GCS internal KV, in its own KV namespace (:func:`kv_namespace`)."""
+def gcs_table(namespace: str) -> GcsKv:
+    """The GCS KV table the head of ``namespace`` keeps its journal in."""
+    return GcsKv(kv_namespace(namespace))
 
-    def __init__(self, namespace: str) -> None:
-        self._kv = GcsKv(kv_namespace(namespace))
 
-    def get(self, key: str) -> Any | None:
-        raw = self._kv.get(key)
-        return None if raw is None else json.loads(raw)
+def load_journal(namespace: str) -> Journal:
+    """The head's hard state as the GCS holds it (snapshot, then later segments)."""
+    return Journal.load(gcs_table(namespace))
 
-    def put(self, key: str, value: Any) -> None:
-        self._kv.put(key, json.dumps(value, sort_keys=True).encode())
 
-    def delete(self, key: str) -> None:
-        self._kv.delete(key)
+@dataclass
+class CommitStats:
+    """What the commits so far did (for the head's metrics)."""
 
-    def keys(self, prefix: str) -> list[str]:
-        return sorted(self._kv.keys(prefix))
+    batches: int = 0
+    records: int = 0
+    failures: int = 0
+    last_records: int = 0
+    last_s: float = 0.0
+
+
+class GroupCommit:
+    """Writes a :class:`Journal`'s batches to its table on one writer thread; see the module docstring."""
+
+    def __init__(self, journal: Journal, table: KvTable) -> None:
+        self.journal = journal
+        self.table = table
+        self.stats = CommitStats()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="rgo-commit")
+        self._flushing: asyncio.Future[None] | None = None
+        self._retry_s = 0.0
+
+    async def durable(self) -> None:
+        """Return once every change made to the journal before this call is in the table."""
+        target = self.journal.version
+        while self.journal.durable < target:
+            if self._flushing is None or self._flushing.done():
+                self._flushing = asyncio.ensure_future(self._flush())
+            await asyncio.shield(self._flushing)
+
+    async def _flush(self) -> None:
+        if self._retry_s:
+            await asyncio.sleep(self._retry_s)
+        batch = self.journal.take()
+        if batch is None:
+            return
+        t0 = time.monotonic()
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._writer, write_batch, self.table, batch)
+        except Exception as e:  # the GCS is away (restarting, unreachable): keep the records, try again
+            self._failed(batch, e)
+            return
+        self.journal.acked(batch)
+        self._retry_s = 0.0
+        st = self.stats
+        st.batches += 1
+        st.records += batch.records
+        st.last_records, st.last_s = batch.records, time.monotonic() - t0
+
+    def _failed(self, batch: Batch, e: Exception) -> None:
+        self.journal.failed(batch)
+        self.stats.failures += 1
+        self._retry_s = min(RETRY_MAX_S, self._retry_s * 2 or RETRY_FIRST_S)
+        log.warning("head: writing %d records to the GCS failed (%s: %s); retrying in %.2fs",
+                    batch.records, type(e).__name__, e, self._retry_s)
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=False)

@@ -256,9 +256,9 @@ def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> Non
     le = _lease(head, "restart-1", "mig:1g.20gb")
     head.activate("restart-1", le["fencing_token"])
     counter = head.status()["head"]["fencing_counter"]
-    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.store import load_journal
 
-    stored = ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").keys(f"{SETTINGS.namespace}/lease/")
+    stored = load_journal(SETTINGS.namespace).keys(f"{SETTINGS.namespace}/lease/")  # as a restarted head reads it
     assert f"{SETTINGS.namespace}/lease/restart-1" in stored  # hard state is in the GCS before we act on it
     first_start = ray.get(head.handle.ping.remote())["ok"]["started_at"]
     ray.kill(head.handle, no_restart=False)

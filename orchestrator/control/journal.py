@@ -1,0 +1,288 @@
+"""Group commit for the head's hard state: a write-ahead journal over a plain key-value table.
+
+The head used to write every record to the GCS as it changed, one synchronous round trip per
+record (some ten per job: submitted, lease requested, granted, activated, admitted, started,
+finished, released, plus the ledger's meta). On its one event loop that was most of its time under
+load (``docs/load.md``). :class:`Journal` is a :class:`~orchestrator.control.store.StateStore`
+that answers reads from memory and turns writes into *batches*:
+
+* ``put`` / ``delete`` change the in-memory table at once and mark the key dirty (a later write of
+  the same key before the batch is taken replaces the earlier one);
+* :meth:`Journal.take` turns every dirty key into one :class:`Batch`: one journal segment, one
+  value (``_wal/<seq>``) holding all of them. Whoever writes it (the head actor, on a writer thread)
+  calls :meth:`Journal.acked` when the table has it, or :meth:`Journal.failed`;
+* a caller whose reply depends on what it changed waits until :attr:`Journal.durable` reaches the
+  :attr:`Journal.version` its change made (the head actor does: replies, and jobs started on Ray,
+  wait for the batch that holds them). Everyone who changed something while one batch was being
+  written shares the next one: one round trip for all of them.
+
+**Invariants.**
+
+* A segment is written whole or not at all (one key's value), so a crash leaves the table at a
+  batch boundary: no half-applied job or lease.
+* Segments are numbered in the order taken; the journal is replayed in that order, so a later write
+  of a key wins over an earlier one whatever order the table received them in.
+* A failed batch is not lost: its records are written again with the next batch (a segment holds
+  everything not yet acknowledged), and ``durable`` does not move until one lands.
+* **Compaction.** When the segments since the last snapshot outgrow ``max(min_compact_bytes,
+  snapshot size)``, :meth:`Journal.take` attaches a :class:`Snapshot` to the batch: the whole table as
+  it is *with that batch applied*, in chunks (``_snap/<gen>/<i>``), then a manifest (``_manifest``:
+  generation, chunk count, the last segment it covers), written after the batch's segment by the same
+  writer. Only once the manifest is written are the segments it covers and the older snapshots
+  deleted; a crash before that restores from the previous manifest and the segments still there.
+  So the table holds O(live state + ``min_compact_bytes``), and each record is rewritten a constant
+  number of times per compaction cycle on average.
+
+No I/O here beyond the :class:`KvTable` given; no threads, no clock (pure over its inputs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+SEGMENT_PREFIX = "_wal/"
+SNAPSHOT_PREFIX = "_snap/"
+MANIFEST_KEY = "_manifest"
+#: Snapshot chunks are cut at about this many bytes (a GCS value may be larger; smaller ones keep one write short).
+CHUNK_BYTES = 512 * 1024
+
+
+class KvTable(Protocol):
+    """A byte-valued key-value table: Ray's GCS internal KV (``rayport.ray_api.GcsKv``) or :class:`MemoryKv`."""
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def multi_get(self, keys: list[str]) -> dict[str, bytes]: ...
+
+    def put(self, key: str, value: bytes) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def keys(self, prefix: str) -> list[str]: ...
+
+    def delete_prefix(self, prefix: str) -> int: ...
+
+
+class MemoryKv:
+    """A :class:`KvTable` in a dict, for unit tests (a stand-in for the GCS table, which needs a Ray cluster)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        return self.data.get(key)
+
+    def multi_get(self, keys: list[str]) -> dict[str, bytes]:
+        return {k: self.data[k] for k in keys if k in self.data}
+
+    def put(self, key: str, value: bytes) -> None:
+        self.data[key] = bytes(value)
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted(k for k in self.data if k.startswith(prefix))
+
+    def delete_prefix(self, prefix: str) -> int:
+        gone = self.keys(prefix)
+        for k in gone:
+            del self.data[k]
+        return len(gone)
+
+
+class CorruptJournalError(RuntimeError):
+    """The table's manifest names snapshot chunks that are not there (or not JSON): nothing safe to restore."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The whole table as of segment ``upto``: chunk values to write, then the manifest."""
+
+    gen: int
+    upto: int
+    chunks: tuple[bytes, ...]
+
+    @property
+    def manifest(self) -> bytes:
+        return json.dumps({"gen": self.gen, "chunks": len(self.chunks), "upto": self.upto}).encode()
+
+    def chunk_key(self, i: int) -> str:
+        return f"{SNAPSHOT_PREFIX}{self.gen:012d}/{i:06d}"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One journal segment (``key``, ``payload``) holding ``records`` records, up to :attr:`Journal.version`
+    ``version``; with a :class:`Snapshot` to write after it when compaction is due."""
+
+    seq: int
+    version: int
+    records: int
+    payload: bytes
+    snapshot: Snapshot | None = None
+
+    @property
+    def key(self) -> str:
+        return segment_key(self.seq)
+
+
+def segment_key(seq: int) -> str:
+    return f"{SEGMENT_PREFIX}{seq:012d}"
+
+
+def write_batch(table: KvTable, batch: Batch) -> None:
+    """Write a batch to the table in the order the invariants need: the segment; then, with a snapshot, its
+    chunks, the manifest, and only then the deletion of what the manifest covers (segments up to it,
+    other generations' chunks)."""
+    table.put(batch.key, batch.payload)
+    snap = batch.snapshot
+    if snap is None:
+        return
+    for i, chunk in enumerate(snap.chunks):
+        table.put(snap.chunk_key(i), chunk)
+    table.put(MANIFEST_KEY, snap.manifest)
+    for key in table.keys(SEGMENT_PREFIX):
+        if _seq_of(key) <= snap.upto:
+            table.delete(key)
+    mine = f"{SNAPSHOT_PREFIX}{snap.gen:012d}/"
+    for gen in {k[:len(mine)] for k in table.keys(SNAPSHOT_PREFIX)} - {mine}:
+        table.delete_prefix(gen)
+
+
+@dataclass
+class Journal:
+    """A :class:`~orchestrator.control.store.StateStore` with group commit; see the module docstring.
+
+    ``version`` counts changes; ``durable`` is the ``version`` of the last acknowledged batch (every
+    change up to it is in the table)."""
+
+    table: KvTable
+    min_compact_bytes: int = 4 * 1024 * 1024
+    version: int = 0
+    durable: int = 0
+    _data: dict[str, str] = field(default_factory=dict)  # key -> JSON text
+    _dirty: dict[str, str | None] = field(default_factory=dict)  # changed since the last take (None: deleted)
+    _unacked: dict[str, str | None] = field(default_factory=dict)  # taken, not yet acknowledged
+    _seq: int = 0  # the last segment number taken
+    _since_snapshot: int = 0  # bytes of segments since the last snapshot
+    _snapshot_bytes: int = 0
+    failures: int = 0  # batches whose write failed (each written again with the next)
+
+    @classmethod
+    def load(cls, table: KvTable, min_compact_bytes: int = 4 * 1024 * 1024) -> "Journal":
+        """The journal of what ``table`` holds: the manifest's snapshot, then every later segment in order."""
+        j = cls(table, min_compact_bytes)
+        upto = 0
+        raw = table.get(MANIFEST_KEY)
+        if raw is not None:
+            m = json.loads(raw)
+            snap = Snapshot(int(m["gen"]), int(m["upto"]), ())
+            keys = [snap.chunk_key(i) for i in range(int(m["chunks"]))]
+            got = table.multi_get(keys)
+            missing = [k for k in keys if k not in got]
+            if missing:
+                raise CorruptJournalError(f"the manifest names {len(keys)} snapshot chunks; missing: {missing[:3]}")
+            for k in keys:
+                j._snapshot_bytes += len(got[k])
+                for key, value in json.loads(got[k]).items():
+                    j._data[key] = json.dumps(value)
+            upto = snap.upto
+        seqs = sorted(s for s in map(_seq_of, table.keys(SEGMENT_PREFIX)) if s > upto)
+        got = table.multi_get([segment_key(s) for s in seqs])
+        for s in seqs:
+            payload = got.get(segment_key(s))
+            if payload is None:  # deleted by a compaction that finished after we listed: covered by its snapshot
+                continue
+            j._since_snapshot += len(payload)
+            for key, value in json.loads(payload)["ops"].items():
+                if value is None:
+                    j._data.pop(key, None)
+                else:
+                    j._data[key] = json.dumps(value)
+        j._seq = max([upto, *seqs])
+        return j
+
+    # ---- StateStore ------------------------------------------------------------------------------
+    def get(self, key: str) -> Any | None:
+        raw = self._data.get(key)
+        return None if raw is None else json.loads(raw)
+
+    def put(self, key: str, value: Any) -> None:
+        if value is None:  # as the GCS store read it: a key holding null is no key
+            self.delete(key)
+            return
+        text = json.dumps(value)
+        self._data[key] = text
+        self._dirty[key] = text
+        self.version += 1
+
+    def delete(self, key: str) -> None:
+        self._data.pop(key, None)
+        self._dirty[key] = None
+        self.version += 1
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted(k for k in self._data if k.startswith(prefix))
+
+    # ---- group commit ----------------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        """Changes not yet acknowledged by the table."""
+        return self.durable < self.version
+
+    def take(self) -> Batch | None:
+        """Every change not yet acknowledged, as one segment (None: nothing to write). The caller writes it
+        (:func:`write_batch`) and then calls :meth:`acked` or :meth:`failed`; one batch at a time."""
+        if not self._dirty and not self._unacked:
+            return None
+        self._unacked.update(self._dirty)
+        self._dirty = {}
+        self._seq += 1
+        body = ",".join(f"{json.dumps(k)}:{'null' if v is None else v}" for k, v in self._unacked.items())
+        payload = f'{{"seq":{self._seq},"ops":{{{body}}}}}'.encode()
+        self._since_snapshot += len(payload)
+        snapshot = None
+        if self._since_snapshot > max(self.min_compact_bytes, self._snapshot_bytes):
+            snapshot = Snapshot(self._seq, self._seq, tuple(_chunks(self._data)))
+        return Batch(self._seq, self.version, len(self._unacked), payload, snapshot)
+
+    def acked(self, batch: Batch) -> None:
+        """The table holds ``batch`` (and its snapshot): everything up to its version is durable."""
+        self._unacked = {}
+        self.durable = max(self.durable, batch.version)
+        if batch.snapshot is not None:
+            self._snapshot_bytes = batch.snapshot.nbytes
+            self._since_snapshot = 0
+
+    def failed(self, batch: Batch) -> None:
+        """Writing ``batch`` failed: its records go out again with the next batch (they stay unacknowledged,
+        ``durable`` stays where it was, and a snapshot it carried is due again at the next :meth:`take`)."""
+        self.failures += 1
+
+
+def _seq_of(key: str) -> int:
+    return int(key[len(SEGMENT_PREFIX):])
+
+
+def _chunks(data: dict[str, str]) -> list[bytes]:
+    """The table as JSON objects of about :data:`CHUNK_BYTES` each (values are JSON text already)."""
+    out: list[bytes] = []
+    parts: list[str] = []
+    size = 0
+    for k, v in data.items():
+        item = f"{json.dumps(k)}:{v}"
+        parts.append(item)
+        size += len(item) + 1
+        if size >= CHUNK_BYTES:
+            out.append(("{" + ",".join(parts) + "}").encode())
+            parts, size = [], 0
+    if parts or not out:
+        out.append(("{" + ",".join(parts) + "}").encode())
+    return out

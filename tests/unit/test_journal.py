@@ -1,0 +1,366 @@
+"""The head's group-commit journal (``orchestrator.control.journal``) over an in-memory table.
+
+``MemoryKv`` stands in for the GCS KV table (one needs a Ray cluster; the head-restart and GCS
+fault-tolerance tests in tests/integration read the real one). A ``Flaky`` table fails after a given
+number of operations, which is where a head dies mid-write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.control.journal import (MANIFEST_KEY, SEGMENT_PREFIX, SNAPSHOT_PREFIX, CorruptJournalError, Journal,
+                                          MemoryKv, write_batch)
+
+
+class Crash(Exception):
+    pass
+
+
+class Flaky(MemoryKv):
+    """A :class:`MemoryKv` whose writes fail from the ``fail_after``-th on (None: never)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_after: int | None = None
+        self.ops = 0
+        self.threads: set[str] = set()
+
+    def _tick(self) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.ops += 1
+        if self.fail_after is not None and self.ops > self.fail_after:
+            raise Crash(f"table write {self.ops}")
+
+    def put(self, key: str, value: bytes) -> None:
+        self._tick()
+        super().put(key, value)
+
+    def delete(self, key: str) -> None:
+        self._tick()
+        super().delete(key)
+
+    def delete_prefix(self, prefix: str) -> int:
+        self._tick()
+        return super().delete_prefix(prefix)
+
+
+def commit(j: Journal) -> None:
+    b = j.take()
+    if b is not None:
+        write_batch(j.table, b)
+        j.acked(b)
+
+
+def state(j: Journal) -> dict[str, Any]:
+    return {k: j.get(k) for k in j.keys("")}
+
+
+def test_what_was_acknowledged_is_what_a_restarted_head_reads() -> None:
+    j = Journal(MemoryKv())
+    j.put("ns/lease/a", {"state": "pending"})
+    j.put("ns/lease/b", {"state": "granted", "token": 3})
+    j.delete("ns/lease/b")
+    j.put("ns/meta", {"fencing": 3})
+    assert j.pending and j.durable == 0
+    commit(j)
+    assert not j.pending
+    again = Journal.load(j.table)
+    assert state(again) == {"ns/lease/a": {"state": "pending"}, "ns/meta": {"fencing": 3}}
+    assert again.keys("ns/lease/") == ["ns/lease/a"]
+
+
+def test_changes_made_while_a_batch_is_out_go_in_the_next_one_and_a_key_written_twice_once() -> None:
+    j = Journal(MemoryKv())
+    for i in range(5):
+        j.put("job", {"step": i})
+    j.put("other", 1)
+    first = j.take()
+    assert first is not None and first.records == 2  # five writes of one key: its last value, once
+    j.put("late", True)  # while `first` is being written
+    write_batch(j.table, first)
+    j.acked(first)
+    assert j.pending and j.durable == first.version < j.version
+    assert "late" not in state(Journal.load(j.table))
+    commit(j)
+    assert state(Journal.load(j.table)) == {"job": {"step": 4}, "other": 1, "late": True}
+    assert j.take() is None  # nothing left
+
+
+def test_a_failed_batch_is_written_again_with_the_next_and_durable_waits_for_it() -> None:
+    table = Flaky()
+    j = Journal(table)
+    j.put("a", 1)
+    b1 = j.take()
+    assert b1 is not None
+    table.fail_after = 0
+    with pytest.raises(Crash):
+        write_batch(table, b1)
+    j.failed(b1)
+    assert j.durable == 0 and j.failures == 1
+    j.put("b", 2)
+    table.fail_after = None
+    b2 = j.take()
+    assert b2 is not None and b2.records == 2  # the failed batch's record rides along
+    write_batch(table, b2)
+    j.acked(b2)
+    assert not j.pending
+    assert state(Journal.load(table)) == {"a": 1, "b": 2}
+
+
+def test_segments_are_replayed_in_the_order_taken_whatever_order_the_table_got_them() -> None:
+    table = MemoryKv()
+    j = Journal(table)
+    j.put("k", "old")
+    b1 = j.take()
+    j.acked(b1)  # type: ignore[arg-type]  # acknowledged by a write that lands late
+    j.put("k", "new")
+    b2 = j.take()
+    assert b1 is not None and b2 is not None
+    write_batch(table, b2)
+    write_batch(table, b1)  # lands last
+    assert Journal.load(table).get("k") == "new"
+
+
+def test_compaction_keeps_the_table_small_and_restores_exactly() -> None:
+    table = MemoryKv()
+    j = Journal(table, min_compact_bytes=2_000)
+    model: dict[str, Any] = {}
+    for i in range(400):
+        key = f"ns/job/{i % 37}"
+        if i % 11 == 0:
+            j.delete(key)
+            model.pop(key, None)
+        else:
+            j.put(key, {"i": i, "history": list(range(i % 5))})
+            model[key] = {"i": i, "history": list(range(i % 5))}
+        commit(j)
+    segments = table.keys(SEGMENT_PREFIX)
+    assert table.get(MANIFEST_KEY) is not None
+    assert len(segments) < 60, f"{len(segments)} segments left of 400 batches: compaction did not run"
+    gens = {k.split("/")[1] for k in table.keys(SNAPSHOT_PREFIX)}
+    assert len(gens) == 1  # older snapshots deleted once a newer manifest was written
+    assert state(Journal.load(table, min_compact_bytes=2_000)) == model
+
+
+def test_a_crash_at_any_operation_of_a_compacting_write_restores_a_batch_boundary() -> None:
+    import copy
+
+    table = Flaky()
+    j = Journal(table, min_compact_bytes=1_000)
+    before: dict[str, Any] = {}
+    for i in range(400):
+        j.put(f"k{i % 13}", {"i": i, "pad": "x" * 40})
+        if i % 29 == 0:
+            j.delete(f"k{(i + 5) % 13}")
+        b = j.take()
+        assert b is not None
+        if b.snapshot is not None and table.get(MANIFEST_KEY) is not None:
+            break  # a second compaction: it has an older snapshot and segments to delete
+        write_batch(table, b)
+        j.acked(b)
+        before = state(j)
+    else:
+        pytest.fail("no second compaction in 400 batches")
+    after = state(j)
+    probe = copy.deepcopy(table)
+    probe.fail_after = None
+    write_batch(probe, b)
+    writes = probe.ops - table.ops
+    assert writes > 3  # segment, chunk(s), manifest, deletions
+    for k in range(writes + 1):  # die after k table operations of this write (k = writes: it finished)
+        t = copy.deepcopy(table)
+        t.fail_after = t.ops + k
+        try:
+            write_batch(t, b)
+        except Crash:
+            pass
+        seen = state(Journal.load(t))
+        assert seen == (before if k == 0 else after), f"crash after {k} of {writes} operations"
+
+
+def test_a_manifest_naming_a_missing_chunk_is_refused_not_half_restored() -> None:
+    table = MemoryKv()
+    j = Journal(table, min_compact_bytes=10)
+    j.put("a", "x" * 100)
+    commit(j)
+    chunk = table.keys(SNAPSHOT_PREFIX)[0]
+    table.delete(chunk)
+    with pytest.raises(CorruptJournalError, match="missing"):
+        Journal.load(table)
+
+
+# ---- any interleaving, any crash point ------------------------------------------------------------
+ops = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.sampled_from("abcdef"), st.integers(0, 9)),
+    st.tuples(st.just("del"), st.sampled_from("abcdef"), st.just(0)),
+    st.tuples(st.just("commit"), st.just(""), st.integers(-1, 12)),  # fail after n table ops (-1: not at all)
+), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_a_restart_at_any_point_sees_a_batch_boundary_at_or_after_the_last_acknowledged_one(plan: list) -> None:
+    table = Flaky()
+    j = Journal(table, min_compact_bytes=150)
+    live: dict[str, Any] = {}
+    boundaries: list[dict[str, Any]] = [{}]  # the state at each batch taken, in order
+    acked = 0  # index into boundaries of the last acknowledged batch
+    for op, key, n in plan:
+        if op == "put":
+            j.put(key, n)
+            live[key] = n
+        elif op == "del":
+            j.delete(key)
+            live.pop(key, None)
+        else:
+            b = j.take()
+            if b is None:
+                continue
+            boundaries.append(dict(live))
+            table.fail_after = None if n < 0 else table.ops + n
+            try:
+                write_batch(table, b)
+            except Crash:
+                j.failed(b)
+            else:
+                j.acked(b)
+                acked = len(boundaries) - 1
+            table.fail_after = None
+        seen = state(Journal.load(table))
+        assert seen in boundaries[acked:], (seen, boundaries[acked:])
+    assert j.durable <= j.version
+
+
+# ---- the head actor's writer (rayport.store.GroupCommit), on an event loop, no Ray ----------------
+def test_group_commit_shares_one_batch_among_waiters_and_writes_off_the_loop() -> None:
+    from orchestrator.rayport.store import GroupCommit
+
+    table = Flaky()
+    j = Journal(table)
+    gc = GroupCommit(j, table)
+
+    async def change_and_wait(i: int) -> None:
+        j.put(f"k{i}", i)
+        mine = j.version
+        await gc.durable()
+        assert j.durable >= mine  # answered only once its change is in the table
+        assert Journal.load(table).get(f"k{i}") == i
+
+    async def main() -> None:
+        await asyncio.gather(*(change_and_wait(i) for i in range(50)))
+
+    asyncio.run(main())
+    gc.close()
+    assert state(Journal.load(table)) == {f"k{i}": i for i in range(50)}
+    assert gc.stats.batches < 50  # the waiters shared batches
+    assert table.threads and all(n.startswith("rgo-commit") for n in table.threads)  # never on the loop
+
+
+def test_group_commit_retries_a_failing_table_and_answers_nobody_before_it_lands() -> None:
+    from orchestrator.rayport import store
+
+    table = Flaky()
+    j = Journal(table)
+    gc = store.GroupCommit(j, table)
+    table.fail_after = 0
+    answered: list[bool] = []
+
+    async def main() -> None:
+        j.put("a", 1)
+        waiter = asyncio.ensure_future(gc.durable())
+        await asyncio.sleep(0.2)
+        answered.append(waiter.done())  # still failing: not answered
+        table.fail_after = None
+        await asyncio.wait_for(waiter, 10)
+
+    asyncio.run(main())
+    gc.close()
+    assert answered == [False]
+    assert gc.stats.failures >= 1 and not j.pending
+    assert Journal.load(table).get("a") == 1
+
+
+# ---- the head over the journal: no Ray job starts on a grant the table does not hold ---------------
+class RecordingRunner:
+    """Ray's job API stood in for (it needs a cluster): records, at each submission, what the table held."""
+
+    def __init__(self, journal: Journal, namespace: str) -> None:
+        self.journal, self.namespace = journal, namespace
+        self.submitted: dict[str, dict[str, Any]] = {}
+
+    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
+               label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
+        restarted = Journal.load(self.journal.table)  # what a head restarted now would read
+        lease = restarted.get(f"{self.namespace}/lease/{metadata['lease']}") or {}
+        job = restarted.get(f"{self.namespace}/job/{metadata['orchestrator_job']}") or {}
+        self.submitted[submission_id] = {"lease_state": lease.get("state"),
+                                         "job_state": job.get("state"), "sub_id": job.get("ray_submission_id")}
+
+    def status(self, submission_id: str) -> str | None:
+        return "RUNNING" if submission_id in self.submitted else None
+
+    def status_many(self, ids: Any) -> dict[str, str | None]:
+        return {i: self.status(i) for i in ids}
+
+    def stop(self, submission_id: str) -> None:
+        pass
+
+    def logs(self, submission_id: str) -> str:
+        return ""
+
+
+def _head_over_journal(launch_in_cycle: bool) -> tuple[Any, Journal, RecordingRunner]:
+    from scalebench import scale
+
+    from orchestrator.control.service import HeadService
+    from orchestrator.core.config import DEMO_CONFIG, load_config
+
+    cfg = load_config(DEMO_CONFIG)
+    settings = cfg.settings.model_copy(update={"namespace": "jt"})
+    cfg = cfg.model_copy(update={"settings": settings})
+    clock = scale.SimClock()
+    port = scale.BenchPort(cfg, settings)
+    j = Journal(MemoryKv())
+    runner = RecordingRunner(j, "jt")
+    head = HeadService(settings, cfg, j, runner, port, clock=clock, status_poll_s=0.0, launch_in_cycle=launch_in_cycle)
+    head.cycle()
+    for core in port.agents.values():
+        ack = head.register_agent(**core.registration())
+        core.apply_assignments(ack["assignments"], ack.get("revocations"))
+    head.cycle()
+    return head, j, runner
+
+
+def test_the_head_submits_a_job_to_ray_only_after_the_table_holds_its_admission_and_grant() -> None:
+    head, j, runner = _head_over_journal(launch_in_cycle=False)
+    spec = {"name": "t", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}, "priority": "batch"}
+    for i in range(3):
+        head.submit_job(spec, f"job-{i}")  # an idle queue: admitted in the call (the fast grant path)
+    head.cycle()
+    assert runner.submitted == {}  # admitted, not started: nothing is in the table yet
+    assert {d["state"] for d in head.list_jobs()} == {"admitted"}
+    commit(j)  # the head actor: `await commit.durable()`
+    head.launch()
+    assert sorted(runner.submitted) == [f"job-{i}.a1" for i in range(3)]
+    for seen in runner.submitted.values():
+        assert seen == {"lease_state": "granted", "job_state": "admitted", "sub_id": seen["sub_id"]} and seen["sub_id"]
+    assert {d["state"] for d in head.list_jobs()} == {"running"}
+
+
+def test_a_job_cancelled_between_admission_and_launch_is_not_started() -> None:
+    head, j, runner = _head_over_journal(launch_in_cycle=False)
+    spec = {"name": "t", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}, "priority": "batch"}
+    head.submit_job(spec, "job-a")
+    head.submit_job(spec, "job-b")
+    head.cancel_job("job-a")
+    commit(j)
+    head.launch()
+    assert sorted(runner.submitted) == ["job-b.a1"]
+    assert head.get_job("job-a")["state"] == "cancelled"
