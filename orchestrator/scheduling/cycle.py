@@ -169,12 +169,19 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
     for item in ordered:
         if item.gang is not None:
             gangs.setdefault(item.gang.gang_id, []).append(item)
+    # What place / never_fits / plan_preemption said for a request, by (request, priority, queue, demand), as of
+    # generation ``gen`` (bumped whenever ``work``, ``usage`` or ``taken`` change): an equal request asked again
+    # with nothing changed gets the same answers without asking (a queue of a thousand equal requests costs
+    # one plan, not a thousand). Only what did not change the state is remembered.
+    memo: dict[tuple[Any, ...], _Asked] = {}
+    gen = 0
     for pos, item in enumerate(ordered):
         if item.gang is not None:  # the gang's turn comes with its first worker in queue order
             members = gangs.pop(item.gang.gang_id, None)
             if members is not None:
                 work = _gang_step(work, members, pos, holding, config, now, policy, usage, taken,
                                   grants, preemptions, waiting)
+                gen += 1
             continue
         eff = effective_priority(item, config, now)
         _, q = config.queue(item.queue) if item.queue in config.queues else ("", None)
@@ -189,20 +196,31 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_QUOTA, f"queue {item.queue} is at its quota of {q.quota_gpus:g} GPUs and does not borrow")))
             continue
-        res = place(work, item.request, policy)
+        key = (item.request, item.priority, item.queue, item.demand)
+        asked = memo.get(key)
+        if asked is None or asked.gen != gen:
+            asked = memo[key] = _Asked(gen)
+        if asked.res is None:
+            asked.res = place(work, item.request, policy)
+        res = asked.res
         if isinstance(res, Placement):
+            del memo[key]
+            gen += 1
             work = work.apply(res.allocation)
             usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
             why = res.reason if not over_quota else Reason(
                 Cause.PLACED_BORROWING, f"{res.reason.text} (borrowing beyond queue {item.queue}'s quota)")
             grants.append(Grant(item.item_id, res, why))
             continue
-        never = never_fits(item.request, work)
+        if asked.never is _UNASKED:
+            asked.never = never_fits(item.request, work)
+        never = asked.never
         if never is not None:  # no preemption could help either: say so rather than "not enough free"
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_NEVER_FITS, f"{never.detail}: it can run only once a node that has it joins"), res))
             continue
         if item.nominated:
+            gen += 1
             usage[item.queue] = usage.get(item.queue, 0.0) + item.demand  # what is being freed for it counts
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_VICTIMS, "waiting for the leases being preempted for it to be released"), res))
@@ -214,10 +232,15 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
                 cause, f"{res.message}; queue {item.queue} is over its quota{why}, "
                 "so it only borrows idle capacity and preempts nothing"), res))
             continue
-        candidates = [lease for lease in holding if lease.lease_id not in taken]
-        plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
-                               config=config, now=now, policy=policy, in_flight=frozenset(taken), demand=item.demand)
+        if asked.plan is None:
+            candidates = [lease for lease in holding if lease.lease_id not in taken]
+            asked.plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
+                                         config=config, now=now, policy=policy, in_flight=frozenset(taken),
+                                         demand=item.demand)
+        plan = asked.plan
         if isinstance(plan, PreemptionPlan):
+            del memo[key]
+            gen += 1
             usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
             for v in plan.victims:
                 taken.add(v.lease_id)
@@ -229,6 +252,19 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
             waiting.append(Waiting(item.item_id, pos, eff, Reason(Cause.WAIT_NO_FIT, res.message), res,
                                    preemption_blocked=plan.reason))
     return Plan(tuple(grants), tuple(preemptions), tuple(waiting))
+
+
+_UNASKED: Any = object()
+
+
+@dataclass(slots=True)
+class _Asked:
+    """What ``schedule`` learnt about one request shape at generation ``gen`` (None / ``_UNASKED``: not asked yet)."""
+
+    gen: int
+    res: Placement | Unschedulable | None = None
+    never: Any = _UNASKED
+    plan: PreemptionPlan | NoPreemption | None = None
 
 
 def _window_text(window: WindowStatus | None, queue: str) -> str:
