@@ -31,7 +31,7 @@ accounting and our leases").
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from orchestrator.core import env as E
@@ -133,7 +133,9 @@ class Handout:
     resources: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # What ``asdict`` gives, built directly: it is on every lease view (asdict deep-copies field by field).
+        return {"node_id": self.node_id, "node_name": self.node_name, "num_gpus": self.num_gpus,
+                "num_cpus": self.num_cpus, "env_vars": dict(self.env_vars), "resources": dict(self.resources)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Handout":

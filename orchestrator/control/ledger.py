@@ -141,6 +141,10 @@ class LedgerEntry:
         return d
 
 
+#: Entry fields no index of the ledger and no watcher reads (see :meth:`Ledger.soft`).
+_UNINDEXED = frozenset({"waiting", "why_pending"})
+
+
 class Ledger:
     """The entries, the fencing counter and the sequence, over a :class:`StateStore`; see the module docstring."""
 
@@ -201,7 +205,16 @@ class Ledger:
             self._put(e)
 
     def soft(self, e: LedgerEntry, **changes: Any) -> None:
-        """Change soft state only (never persisted: ``waiting``, ``why_pending``, a moved column position)."""
+        """Change soft state only (never persisted: ``waiting``, ``why_pending``, a moved column position).
+
+        ``waiting`` and ``why_pending`` are in no index and no watcher reads them: a change of only those
+        replaces the entry without re-indexing or telling the watchers (it happens for every pending lease,
+        every cycle)."""
+        if changes.keys() <= _UNINDEXED:
+            if all(getattr(e, k) == v for k, v in changes.items()):
+                return
+            self.entries[e.lease_id] = replace(e, **changes)
+            return
         self._put(replace(e, **changes))
 
     def _put(self, e: LedgerEntry) -> None:
@@ -325,6 +338,11 @@ class Ledger:
     def occupying(self) -> list[LedgerEntry]:
         """Entries whose devices are taken: holding ones, and ended ones awaiting their agent's confirmation."""
         return self.in_order(self._occupying)
+
+    def occupying_any_order(self) -> list[LedgerEntry]:
+        """:meth:`occupying` without the ledger's order (no sort)."""
+        entries = self.entries
+        return [entries[i] for i in self._occupying]
 
     def _bump(self, node: str) -> None:
         self._node_versions[node] = self._node_versions.get(node, 0) + 1

@@ -116,7 +116,7 @@ def agent_work(ledger: Ledger) -> dict[str, set[tuple[str, str]]]:
     ``(lease id, "checkpoint" | "revoke")``. The head wakes an agent when its set gains an item, so the agent
     need not wait out its heartbeat interval to learn of it (the heartbeat stays the backstop)."""
     out: dict[str, set[tuple[str, str]]] = {}
-    for e in ledger:
+    for e in ledger.occupying_any_order():  # a revoking or checkpointing lease occupies its devices
         a = e.lease.allocation
         if a is None:
             continue
