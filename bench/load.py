@@ -9,14 +9,15 @@ launcher's watchdog, when this process is SIGKILLed).
 
 * ``--jobs N``: ``--clients`` processes (spawned, each one Ray driver with ``--threads`` threads) submit
   N jobs between them, each with its own id (``load-c<client>-<i>``), through ``HeadApi.submit_job``. A
-  job asks for ``timeslice:0.05``; its entrypoint is ``true``. The head runs with
+  job asks for a time-slice small enough that the cluster holds every job at once (:func:`share_for`;
+  ``--share`` sets it); its entrypoint is ``true``. The head runs with
   ``settings.job_runner: none``: an admitted job is handed to a runner that starts **no** Ray driver and
   reports it SUCCEEDED at the next batched status read (which frees its lease). So what is measured is
   **job admission**: submit -> lease queued -> lease granted -> job admitted -> recorded as started. A
   job's **grant latency** is the head's ADMITTED time (its history) minus the client's clock just before
   the submit call (one host, one clock). ``grants_per_s`` is jobs admitted / (last admission - first
   submit).
-* ``--leases N``: the same processes take N SDK leases with ``orchestrator.lease("timeslice:0.05")``
+* ``--leases N``: the same processes take N SDK leases with ``orchestrator.lease()`` (the same share)
   (fate-shared with the driver's holder actor), each released at once. A lease's grant latency is the
   client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
   call). Each client takes one lease first, not counted, which makes its holder actor.
@@ -52,7 +53,16 @@ from typing import Any
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
 
 NAMESPACE = "rgo-load"
-GPU = {"kind": "timeslice", "fraction": 0.05}
+
+
+def share_for(cfg: ClusterConfig, jobs: int) -> float:
+    """The time-slice every job (and lease) asks for: small enough that the cluster holds twice ``jobs`` at once
+    (at most 5% of a card; at least the 0.1% the time-slice capacity counts in). What is measured is then the
+    head's grant path, not the turnover of a full cluster (an admitted job frees its share only at the next
+    status read, every 0.5 s: 200 slots of 5% would cap the figure at ~400 grants/s whatever the head does);
+    ``--share`` sets it instead."""
+    cards = sum(n.gpus for n in cfg.nodes)
+    return max(0.001, min(0.05, int(1000 * cards / (2 * max(1, jobs))) / 1000))
 
 
 def config() -> ClusterConfig:
@@ -74,7 +84,7 @@ class Noop:
 
 
 # ---- one client process ------------------------------------------------------------------------
-def client(address: str, index: int, jobs: int, leases: int, threads: int) -> dict[str, Any]:
+def client(address: str, index: int, jobs: int, leases: int, threads: int, share: float) -> dict[str, Any]:
     """Submit ``jobs`` jobs, then take ``leases`` leases, from ``threads`` threads; what each took."""
     from orchestrator.rayport import ray_api
     from orchestrator.rayport.client import HeadClient
@@ -83,12 +93,13 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int) -> di
     ray_api.connect(address, NAMESPACE)
     head = HeadClient(NAMESPACE)
     out: dict[str, Any] = {"jobs": [], "leases": [], "errors": []}
+    gpu = {"kind": "timeslice", "fraction": share}
 
     def submit(i: int) -> None:
         job_id = f"load-c{index}-{i}"
         t0 = time.time()
         try:
-            head.submit_job({"name": "load", "entrypoint": "true", "gpu": GPU, "priority": "batch"}, job_id)
+            head.submit_job({"name": "load", "entrypoint": "true", "gpu": gpu, "priority": "batch"}, job_id)
             out["jobs"].append((job_id, t0))
         except Exception as e:  # counted as lost by the accounting; said here too
             out["errors"].append(f"{job_id}: {type(e).__name__}: {e}")
@@ -97,7 +108,7 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int) -> di
         lid = f"load-l{index}-{i}"
         t0 = time.perf_counter()
         try:
-            with lease(GPU, priority="batch", lease_id=lid, namespace=NAMESPACE, timeout=120):
+            with lease(gpu, priority="batch", lease_id=lid, namespace=NAMESPACE, timeout=120):
                 took = time.perf_counter() - t0
             if counted:
                 out["leases"].append((lid, took))
@@ -133,7 +144,7 @@ def split(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
 
-def run(address: str, jobs: int, leases: int, clients: int, threads: int) -> dict[str, Any]:
+def run(address: str, jobs: int, leases: int, clients: int, threads: int, share: float) -> dict[str, Any]:
     from orchestrator.rayport import ray_api
     from orchestrator.rayport.client import HeadClient
 
@@ -143,7 +154,7 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int) -> dic
     ctx = mp.get_context("spawn")  # Ray drivers do not survive fork
     t0 = time.time()
     with ctx.Pool(clients) as pool:
-        results = pool.starmap(client, [(address, i, j, le, threads)
+        results = pool.starmap(client, [(address, i, j, le, threads, share)
                                         for i, (j, le) in enumerate(zip(split(jobs, clients), split(leases, clients)))])
     wall = time.time() - t0
     submitted = [j for r in results for j in r["jobs"]]
@@ -154,7 +165,7 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int) -> dic
         if all(j["state"] in ("succeeded", "failed", "cancelled") for j in mine) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    out = {"jobs": jobs, "clients": clients, "threads": threads, "load_wall_s": round(wall, 2)}
+    out = {"jobs": jobs, "clients": clients, "threads": threads, "share": share, "load_wall_s": round(wall, 2)}
     out.update(account_jobs(submitted, mine, jobs))
     out["bare_actor_call_p50_ms"] = round(percentile(bare, 0.5) or 0, 3)
     out["bare_actor_call_p99_ms"] = round(percentile(bare, 0.99) or 0, 3)
@@ -214,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--leases", type=int, default=0, help="SDK leases to take as well (0: none)")
     p.add_argument("--clients", type=int, default=8, help="client processes")
     p.add_argument("--threads", type=int, default=16, help="threads per client")
+    p.add_argument("--share", type=float, default=None,
+                   help="time-slice fraction each job and lease asks for (default: see share_for)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     from orchestrator.deploy import local
@@ -223,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = Path(tempfile.mkdtemp(prefix="rgo-load-", dir=os.environ.get("TMPDIR") or "/tmp"))
     say = lambda m: print(f"[load] {m}", file=sys.stderr)  # noqa: E731
     try:
-        state = local.up_local(config(), state_dir, progress=say)
-        out = run(state.address, a.jobs, a.leases, a.clients, a.threads)
+        cfg = config()
+        share = a.share if a.share is not None else share_for(cfg, max(a.jobs, a.leases))
+        state = local.up_local(cfg, state_dir, progress=say)
+        out = run(state.address, a.jobs, a.leases, a.clients, a.threads, share)
     finally:
         local.down(state_dir, progress=say)
     if a.json:

@@ -37,7 +37,7 @@ def address() -> Iterator[str]:
 
 
 def test_fifty_jobs_and_twenty_leases_from_two_clients_none_lost_or_duplicated(address: str) -> None:
-    out: dict[str, Any] = load.run(address, jobs=50, leases=20, clients=2, threads=4)
+    out: dict[str, Any] = load.run(address, jobs=50, leases=20, clients=2, threads=4, share=0.05)
     assert out["errors"] == []
     assert (out["lost"], out["duplicated"], out["admitted"]) == (0, 0, 50), out
     assert (out["leases"]["lost"], out["leases"]["duplicated"]) == (0, 0), out
