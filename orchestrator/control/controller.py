@@ -421,11 +421,10 @@ class HeadController:
         items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at,
                              queue=e.spec.queue, nominated=e.lease_id in nominated, gang=e.spec.gang)
                  for e in pending]
-        holding = [e.lease for e in self.ledger.holding()]
         in_flight = frozenset(e.lease_id for e in checkpointing)
         window = self.window() if self.sched_config.windows else None
-        return schedule(self._snapshot, items, holding, self._window_cfg, now, self.policy, in_flight=in_flight,
-                        window=window)
+        return schedule(self._snapshot, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
+                        now, self.policy, in_flight=in_flight, window=window, usage=self.ledger.queue_usage())
 
     # ---- time windows ----------------------------------------------------------------------------
     def capacity_gpus(self) -> float:

@@ -47,6 +47,7 @@ from orchestrator.core.errors import UnknownObjectError
 from orchestrator.core.lease import HOLDING_STATES, LEASE_TRANSITIONS, REDACTED, Lease, LeaseRequest, LeaseState
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.cycle import Waiting
+from orchestrator.scheduling.preemption import USAGE_UNITS, usage_units
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,7 @@ class Ledger:
         self._next_pos = 0
         self._by_state: dict[LeaseState, set[str]] = {s: set() for s in LeaseState}
         self._occupying: set[str] = set()
+        self._usage: dict[str, int] = {}  # queue -> GPUs its holding leases hold, in preemption.USAGE_UNITS
         self._on_node: dict[str, set[str]] = {}
         self._node_versions: dict[str, int] = {}  # bumped whenever an occupying lease of the node changes
         self._victims: dict[str, set[str]] = {}  # a request's id -> the leases preempted (or being) for it
@@ -232,6 +234,9 @@ class Ledger:
             heapq.heappush(self._ended, (e.lease.history[-1].at, self._pos[lid], lid))
         if e.preempt_for:
             self._victims.setdefault(e.preempt_for, set()).add(lid)
+        if e.lease.holding:
+            q = e.lease.queue
+            self._usage[q] = self._usage.get(q, 0) + usage_units(e.lease)
         if e.lease.holding or e.revoking:
             self._occupying.add(lid)
             if e.lease.allocation is not None:
@@ -243,6 +248,13 @@ class Ledger:
     def _unindex(self, e: LedgerEntry) -> None:
         lid = e.lease_id
         self._by_state[e.lease.state].discard(lid)
+        if e.lease.holding:
+            q = e.lease.queue
+            left = self._usage[q] - usage_units(e.lease)
+            if left:
+                self._usage[q] = left
+            else:
+                del self._usage[q]
         if e.preempt_for:
             victims = self._victims[e.preempt_for]
             victims.discard(lid)
@@ -338,6 +350,11 @@ class Ledger:
     def occupying(self) -> list[LedgerEntry]:
         """Entries whose devices are taken: holding ones, and ended ones awaiting their agent's confirmation."""
         return self.in_order(self._occupying)
+
+    def queue_usage(self) -> dict[str, float]:
+        """GPUs held per queue by the holding leases: :func:`~orchestrator.scheduling.preemption.queue_usage`
+        over :meth:`holding`, kept up as entries change instead of summed each time."""
+        return {q: n / USAGE_UNITS for q, n in self._usage.items()}
 
     def occupying_any_order(self) -> list[LedgerEntry]:
         """:meth:`occupying` without the ledger's order (no sort)."""

@@ -146,6 +146,13 @@ class HeadMetrics:
         self.placement = Histogram("orchestrator_placement_seconds", "One scheduling pass (placement and planning)",
                                    registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                         0.5, 1, 2.5))
+        self.commits = Counter("orchestrator_state_commits", "Batches of hard state written to the GCS (group commit)",
+                               registry=r)
+        self.commit_records = Counter("orchestrator_state_commit_records", "Records in the batches written", registry=r)
+        self.commit_failures = Counter("orchestrator_state_commit_failures",
+                                       "Batch writes that failed (each retried with the next batch)", registry=r)
+        self.commit_seconds = Histogram("orchestrator_state_commit_seconds", "Writing one batch to the GCS", registry=r,
+                                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
         gpu = ["node", "gpu"]
         self.compute_capacity = SeriesTable("orchestrator_gpu_compute_capacity", "GPU compute capacity (GPUs)", gpu, r)
         self.compute_committed = SeriesTable("orchestrator_gpu_compute_committed",
@@ -412,6 +419,15 @@ class HeadMetrics:
                 v = s.value
                 out.append([s.name, dict(s.labels), v if math.isfinite(v) else str(v)])
         return out
+
+    def committed(self, records: int, seconds: float) -> None:
+        """One batch of hard state written (the head actor's group commit reports each)."""
+        self.commits.inc()
+        self.commit_records.inc(records)
+        self.commit_seconds.observe(seconds)
+
+    def commit_failed(self) -> None:
+        self.commit_failures.inc()
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` on ``host:port`` (port 0: a free one); returns the port."""

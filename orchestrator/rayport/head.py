@@ -86,11 +86,12 @@ class HeadActor:
         s = RuntimeSettings.model_validate(settings)
         table = gcs_table(s.namespace)
         journal = Journal.load(table)
-        self.commit = GroupCommit(journal, table)
+        metrics = HeadMetrics()
+        self.commit = GroupCommit(journal, table, metrics)
         self.service = HeadService(s, ClusterConfig.model_validate(cluster), journal,
                                    ray_api.RayJobRunner() if s.job_runner == "ray" else AdmissionOnlyRunner(),
                                    RayClusterPort(s, start_agent), clock=time.time,
-                                   metrics=HeadMetrics(), launch_in_cycle=False)
+                                   metrics=metrics, launch_in_cycle=False)
         port = s.metrics_port or int(os.environ.get(env.METRICS_PORT, "0") or 0)
         if port:
             host = os.environ.get(env.METRICS_HOST, s.metrics_host)

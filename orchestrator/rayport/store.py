@@ -20,6 +20,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from orchestrator.control.journal import Batch, Journal, KvTable, write_batch
 from orchestrator.rayport.ray_api import GcsKv
@@ -46,23 +47,30 @@ def load_journal(namespace: str) -> Journal:
     return Journal.load(gcs_table(namespace))
 
 
+class CommitObserver(Protocol):
+    """Who hears of each batch (the head's metrics: ``HeadMetrics.committed`` / ``commit_failed``)."""
+
+    def committed(self, records: int, seconds: float) -> None: ...
+
+    def commit_failed(self) -> None: ...
+
+
 @dataclass
 class CommitStats:
-    """What the commits so far did (for the head's metrics)."""
+    """What the commits so far did."""
 
     batches: int = 0
     records: int = 0
     failures: int = 0
-    last_records: int = 0
-    last_s: float = 0.0
 
 
 class GroupCommit:
     """Writes a :class:`Journal`'s batches to its table on one writer thread; see the module docstring."""
 
-    def __init__(self, journal: Journal, table: KvTable) -> None:
+    def __init__(self, journal: Journal, table: KvTable, observer: CommitObserver | None = None) -> None:
         self.journal = journal
         self.table = table
+        self.observer = observer
         self.stats = CommitStats()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="rgo-commit")
         self._flushing: asyncio.Future[None] | None = None
@@ -93,11 +101,14 @@ class GroupCommit:
         st = self.stats
         st.batches += 1
         st.records += batch.records
-        st.last_records, st.last_s = batch.records, time.monotonic() - t0
+        if self.observer is not None:
+            self.observer.committed(batch.records, time.monotonic() - t0)
 
     def _failed(self, batch: Batch, e: Exception) -> None:
         self.journal.failed(batch)
         self.stats.failures += 1
+        if self.observer is not None:
+            self.observer.commit_failed()
         self._retry_s = min(RETRY_MAX_S, self._retry_s * 2 or RETRY_FIRST_S)
         log.warning("head: writing %d records to the GCS failed (%s: %s); retrying in %.2fs",
                     batch.records, type(e).__name__, e, self._retry_s)

@@ -39,7 +39,7 @@ was applied to the working copy before the next was placed).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from orchestrator.core.clock import format_hhmm
 from orchestrator.core.lease import Lease
@@ -151,15 +151,20 @@ def order(pending: Sequence[PendingItem], config: SchedulerConfig, now: float) -
     return sorted(pending, key=lambda i: (-effective_priority(i, config, now), i.submitted_at, i.item_id))
 
 
-def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding: Sequence[Lease],
-             config: SchedulerConfig, now: float, policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset(),
-             window: WindowStatus | None = None) -> Plan:
-    """Run one cycle; see the module docstring. ``in_flight``: lease ids already being preempted;
-    ``window``: the time window whose quotas ``config`` carries (its waits name it), None for none."""
+def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
+             holding: Sequence[Lease] | Callable[[], Sequence[Lease]], config: SchedulerConfig, now: float,
+             policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset(), window: WindowStatus | None = None,
+             usage: Mapping[str, float] | None = None) -> Plan:
+    """Run one cycle; see the module docstring. ``holding``: the holding leases, or a function returning them
+    (called only if a preemption is planned); ``in_flight``: lease ids already being preempted; ``window``: the
+    time window whose quotas ``config`` carries (its waits name it), None for none; ``usage``: what
+    :func:`~.preemption.queue_usage` gives over ``holding``, when the caller keeps it up already."""
     work = snapshot
+    if callable(holding):
+        holding = _Later(holding)
     # Only a quota reads what queues hold: without one, skip the pass over every holding lease.
     quotas = any(q.quota_gpus is not None for q in config.queues.values())
-    usage = queue_usage(holding) if quotas else {}
+    usage = (dict(usage) if usage is not None else queue_usage(holding)) if quotas else {}
     grants: list[Grant] = []
     preemptions: list[Preemption] = []
     waiting: list[Waiting] = []
@@ -255,6 +260,28 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem], holding:
 
 
 _UNASKED: Any = object()
+
+
+class _Later(Sequence[Lease]):
+    """The holding leases, asked for the first time they are read (most cycles plan no preemption)."""
+
+    def __init__(self, get: Callable[[], Sequence[Lease]]) -> None:
+        self._get: Callable[[], Sequence[Lease]] | None = get
+        self._got: Sequence[Lease] = ()
+
+    def _leases(self) -> Sequence[Lease]:
+        if self._get is not None:
+            self._got, self._get = self._get(), None
+        return self._got
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._leases()[i]
+
+    def __len__(self) -> int:
+        return len(self._leases())
+
+    def __iter__(self) -> Iterator[Lease]:
+        return iter(self._leases())
 
 
 @dataclass(slots=True)

@@ -117,12 +117,23 @@ def victim_order_key(lease: Lease, now: float) -> tuple:
             -(started if started is not None else 0.0), lease.lease_id)
 
 
+#: Queue usage is summed in millionths of a GPU: exact for any share the engine hands out, so a sum kept up
+#: as leases come and go (``Ledger.queue_usage``) equals a fresh one in any order, to the last bit.
+USAGE_UNITS = 1_000_000
+
+
+def usage_units(lease: Lease) -> int:
+    """What ``lease`` adds to its queue's usage, in :data:`USAGE_UNITS` (0 when it holds nothing)."""
+    return round(lease.gpus_held * USAGE_UNITS) if lease.holding else 0
+
+
 def queue_usage(leases: Iterable[Lease]) -> dict[str, float]:
-    usage: dict[str, float] = {}
+    """GPUs held per queue by the holding leases among ``leases``."""
+    units: dict[str, int] = {}
     for lease in leases:
         if lease.holding:
-            usage[lease.queue] = usage.get(lease.queue, 0.0) + lease.gpus_held
-    return usage
+            units[lease.queue] = units.get(lease.queue, 0) + usage_units(lease)
+    return {q: n / USAGE_UNITS for q, n in units.items()}
 
 
 def _borrowed(lease: Lease, queue: str, config: SchedulerConfig, usage: dict[str, float]) -> bool:

@@ -211,11 +211,12 @@ def _ledger(client: Any) -> dict[str, Any]:
     return {"leases": leases, "queue": queue, "jobs": jobs, "fencing_counter": st["head"]["fencing_counter"]}
 
 
-def _kv(namespace: str) -> dict[str, bytes | None]:
-    from orchestrator.rayport import ray_api
+def _kv(namespace: str) -> dict[str, Any]:
+    """The head's hard state as the GCS holds it: its journal, read as a restarted head reads it."""
+    from orchestrator.rayport.store import load_journal
 
-    kv = ray_api.GcsKv(f"rgo.{namespace}")
-    return {k: kv.get(k) for k in sorted(kv.keys(""))}
+    journal = load_journal(namespace)
+    return {k: journal.get(k) for k in journal.keys("")}
 
 
 def _start_head() -> tuple[Any, Any]:

@@ -242,9 +242,12 @@ def test_a_restart_at_any_point_sees_a_batch_boundary_at_or_after_the_last_ackno
 def test_group_commit_shares_one_batch_among_waiters_and_writes_off_the_loop() -> None:
     from orchestrator.rayport.store import GroupCommit
 
+    from orchestrator.control.metrics import HeadMetrics
+
     table = Flaky()
     j = Journal(table)
-    gc = GroupCommit(j, table)
+    metrics = HeadMetrics()
+    gc = GroupCommit(j, table, metrics)
 
     async def change_and_wait(i: int) -> None:
         j.put(f"k{i}", i)
@@ -260,15 +263,22 @@ def test_group_commit_shares_one_batch_among_waiters_and_writes_off_the_loop() -
     gc.close()
     assert state(Journal.load(table)) == {f"k{i}": i for i in range(50)}
     assert gc.stats.batches < 50  # the waiters shared batches
+    sample = metrics.registry.get_sample_value
+    assert sample("orchestrator_state_commits_total") == gc.stats.batches
+    assert sample("orchestrator_state_commit_records_total") == 50
+    assert sample("orchestrator_state_commit_seconds_count") == gc.stats.batches
     assert table.threads and all(n.startswith("rgo-commit") for n in table.threads)  # never on the loop
 
 
 def test_group_commit_retries_a_failing_table_and_answers_nobody_before_it_lands() -> None:
     from orchestrator.rayport import store
 
+    from orchestrator.control.metrics import HeadMetrics
+
     table = Flaky()
     j = Journal(table)
-    gc = store.GroupCommit(j, table)
+    metrics = HeadMetrics()
+    gc = store.GroupCommit(j, table, metrics)
     table.fail_after = 0
     answered: list[bool] = []
 
@@ -284,6 +294,7 @@ def test_group_commit_retries_a_failing_table_and_answers_nobody_before_it_lands
     gc.close()
     assert answered == [False]
     assert gc.stats.failures >= 1 and not j.pending
+    assert metrics.registry.get_sample_value("orchestrator_state_commit_failures_total") == gc.stats.failures
     assert Journal.load(table).get("a") == 1
 
 

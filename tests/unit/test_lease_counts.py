@@ -1,5 +1,5 @@
-"""The ledger's watchers see every change, and the metrics' live lease counts kept by watching it equal a
-count from scratch after every change."""
+"""The ledger's watchers see every change, and the metrics' live lease counts kept by watching it (and the
+ledger's own queue usage) equal a count from scratch after every change."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import random
 from orchestrator.control.metrics import LeaseCounts, count_live
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.lease import LeaseState, key_digest
+from orchestrator.scheduling.preemption import queue_usage
 
 from scalebench import scale
 
@@ -39,6 +40,7 @@ def test_kept_counts_equal_a_fresh_count_through_grants_activations_releases_exp
     tokens: dict[str, int] = {}
     seen: set[LeaseState] = set()
     pruned = ledger_size = 0
+    usage_seen = False
     for step in range(400):
         if step < 200 and rng.random() < 0.6:
             lid = f"l{step:04d}"
@@ -60,12 +62,16 @@ def test_kept_counts_equal_a_fresh_count_through_grants_activations_releases_exp
         kept = head.metrics._counts[1]  # noqa: SLF001
         _same(kept, count_live(head.ctl.ledger.entries.values()))
         assert mirror == head.ctl.ledger.entries, "a watcher saw every change, drops included"
+        # the queue usage the ledger keeps up (what the scheduler reads) equals a fresh sum, exactly
+        assert head.ctl.ledger.queue_usage() == queue_usage(e.lease for e in head.ctl.ledger.holding())
+        usage_seen |= bool(head.ctl.ledger.queue_usage())
         seen |= {e.lease.state for e in head.ctl.ledger}
         pruned += len(head.ctl.ledger.entries) < ledger_size
         ledger_size = len(head.ctl.ledger.entries)
     assert {LeaseState.PENDING, LeaseState.GRANTED, LeaseState.ACTIVE, LeaseState.RELEASED,
             LeaseState.EXPIRED} <= seen, seen
     assert pruned, "ended leases left the ledger"
+    assert usage_seen
 
 
 def test_counts_drop_keys_that_reach_zero_as_a_fresh_count_would() -> None:
