@@ -33,6 +33,10 @@ that answers reads from memory and turns writes into *batches*:
   So the table holds O(live state + ``min_compact_bytes``), and each record is rewritten a constant
   number of times per compaction cycle on average.
 
+Values are encoded with orjson when written (the head encodes every change; the standard library's
+encoder was a tenth of its time under load): JSON as ``json.dumps`` writes it, except that a
+non-finite float, which JSON has no word for, is stored as null (no hard state holds one).
+
 No I/O here beyond the :class:`KvTable` given; no threads, no clock (pure over its inputs).
 """
 
@@ -41,6 +45,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import orjson
 
 SEGMENT_PREFIX = "_wal/"
 SNAPSHOT_PREFIX = "_snap/"
@@ -167,9 +173,9 @@ class Journal:
     min_compact_bytes: int = 4 * 1024 * 1024
     version: int = 0
     durable: int = 0
-    _data: dict[str, str] = field(default_factory=dict)  # key -> JSON text
-    _dirty: dict[str, str | None] = field(default_factory=dict)  # changed since the last take (None: deleted)
-    _unacked: dict[str, str | None] = field(default_factory=dict)  # taken, not yet acknowledged
+    _data: dict[str, bytes] = field(default_factory=dict)  # key -> JSON
+    _dirty: dict[str, bytes | None] = field(default_factory=dict)  # changed since the last take (None: deleted)
+    _unacked: dict[str, bytes | None] = field(default_factory=dict)  # taken, not yet acknowledged
     _seq: int = 0  # the last segment number taken
     _since_snapshot: int = 0  # bytes of segments since the last snapshot
     _snapshot_bytes: int = 0
@@ -191,8 +197,8 @@ class Journal:
                 raise CorruptJournalError(f"the manifest names {len(keys)} snapshot chunks; missing: {missing[:3]}")
             for k in keys:
                 j._snapshot_bytes += len(got[k])
-                for key, value in json.loads(got[k]).items():
-                    j._data[key] = json.dumps(value)
+                for key, value in orjson.loads(got[k]).items():
+                    j._data[key] = _encode(value)
             upto = snap.upto
         seqs = sorted(s for s in map(_seq_of, table.keys(SEGMENT_PREFIX)) if s > upto)
         got = table.multi_get([segment_key(s) for s in seqs])
@@ -201,24 +207,24 @@ class Journal:
             if payload is None:  # deleted by a compaction that finished after we listed: covered by its snapshot
                 continue
             j._since_snapshot += len(payload)
-            for key, value in json.loads(payload)["ops"].items():
+            for key, value in orjson.loads(payload)["ops"].items():
                 if value is None:
                     j._data.pop(key, None)
                 else:
-                    j._data[key] = json.dumps(value)
+                    j._data[key] = _encode(value)
         j._seq = max([upto, *seqs])
         return j
 
     # ---- StateStore ------------------------------------------------------------------------------
     def get(self, key: str) -> Any | None:
         raw = self._data.get(key)
-        return None if raw is None else json.loads(raw)
+        return None if raw is None else orjson.loads(raw)
 
     def put(self, key: str, value: Any) -> None:
         if value is None:  # as the GCS store read it: a key holding null is no key
             self.delete(key)
             return
-        text = json.dumps(value)
+        text = _encode(value)
         self._data[key] = text
         self._dirty[key] = text
         self.version += 1
@@ -245,8 +251,8 @@ class Journal:
         self._unacked.update(self._dirty)
         self._dirty = {}
         self._seq += 1
-        body = ",".join(f"{json.dumps(k)}:{'null' if v is None else v}" for k, v in self._unacked.items())
-        payload = f'{{"seq":{self._seq},"ops":{{{body}}}}}'.encode()
+        body = b",".join(orjson.dumps(k) + b":" + (b"null" if v is None else v) for k, v in self._unacked.items())
+        payload = b'{"seq":%d,"ops":{%s}}' % (self._seq, body)
         self._since_snapshot += len(payload)
         snapshot = None
         if self._since_snapshot > max(self.min_compact_bytes, self._snapshot_bytes):
@@ -271,18 +277,22 @@ def _seq_of(key: str) -> int:
     return int(key[len(SEGMENT_PREFIX):])
 
 
-def _chunks(data: dict[str, str]) -> list[bytes]:
-    """The table as JSON objects of about :data:`CHUNK_BYTES` each (values are JSON text already)."""
+def _encode(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+
+
+def _chunks(data: dict[str, bytes]) -> list[bytes]:
+    """The table as JSON objects of about :data:`CHUNK_BYTES` each (values are encoded already)."""
     out: list[bytes] = []
-    parts: list[str] = []
+    parts: list[bytes] = []
     size = 0
     for k, v in data.items():
-        item = f"{json.dumps(k)}:{v}"
+        item = orjson.dumps(k) + b":" + v
         parts.append(item)
         size += len(item) + 1
         if size >= CHUNK_BYTES:
-            out.append(("{" + ",".join(parts) + "}").encode())
+            out.append(b"{" + b",".join(parts) + b"}")
             parts, size = [], 0
     if parts or not out:
-        out.append(("{" + ",".join(parts) + "}").encode())
+        out.append(b"{" + b",".join(parts) + b"}")
     return out
