@@ -64,6 +64,9 @@ class KvTable(Protocol):
 
     def put(self, key: str, value: bytes) -> None: ...
 
+    async def aput(self, key: str, value: bytes) -> None:
+        """``put``, awaited on the caller's event loop without blocking it."""
+
     def delete(self, key: str) -> None: ...
 
     def keys(self, prefix: str) -> list[str]: ...
@@ -85,6 +88,9 @@ class MemoryKv:
 
     def put(self, key: str, value: bytes) -> None:
         self.data[key] = bytes(value)
+
+    async def aput(self, key: str, value: bytes) -> None:
+        self.put(key, value)
 
     def delete(self, key: str) -> None:
         self.data.pop(key, None)

@@ -272,6 +272,12 @@ class GcsKv:
     def put(self, key: str, value: bytes) -> None:
         self._kv._internal_kv_put(key, value, overwrite=True, namespace=self._ns)
 
+    async def aput(self, key: str, value: bytes, timeout_s: float = 10.0) -> None:
+        """``put`` through Ray's asynchronous GCS client, awaited on the calling event loop (no thread: a
+        thread waiting for the GIL behind a busy loop waits out Python's switch interval on every write)."""
+        await self._kv.global_gcs_client.async_internal_kv_put(key.encode(), value, True, self._ns.encode(),
+                                                               timeout=timeout_s)
+
     def delete(self, key: str) -> None:
         self._kv._internal_kv_del(key, namespace=self._ns)
 

@@ -2,12 +2,13 @@
 
 :func:`load_journal` reads the head's :class:`~orchestrator.control.journal.Journal` (a
 :class:`~orchestrator.control.store.StateStore` answering from memory) from the GCS;
-:class:`GroupCommit` writes its batches there on a thread of its own while the head's event loop
-goes on, and lets a coroutine wait until everything changed before it is written
+:class:`GroupCommit` writes its batches there while the head's event loop goes on (a batch's one
+segment through Ray's asynchronous GCS client; a compaction's several writes on a thread of its
+own), and lets a coroutine wait until everything changed before it is written
 (:meth:`GroupCommit.durable`): callers that changed state while one batch was in flight share the
 next one.
 
-Invariants: one batch in flight at a time, written by one thread, in the order taken; a batch that
+Invariants: one batch in flight at a time, in the order taken; a batch that
 fails is retried (with its records merged into the next) after a back-off, and nobody waiting on it
 is answered until one lands; :meth:`GroupCommit.durable` never returns before the journal's
 ``durable`` version has reached the ``version`` it saw when called.
@@ -92,7 +93,10 @@ class GroupCommit:
             return
         t0 = time.monotonic()
         try:
-            await asyncio.get_running_loop().run_in_executor(self._writer, write_batch, self.table, batch)
+            if batch.snapshot is None:  # the common case: one segment, written from the loop without blocking it
+                await self.table.aput(batch.key, batch.payload)
+            else:  # a compaction: several writes, a listing and deletions, in order, on the writer thread
+                await asyncio.get_running_loop().run_in_executor(self._writer, write_batch, self.table, batch)
         except Exception as e:  # the GCS is away (restarting, unreachable): keep the records, try again
             self._failed(batch, e)
             return
