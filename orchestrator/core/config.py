@@ -74,6 +74,10 @@ class RuntimeSettings(_Frozen):
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=60, description="Agent heartbeat period")] = 1.0
     agent_ttl_s: Annotated[float, Field(gt=0, le=3600, description="An agent silent this long is lost; its node's leases too")] = 5.0
     reconcile_interval_s: Annotated[float, Field(gt=0, le=60, description="Head reconcile loop period")] = 0.25
+    head_switch_interval_s: Annotated[float, Field(
+        ge=0.0001, le=0.1, description="Python's thread switch interval in the head actor's process "
+        "(sys.setswitchinterval): how long Ray's own threads, which hand calls in and replies out, may wait "
+        "for the interpreter while the head's loop is busy (Python's default is 0.005)")] = 0.0005
     grant_ttl_s: Annotated[float, Field(gt=0, description="A granted lease not activated within this is expired")] = 600.0
     timeslice_capacity_milli: Annotated[int, Field(ge=1000, description="Time-slice oversubscription per card (1000 = 1.0)")] = 1000
     mps_pipe_root: str = Field(default="/tmp/nvidia-mps",

@@ -39,6 +39,7 @@ import asyncio
 import functools
 import logging
 import os
+import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -84,6 +85,9 @@ class HeadActor:
 
     def __init__(self, settings: dict[str, Any], cluster: dict[str, Any], start_agent: Callable[..., Any]) -> None:
         s = RuntimeSettings.model_validate(settings)
+        # Ray's threads hand each call to the loop and each reply back under the GIL; with Python's 5 ms
+        # default a busy loop kept them waiting and capped the grants a second (docs/load.md).
+        sys.setswitchinterval(s.head_switch_interval_s)
         table = gcs_table(s.namespace)
         journal = Journal.load(table)
         metrics = HeadMetrics()
