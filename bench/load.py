@@ -7,8 +7,8 @@ launcher's watchdog, when this process is SIGKILLed).
 
 **What is measured.**
 
-* ``--jobs N``: ``--clients`` processes (spawned, each one Ray driver with ``--threads`` threads) submit
-  N jobs between them, each with its own id (``load-c<client>-<i>``), through ``HeadApi.submit_job``. A
+* ``--jobs N``: ``--clients`` processes (spawned, each one Ray driver with ``--threads`` threads; each
+  connects and calls the head once, then all start together at a barrier) submit N jobs between them, each with its own id (``load-c<client>-<i>``), through ``HeadApi.submit_job``. A
   job asks for a time-slice small enough that the cluster holds every job at once (:func:`share_for`;
   ``--share`` sets it); its entrypoint is ``true``. The head runs with
   ``settings.job_runner: none``: an admitted job is handed to a runner that starts **no** Ray driver and
@@ -20,7 +20,7 @@ launcher's watchdog, when this process is SIGKILLed).
 * ``--leases N``: the same processes take N SDK leases with ``orchestrator.lease()`` (the same share)
   (fate-shared with the driver's holder actor), each released at once. A lease's grant latency is the
   client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
-  call). Each client takes one lease first, not counted, which makes its holder actor.
+  call). Each client takes one lease before the start, not counted, which makes its holder actor.
 * ``bare_actor_call_p50_ms``: a no-op method of a no-op actor, called 200 times in a row from this
   process while the cluster is idle, in the same run.
 
@@ -84,16 +84,23 @@ class Noop:
 
 
 # ---- one client process ------------------------------------------------------------------------
-def client(address: str, index: int, jobs: int, leases: int, threads: int, share: float) -> dict[str, Any]:
-    """Submit ``jobs`` jobs, then take ``leases`` leases, from ``threads`` threads; what each took."""
+def client(address: str, index: int, jobs: int, leases: int, threads: int, share: float,
+           start: Any) -> dict[str, Any]:
+    """Submit ``jobs`` jobs, then take ``leases`` leases, from ``threads`` threads; what each took. Every
+    client connects and calls the head once, then waits at ``start`` (a barrier) so that all submit at once."""
     from orchestrator.rayport import ray_api
     from orchestrator.rayport.client import HeadClient
     from orchestrator.sdk.leases import lease
 
     ray_api.connect(address, NAMESPACE)
     head = HeadClient(NAMESPACE)
-    out: dict[str, Any] = {"jobs": [], "leases": [], "errors": []}
+    head.ping()
     gpu = {"kind": "timeslice", "fraction": share}
+    if leases:  # this driver's holder actor, made before the start (Ray makes actors at 1-3 a second here)
+        with lease(gpu, priority="batch", lease_id=f"load-l{index}-warm", namespace=NAMESPACE, timeout=120):
+            pass
+    start.wait(300)
+    out: dict[str, Any] = {"jobs": [], "leases": [], "errors": []}
 
     def submit(i: int) -> None:
         job_id = f"load-c{index}-{i}"
@@ -104,21 +111,19 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int, share
         except Exception as e:  # counted as lost by the accounting; said here too
             out["errors"].append(f"{job_id}: {type(e).__name__}: {e}")
 
-    def take(i: int, counted: bool = True) -> None:
+    def take(i: int) -> None:
         lid = f"load-l{index}-{i}"
-        t0 = time.perf_counter()
+        at, t0 = time.time(), time.perf_counter()
         try:
             with lease(gpu, priority="batch", lease_id=lid, namespace=NAMESPACE, timeout=120):
                 took = time.perf_counter() - t0
-            if counted:
-                out["leases"].append((lid, took))
+            out["leases"].append((lid, took, at))
         except Exception as e:
             out["errors"].append(f"{lid}: {type(e).__name__}: {e}")
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(submit, range(jobs)))
         if leases:
-            take(-1, counted=False)  # makes this driver's holder actor
             list(pool.map(take, range(leases)))
     ray_api.disconnect()
     return out
@@ -152,10 +157,13 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     bare = bare_call_ms()
     head = HeadClient(NAMESPACE)
     ctx = mp.get_context("spawn")  # Ray drivers do not survive fork
-    t0 = time.time()
-    with ctx.Pool(clients) as pool:
-        results = pool.starmap(client, [(address, i, j, le, threads, share)
-                                        for i, (j, le) in enumerate(zip(split(jobs, clients), split(leases, clients)))])
+    with ctx.Manager() as manager, ctx.Pool(clients) as pool:
+        start = manager.Barrier(clients + 1)
+        pending = pool.starmap_async(client, [(address, i, j, le, threads, share, start) for i, (j, le)
+                                              in enumerate(zip(split(jobs, clients), split(leases, clients)))])
+        start.wait(300)  # every client connected: they submit from now on
+        t0 = time.time()
+        results = pending.get()
     wall = time.time() - t0
     submitted = [j for r in results for j in r["jobs"]]
     errors = [e for r in results for e in r["errors"]]
@@ -197,8 +205,8 @@ def account_jobs(submitted: list[tuple[str, float]], seen: list[dict[str, Any]],
             "grant_p50_ms": _r(percentile(lat, 0.5)), "grant_p99_ms": _r(percentile(lat, 0.99))}
 
 
-def account_leases(took: list[tuple[str, float]], head: Any, asked: int) -> dict[str, Any]:
-    ids = [lid for lid, _ in took]
+def account_leases(took: list[tuple[str, float, float]], head: Any, asked: int) -> dict[str, Any]:
+    ids = [lid for lid, _, _ in took]
     lost = asked - len(set(ids))
     duplicated = len(ids) - len(set(ids))
     for lid in set(ids):
@@ -206,8 +214,10 @@ def account_leases(took: list[tuple[str, float]], head: Any, asked: int) -> dict
         if d["state"] != "released":
             lost += 1
         duplicated += max(0, sum(1 for h in d["history"] if h["state"] == "granted") - 1)
-    lat = [s * 1000 for _, s in took]
+    lat = [s * 1000 for _, s, _ in took]
+    span = (max(at + s for _, s, at in took) - min(at for _, _, at in took)) if took else 0.0
     return {"leases": asked, "lost": lost, "duplicated": duplicated,
+            "grants_per_s": round(len(took) / span, 1) if span > 0 else None,
             "grant_p50_ms": _r(percentile(lat, 0.5)), "grant_p99_ms": _r(percentile(lat, 0.99))}
 
 
