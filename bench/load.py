@@ -22,7 +22,9 @@ launcher's watchdog, when this process is SIGKILLed).
   client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
   call). Each client takes one lease before the start, not counted, which makes its holder actor.
 * ``bare_actor_call_p50_ms``: a no-op method of a no-op actor, called 200 times in a row from this
-  process while the cluster is idle, in the same run.
+  process while the cluster is idle, in the same run. ``bare_actor_call_loaded_p50_ms`` (and p99): the
+  same actor called by the same clients and threads, all at once, as many times as they sent jobs: what
+  Ray alone gives that many callers (the floor under the grant latency at that concurrency).
 
 **Accounting.** Afterwards this process reads every job once (``list_jobs``) and every lease
 (``get_lease``): ``lost`` counts submitted ids that did not end succeeded (jobs) / released (leases),
@@ -53,6 +55,7 @@ from typing import Any
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
 
 NAMESPACE = "rgo-load"
+NOOP = "rgo-load-noop"
 
 
 def share_for(cfg: ClusterConfig, jobs: int) -> float:
@@ -79,15 +82,18 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 
 class Noop:
+    """The plainest actor there is: one no-op method."""
+
     def ping(self) -> None:
         return None
 
 
 # ---- one client process ------------------------------------------------------------------------
 def client(address: str, index: int, jobs: int, leases: int, threads: int, share: float,
-           start: Any) -> dict[str, Any]:
+           start: Any, again: Any) -> dict[str, Any]:
     """Submit ``jobs`` jobs, then take ``leases`` leases, from ``threads`` threads; what each took. Every
-    client connects and calls the head once, then waits at ``start`` (a barrier) so that all submit at once."""
+    client connects and calls the head once, then waits at ``start`` (a barrier) so that all submit at once;
+    then, all together again (``again``), as many no-op calls to the bench's no-op actor as it sent jobs."""
     from orchestrator.rayport import ray_api
     from orchestrator.rayport.client import HeadClient
     from orchestrator.sdk.leases import lease
@@ -100,7 +106,8 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int, share
         with lease(gpu, priority="batch", lease_id=f"load-l{index}-warm", namespace=NAMESPACE, timeout=120):
             pass
     start.wait(300)
-    out: dict[str, Any] = {"jobs": [], "leases": [], "errors": []}
+    out: dict[str, Any] = {"jobs": [], "leases": [], "errors": [], "noop_ms": []}
+    noop = ray_api.get_actor(NOOP, NAMESPACE)
 
     def submit(i: int) -> None:
         job_id = f"load-c{index}-{i}"
@@ -121,27 +128,41 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int, share
         except Exception as e:
             out["errors"].append(f"{lid}: {type(e).__name__}: {e}")
 
+    def poke(_: int) -> None:
+        t0 = time.perf_counter()
+        ray_api.get(noop.ping.remote(), timeout=60)
+        out["noop_ms"].append((time.perf_counter() - t0) * 1000)
+
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(submit, range(jobs)))
         if leases:
             list(pool.map(take, range(leases)))
+        again.wait(300)
+        list(pool.map(poke, range(jobs)))
     ray_api.disconnect()
     return out
 
 
 # ---- the run -----------------------------------------------------------------------------------
-def bare_call_ms(n: int = 200) -> list[float]:
+def noop_actor() -> Any:
+    """The bench's no-op actor (named :data:`NOOP`: the clients call it too)."""
     from orchestrator.rayport import ray_api
 
     # by value: the workers cannot import this file (run as __main__, or as `load` by the tests)
-    actor = ray_api.remote_class(Noop, by_value=sys.modules[Noop.__module__]).options(num_cpus=0).remote()
+    actor = ray_api.remote_class(Noop, by_value=sys.modules[Noop.__module__]).options(
+        num_cpus=0, name=NOOP, namespace=NAMESPACE).remote()
     ray_api.get(actor.ping.remote(), timeout=120)
+    return actor
+
+
+def bare_call_ms(actor: Any, n: int = 200) -> list[float]:
+    from orchestrator.rayport import ray_api
+
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
         ray_api.get(actor.ping.remote(), timeout=60)
         out.append((time.perf_counter() - t0) * 1000)
-    ray_api.kill(actor)
     return out
 
 
@@ -154,12 +175,13 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     from orchestrator.rayport.client import HeadClient
 
     ray_api.connect(address, NAMESPACE)
-    bare = bare_call_ms()
+    noop = noop_actor()
+    bare = bare_call_ms(noop)
     head = HeadClient(NAMESPACE)
     ctx = mp.get_context("spawn")  # Ray drivers do not survive fork
     with ctx.Manager() as manager, ctx.Pool(clients) as pool:
-        start = manager.Barrier(clients + 1)
-        pending = pool.starmap_async(client, [(address, i, j, le, threads, share, start) for i, (j, le)
+        start, again = manager.Barrier(clients + 1), manager.Barrier(clients)
+        pending = pool.starmap_async(client, [(address, i, j, le, threads, share, start, again) for i, (j, le)
                                               in enumerate(zip(split(jobs, clients), split(leases, clients)))])
         start.wait(300)  # every client connected: they submit from now on
         t0 = time.time()
@@ -177,6 +199,10 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     out.update(account_jobs(submitted, mine, jobs))
     out["bare_actor_call_p50_ms"] = round(percentile(bare, 0.5) or 0, 3)
     out["bare_actor_call_p99_ms"] = round(percentile(bare, 0.99) or 0, 3)
+    loaded = [x for r in results for x in r["noop_ms"]]
+    out["bare_actor_call_loaded_p50_ms"] = _r(percentile(loaded, 0.5))
+    out["bare_actor_call_loaded_p99_ms"] = _r(percentile(loaded, 0.99))
+    ray_api.kill(noop)
     if leases:
         out["leases"] = account_leases([x for r in results for x in r["leases"]], head, leases)
     out["errors"] = errors[:10]

@@ -41,7 +41,7 @@ def test_fifty_jobs_and_twenty_leases_from_two_clients_none_lost_or_duplicated(a
     assert out["errors"] == []
     assert (out["lost"], out["duplicated"], out["admitted"]) == (0, 0, 50), out
     assert (out["leases"]["lost"], out["leases"]["duplicated"]) == (0, 0), out
-    assert out["bare_actor_call_p50_ms"] > 0
+    assert out["bare_actor_call_p50_ms"] > 0 and out["bare_actor_call_loaded_p50_ms"] > 0
 
 
 def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:
