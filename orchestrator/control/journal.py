@@ -32,6 +32,9 @@ that answers reads from memory and turns writes into *batches*:
   deleted; a crash before that restores from the previous manifest and the segments still there.
   So the table holds O(live state + ``min_compact_bytes``), and each record is rewritten a constant
   number of times per compaction cycle on average.
+* **Upgrade.** A table written by an earlier head (one key per record, no manifest) is read as the
+  base under the segments; the first snapshot holds it all, and the old keys are deleted after its
+  manifest (:data:`LEGACY` keys: those not starting with ``_``).
 
 Values are encoded with orjson when written (the head encodes every change; the standard library's
 encoder was a tenth of its time under load): JSON as ``json.dumps`` writes it, except that a
@@ -166,6 +169,9 @@ def write_batch(table: KvTable, batch: Batch) -> None:
     mine = f"{SNAPSHOT_PREFIX}{snap.gen:012d}/"
     for gen in {k[:len(mine)] for k in table.keys(SNAPSHOT_PREFIX)} - {mine}:
         table.delete_prefix(gen)
+    for key in table.keys(""):
+        if not key.startswith("_"):  # an earlier head's one-key-per-record layout: the snapshot holds it now
+            table.delete(key)
 
 
 @dataclass
@@ -206,6 +212,11 @@ class Journal:
                 for key, value in orjson.loads(got[k]).items():
                     j._data[key] = _encode(value)
             upto = snap.upto
+        else:  # no snapshot yet: an earlier head's records, one key each, are the base (see Upgrade)
+            legacy = [k for k in table.keys("") if not k.startswith("_")]
+            for key, raw in table.multi_get(legacy).items():
+                j._data[key] = _encode(orjson.loads(raw))
+                j._since_snapshot += len(raw)  # not in any snapshot yet: counts toward the first
         seqs = sorted(s for s in map(_seq_of, table.keys(SEGMENT_PREFIX)) if s > upto)
         got = table.multi_get([segment_key(s) for s in seqs])
         for s in seqs:

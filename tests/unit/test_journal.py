@@ -401,3 +401,22 @@ def test_group_commit_writes_a_compaction_on_its_writer_thread_in_order() -> Non
     assert table.get(MANIFEST_KEY) is not None  # compactions ran
     assert any(n.startswith("rgo-commit") for n in table.threads)  # ...on the writer thread
     assert state(Journal.load(table)) == {f"k{i % 7}": {"i": i, "pad": "y" * 30} for i in range(53, 60)}
+
+
+def test_a_table_an_earlier_head_wrote_one_key_per_record_is_read_and_folded_into_the_first_snapshot() -> None:
+    import json
+
+    table = MemoryKv()
+    old = {"ns/meta": {"fencing": 7, "seq": 3}, "ns/lease/a": {"state": "active", "fencing_token": 7},
+           "ns/job/j": {"state": "running"}}
+    for k, v in old.items():  # what GcsKvStore wrote: JSON with sorted keys, one key per record
+        table.put(k, json.dumps(v, sort_keys=True).encode())
+    j = Journal.load(table, min_compact_bytes=10)
+    assert state(j) == old
+    j.put("ns/lease/b", {"state": "pending"})
+    b = j.take()
+    assert b is not None and b.snapshot is not None  # the legacy records count toward the first compaction
+    write_batch(table, b)
+    j.acked(b)
+    assert not [k for k in table.keys("") if not k.startswith("_")], "the old keys are gone after the manifest"
+    assert state(Journal.load(table)) == {**old, "ns/lease/b": {"state": "pending"}}
