@@ -13,7 +13,9 @@ loop:
   memory; every reply, and every job's submission to Ray, waits until the journal's batch
   holding what was changed before it is in the GCS. Calls that change state while a batch is
   being written share the next one. So a reply never tells a client of a state a restarted head
-  would not restore, and no Ray job starts on a grant it would not restore;
+  would not restore, and no Ray job starts on a grant it would not restore. While the GCS cannot
+  be written, the batch is retried with back-off and replies wait (the client's call timeout
+  bounds them; its retry is idempotent);
 * a reconcile loop: every ``reconcile_interval_s``, or at once after a call
   that may make the queue schedulable (:data:`WAKES`), it runs one
   :meth:`HeadService.cycle`;
