@@ -36,7 +36,6 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-
 import gc
 import logging
 import os
@@ -107,8 +106,8 @@ class HeadService:
         self.restored = self.ctl.restore()
         self.jobs.restore()
         self.started_at = clock()
-        self._heap = HeapState()
-        self._fast_reports: list[ReconcileReport] = []  # what grant_now did since the last cycle  # when the heap was last frozen and collected (orchestrator.control.heap)
+        self._heap = HeapState()  # when the heap was last frozen and collected (orchestrator.control.heap)
+        self._fast_reports: list[ReconcileReport] = []  # what grant_now did since the last cycle
 
     # ---- time ----------------------------------------------------------------------------------
     def cycle(self) -> ReconcileReport:
