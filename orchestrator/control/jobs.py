@@ -46,18 +46,15 @@ gang does.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from orchestrator.control.controller import HeadController
-from orchestrator.control.handout import Handout
 from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
 from orchestrator.core import env as envvars
-from orchestrator.core.allocation import Allocation
 from orchestrator.core.config import RAY_NODE_ID_LABEL
 from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
 from orchestrator.core.ids import attempt_id, job_slug
@@ -149,7 +146,7 @@ class JobManager:
         # False: a job's Ray submission waits for :meth:`launch`, which the head calls once the store holds the
         # admission (the grant it runs on included); True: at once, for stores that are durable on each write.
         self.launch_in_step = launch_in_step
-        self._ready: dict[str, Callable[[], str]] = {}  # job id -> its submission, awaiting launch()
+        self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits launch(), in order
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
         # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
         # do, so a cycle steps only those of a long queue (see reconcile()).
@@ -388,10 +385,41 @@ class JobManager:
 
     # ---- steps ---------------------------------------------------------------------------------
     def _start(self, job: Job, lease: LedgerEntry) -> str:
-        h, a = lease.handout, lease.lease.allocation
-        assert h is not None and a is not None, "only a handed-out lease starts a job"
-        node = a.node_name
+        """Record the Ray submission id of the job's attempt, then submit it (at once, or at :meth:`launch`)."""
         sub_id = attempt_id(job.job_id, job.attempt)  # the lease attempt's id: one id from our jobs to Ray's
+        job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
+        if self.launch_in_step:
+            return self._submit(job, lease)
+        self._ready[job.job_id] = None
+        return f"{job.job_id}: admitted; submitted to Ray as {sub_id} once recorded"
+
+    def launch(self) -> list[str]:
+        """Submit to Ray every job admitted since the last call (``launch_in_step=False``), each only if it is
+        still admitted on a granted lease; call once the store holds what was written so far.
+
+        Invariant: no Ray job starts on a grant a restarted head would not restore."""
+        ready, self._ready = self._ready, {}
+        events = []
+        for job_id in ready:
+            job = self._jobs[job_id]
+            state, lease = self._view(job)
+            if job.state is not JobState.ADMITTED or state is not LeaseState.GRANTED or lease is None:
+                # changed meanwhile (cancelled, preempted, lost): its next step deals with it
+                events.append(f"{job_id}: not submitted to Ray: the job is {job.state.value}, its lease "
+                              f"{state.value if state else 'gone'}")
+                continue
+            try:
+                events.append(self._submit(job, lease))
+            except Exception as e:  # one job's failure never stops the others (or the head)
+                events.append(f"{job_id}: launch error {type(e).__name__}: {e}")
+        return events
+
+    def _submit(self, job: Job, lease: LedgerEntry) -> str:
+        """Submit the admitted job (its submission id recorded) to Ray on its lease's node, then activate its
+        lease(s) for it and record it running; a refusal fails the job and frees its lease(s)."""
+        h, a = lease.handout, lease.lease.allocation
+        assert h is not None and a is not None and job.ray_submission_id, "only a handed-out lease starts a job"
+        node, sub_id = a.node_name, job.ray_submission_id
         members = [e for e in self._leases(job) if e is not None]
         env = dict(job.spec.runtime_env.get("env_vars", {}))
         env.update(h.env_vars)
@@ -412,34 +440,6 @@ class JobManager:
         if job.resume_from:
             env[envvars.RESUME_FROM] = job.resume_from
         runtime_env = {**job.spec.runtime_env, "env_vars": env}
-        job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
-        submit = functools.partial(self._submit, job.job_id, sub_id, runtime_env, h, demand, members, node, a)
-        if self.launch_in_step:
-            return submit()
-        self._ready[job.job_id] = submit
-        return f"{job.job_id}: admitted on {node}; submitted to Ray once recorded"
-
-    def launch(self) -> list[str]:
-        """Submit to Ray every job admitted since the last call (``launch_in_step=False``), each only if it is
-        still admitted on the lease it was admitted on; call once the store holds what was written so far.
-
-        Invariant: no Ray job starts on a grant a restarted head would not restore."""
-        ready, self._ready = self._ready, {}
-        events = []
-        for job_id, submit in ready.items():
-            job = self._jobs.get(job_id)
-            state, _ = self._view(job) if job else (None, None)
-            if job is None or job.state is not JobState.ADMITTED or state is not LeaseState.GRANTED:
-                continue  # changed meanwhile (cancelled, preempted, lost): the next step deals with it
-            try:
-                events.append(submit())
-            except Exception as e:  # one job's failure never stops the others (or the head)
-                events.append(f"{job_id}: launch error {type(e).__name__}: {e}")
-        return events
-
-    def _submit(self, job_id: str, sub_id: str, runtime_env: dict[str, Any], h: Handout, demand: dict[str, Any],
-                members: list[LedgerEntry], node: str, a: Allocation) -> str:
-        job = self._jobs[job_id]
         try:
             self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {RAY_NODE_ID_LABEL: h.node_id},
                                demand, {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
