@@ -174,19 +174,18 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
     for item in ordered:
         if item.gang is not None:
             gangs.setdefault(item.gang.gang_id, []).append(item)
-    # What place / never_fits / plan_preemption said for a request, by (request, priority, queue, demand), as of
-    # generation ``gen`` (bumped whenever ``work``, ``usage`` or ``taken`` change): an equal request asked again
-    # with nothing changed gets the same answers without asking (a queue of a thousand equal requests costs
-    # one plan, not a thousand). Only what did not change the state is remembered.
+    # What place / never_fits / plan_preemption said for a request, by (request, priority, queue, demand), since
+    # ``work``, ``usage`` or ``taken`` last changed (each change clears it): an equal request asked again with
+    # nothing changed gets the same answers without asking (a queue of a thousand equal requests costs one
+    # plan, not a thousand).
     memo: dict[tuple[Any, ...], _Asked] = {}
-    gen = 0
     for pos, item in enumerate(ordered):
         if item.gang is not None:  # the gang's turn comes with its first worker in queue order
             members = gangs.pop(item.gang.gang_id, None)
             if members is not None:
                 work = _gang_step(work, members, pos, holding, config, now, policy, usage, taken,
                                   grants, preemptions, waiting)
-                gen += 1
+                memo.clear()
             continue
         eff = effective_priority(item, config, now)
         _, q = config.queue(item.queue) if item.queue in config.queues else ("", None)
@@ -201,16 +200,12 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_QUOTA, f"queue {item.queue} is at its quota of {q.quota_gpus:g} GPUs and does not borrow")))
             continue
-        key = (item.request, item.priority, item.queue, item.demand)
-        asked = memo.get(key)
-        if asked is None or asked.gen != gen:
-            asked = memo[key] = _Asked(gen)
+        asked = memo.setdefault((item.request, item.priority, item.queue, item.demand), _Asked())
         if asked.res is None:
             asked.res = place(work, item.request, policy)
         res = asked.res
         if isinstance(res, Placement):
-            del memo[key]
-            gen += 1
+            memo.clear()
             work = work.apply(res.allocation)
             usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
             why = res.reason if not over_quota else Reason(
@@ -225,7 +220,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
                 Cause.WAIT_NEVER_FITS, f"{never.detail}: it can run only once a node that has it joins"), res))
             continue
         if item.nominated:
-            gen += 1
+            memo.clear()
             usage[item.queue] = usage.get(item.queue, 0.0) + item.demand  # what is being freed for it counts
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_VICTIMS, "waiting for the leases being preempted for it to be released"), res))
@@ -244,8 +239,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
                                          demand=item.demand)
         plan = asked.plan
         if isinstance(plan, PreemptionPlan):
-            del memo[key]
-            gen += 1
+            memo.clear()
             usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
             for v in plan.victims:
                 taken.add(v.lease_id)
@@ -286,9 +280,9 @@ class _Later(Sequence[Lease]):
 
 @dataclass(slots=True)
 class _Asked:
-    """What ``schedule`` learnt about one request shape at generation ``gen`` (None / ``_UNASKED``: not asked yet)."""
+    """What ``schedule`` learnt about one request shape since the state last changed (None / ``_UNASKED``: not
+    asked yet)."""
 
-    gen: int
     res: Placement | Unschedulable | None = None
     never: Any = _UNASKED
     plan: PreemptionPlan | NoPreemption | None = None

@@ -133,3 +133,44 @@ def test_plan_json_carries_cause_codes() -> None:
     c = next(w for w in out["waiting"] if w["item_id"] == "c")
     assert c["preemption_blocked_cause"] == "no_preemption.none_eligible" and c["preemption_blocked"]
     assert [r["cause"] for r in c["unschedulable"]["reasons"]] == ["fit.whole"]
+
+
+def _two_held_cards() -> tuple[ClusterSnapshot, list[Lease]]:
+    s, leases = snap(2), []
+    for k in range(2):
+        p = schedule(s, [item(f"t{k}", GpuRequest.whole(1))], [], CFG, now=0, policy=POLICY).grants[0].placement
+        s = s.apply(p.allocation)
+        lease = Lease.new(f"t{k}", GpuRequest.whole(1), now=0, priority=100, priority_class="training")
+        leases.append(lease.grant(p.allocation, k + 1, now=0, reason="x").transition(LeaseState.ACTIVE, now=0, reason="x"))
+    return s, leases
+
+
+def test_equal_requests_that_wait_cost_one_placement_and_one_preemption_plan_per_cycle(monkeypatch) -> None:
+    import orchestrator.scheduling.cycle as cycle
+
+    calls = {"place": 0, "plan": 0}
+    real_place, real_plan = cycle.place, cycle.plan_preemption
+
+    def counting_place(*a, **k):  # type: ignore[no-untyped-def]
+        calls["place"] += 1
+        return real_place(*a, **k)
+
+    def counting_plan(*a, **k):  # type: ignore[no-untyped-def]
+        calls["plan"] += 1
+        return real_plan(*a, **k)
+
+    s, leases = _two_held_cards()
+    monkeypatch.setattr(cycle, "place", counting_place)
+    monkeypatch.setattr(cycle, "plan_preemption", counting_plan)
+    batch = [item(f"b{k}", GpuRequest.whole(1), "batch", t=k) for k in range(20)]  # may preempt no training
+    plan = schedule(s, batch, leases, CFG, now=100, policy=POLICY)
+    assert calls == {"place": 1, "plan": 1}
+    assert len(plan.waiting) == 20 and not plan.grants and not plan.preemptions
+    assert {w.preemption_blocked.cause for w in plan.waiting} == {Cause.NO_PREEMPTION_NONE_ELIGIBLE}  # type: ignore[union-attr]
+    assert [w.position for w in plan.waiting] == list(range(20))
+    # A plan that takes victims changes what the next equal request may take: it is asked again.
+    calls.update(place=0, plan=0)
+    infs = [item(f"i{k}", GpuRequest.whole(1), "inference", t=k) for k in range(2)]
+    plan = schedule(s, infs, leases, CFG, now=100, policy=POLICY)
+    assert calls == {"place": 2, "plan": 2}
+    assert sorted(p.victim.lease_id for p in plan.preemptions) == ["t0", "t1"]  # two victims, not one twice
