@@ -26,9 +26,9 @@ that answers reads from memory and turns writes into *batches*:
   everything not yet acknowledged), and ``durable`` does not move until one lands.
 * **Compaction.** When the segments since the last snapshot outgrow ``max(min_compact_bytes,
   snapshot size)``, :meth:`Journal.take` attaches a :class:`Snapshot` to the batch: the whole table as
-  it is *with that batch applied*, in chunks (``_snap/<gen>/<i>``), then a manifest (``_manifest``:
-  generation, chunk count, the last segment it covers), written after the batch's segment by the same
-  writer. Only once the manifest is written are the segments it covers and the older snapshots
+  it is *with that batch applied*, in chunks (``_snap/<upto>/<i>``, named by the last segment it
+  covers), then a manifest (``_manifest``: that segment, the chunk count), written after the batch's
+  segment by the same writer. Only once the manifest is written are the segments it covers and the older snapshots
   deleted; a crash before that restores from the previous manifest and the segments still there.
   So the table holds O(live state + ``min_compact_bytes``), and each record is rewritten a constant
   number of times per compaction cycle on average.
@@ -116,16 +116,20 @@ class CorruptJournalError(RuntimeError):
 class Snapshot:
     """The whole table as of segment ``upto``: chunk values to write, then the manifest."""
 
-    gen: int
     upto: int
     chunks: tuple[bytes, ...]
 
     @property
     def manifest(self) -> bytes:
-        return json.dumps({"gen": self.gen, "chunks": len(self.chunks), "upto": self.upto}).encode()
+        return json.dumps({"upto": self.upto, "chunks": len(self.chunks)}).encode()
+
+    @property
+    def prefix(self) -> str:
+        """Where its chunks are: one folder per snapshot, named by the segment it covers up to."""
+        return f"{SNAPSHOT_PREFIX}{self.upto:012d}/"
 
     def chunk_key(self, i: int) -> str:
-        return f"{SNAPSHOT_PREFIX}{self.gen:012d}/{i:06d}"
+        return f"{self.prefix}{i:06d}"
 
     @property
     def nbytes(self) -> int:
@@ -155,7 +159,7 @@ def segment_key(seq: int) -> str:
 def write_batch(table: KvTable, batch: Batch) -> None:
     """Write a batch to the table in the order the invariants need: the segment; then, with a snapshot, its
     chunks, the manifest, and only then the deletion of what the manifest covers (segments up to it,
-    other generations' chunks)."""
+    older snapshots' chunks)."""
     table.put(batch.key, batch.payload)
     snap = batch.snapshot
     if snap is None:
@@ -166,9 +170,9 @@ def write_batch(table: KvTable, batch: Batch) -> None:
     for key in table.keys(SEGMENT_PREFIX):
         if _seq_of(key) <= snap.upto:
             table.delete(key)
-    mine = f"{SNAPSHOT_PREFIX}{snap.gen:012d}/"
-    for gen in {k[:len(mine)] for k in table.keys(SNAPSHOT_PREFIX)} - {mine}:
-        table.delete_prefix(gen)
+    mine = snap.prefix
+    for older in {k[:len(mine)] for k in table.keys(SNAPSHOT_PREFIX)} - {mine}:
+        table.delete_prefix(older)
     for key in table.keys(""):
         if not key.startswith("_"):  # an earlier head's one-key-per-record layout: the snapshot holds it now
             table.delete(key)
@@ -201,7 +205,7 @@ class Journal:
         raw = table.get(MANIFEST_KEY)
         if raw is not None:
             m = json.loads(raw)
-            snap = Snapshot(int(m["gen"]), int(m["upto"]), ())
+            snap = Snapshot(int(m["upto"]), ())
             keys = [snap.chunk_key(i) for i in range(int(m["chunks"]))]
             got = table.multi_get(keys)
             missing = [k for k in keys if k not in got]
@@ -273,7 +277,7 @@ class Journal:
         self._since_snapshot += len(payload)
         snapshot = None
         if self._since_snapshot > max(self.min_compact_bytes, self._snapshot_bytes):
-            snapshot = Snapshot(self._seq, self._seq, tuple(_chunks(self._data)))
+            snapshot = Snapshot(self._seq, tuple(_chunks(self._data)))
         return Batch(self._seq, self.version, len(self._unacked), payload, snapshot)
 
     def acked(self, batch: Batch) -> None:

@@ -20,7 +20,6 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.control.journal import Batch, Journal, KvTable, write_batch
@@ -56,15 +55,6 @@ class CommitObserver(Protocol):
     def commit_failed(self) -> None: ...
 
 
-@dataclass
-class CommitStats:
-    """What the commits so far did."""
-
-    batches: int = 0
-    records: int = 0
-    failures: int = 0
-
-
 class GroupCommit:
     """Writes a :class:`Journal`'s batches to its table on one writer thread; see the module docstring."""
 
@@ -72,7 +62,6 @@ class GroupCommit:
         self.journal = journal
         self.table = table
         self.observer = observer
-        self.stats = CommitStats()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="rgo-commit")
         self._flushing: asyncio.Future[None] | None = None
         self._retry_s = 0.0
@@ -102,15 +91,11 @@ class GroupCommit:
             return
         self.journal.acked(batch)
         self._retry_s = 0.0
-        st = self.stats
-        st.batches += 1
-        st.records += batch.records
         if self.observer is not None:
             self.observer.committed(batch.records, time.monotonic() - t0)
 
     def _failed(self, batch: Batch, e: Exception) -> None:
         self.journal.failed(batch)
-        self.stats.failures += 1
         if self.observer is not None:
             self.observer.commit_failed()
         self._retry_s = min(RETRY_MAX_S, self._retry_s * 2 or RETRY_FIRST_S)
