@@ -120,7 +120,13 @@ def share_of_card(a: Allocation) -> float:
 class HeadMetrics:
     """See the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, gauges_every_s: float = 0.0) -> None:
+        """``gauges_every_s``: the GPU gauges (totals, per GPU, per lease) are refreshed at most this often
+        (head clock seconds). They are worked out from every lease holding a card of a changed node: under
+        load, when a cycle runs after nearly every call, refreshing them each cycle was most of the cycle's
+        work (docs/load.md). 0: every update. Counters, histograms and lease counts are kept every update."""
+        self.gauges_every_s = gauges_every_s
+        self._gauges_at = float("-inf")  # head clock time of the last refresh of the GPU gauges
         r = self.registry = CollectorRegistry()
         self.gpus_total = Gauge("orchestrator_gpus_total", "GPUs of the registered nodes", registry=r)
         self.gpus_allocated = Gauge("orchestrator_gpus_allocated", "GPUs allocated to leases (fractions counted)",
@@ -196,9 +202,13 @@ class HeadMetrics:
         ``measured``: per node, GPU index -> utilisation the agent measured (NVML); GPUs
         without a measurement use the workload model.
         """
-        snap = ctl.snapshot()
-        self.gpus_total.set(snap.capacity_milli() / 1000)
-        self.gpus_allocated.set(snap.allocated_milli() / 1000)
+        now = ctl.clock()
+        if now - self._gauges_at >= self.gauges_every_s:
+            self._gauges_at = now
+            snap = ctl.snapshot()
+            self.gpus_total.set(snap.capacity_milli() / 1000)
+            self.gpus_allocated.set(snap.allocated_milli() / 1000)
+            self._capacity(ctl, measured or {})
         # Live leases are counted as the ledger changes (LeaseCounts), not walked each cycle; the preempted
         # ones are read through its state index: the other ended leases it keeps for a day cost nothing here.
         ledger = ctl.ledger
@@ -221,8 +231,6 @@ class HeadMetrics:
         self._sync(self.queue_length, counts.queued, keep_zero=True)
         self._sync(self.leases, counts.by_state, keep_zero=True)
         self._sync(self.leases_active, counts.active, keep_zero=True)
-        self._capacity(ctl, measured or {})
-        now = ctl.clock()
         if now - self._heartbeat_ages_at >= HEARTBEAT_AGE_EVERY_S:
             self._heartbeat_ages_at = now
             self.heartbeat_age.values = {(r.name,): max(0.0, now - r.last_seen) for r in ctl.nodes.registered()}

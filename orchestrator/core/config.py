@@ -78,6 +78,9 @@ class RuntimeSettings(_Frozen):
         ge=0.0001, le=0.1, description="Python's thread switch interval in the head actor's process "
         "(sys.setswitchinterval): how long Ray's own threads, which hand calls in and replies out, may wait "
         "for the interpreter while the head's loop is busy (Python's default is 0.005)")] = 0.0005
+    metrics_gauges_every_s: Annotated[float, Field(
+        ge=0, le=60, description="The head's GPU gauges (allocated, per GPU, per lease) are refreshed at most this "
+        "often; counters and lease counts every cycle (0: every cycle)")] = 0.25
     grant_ttl_s: Annotated[float, Field(gt=0, description="A granted lease not activated within this is expired")] = 600.0
     timeslice_capacity_milli: Annotated[int, Field(ge=1000, description="Time-slice oversubscription per card (1000 = 1.0)")] = 1000
     mps_pipe_root: str = Field(default="/tmp/nvidia-mps",

@@ -92,7 +92,7 @@ class HeadActor:
         sys.setswitchinterval(s.head_switch_interval_s)
         table = gcs_table(s.namespace)
         journal = Journal.load(table)
-        metrics = HeadMetrics()
+        metrics = HeadMetrics(gauges_every_s=s.metrics_gauges_every_s)
         self.commit = GroupCommit(journal, table, metrics)
         self.service = HeadService(s, ClusterConfig.model_validate(cluster), journal,
                                    ray_api.RayJobRunner() if s.job_runner == "ray" else AdmissionOnlyRunner(),

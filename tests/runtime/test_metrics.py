@@ -168,3 +168,21 @@ def test_heartbeat_ages_are_refreshed_at_most_once_a_second(ctl, agents, clock) 
     clock.advance(0.4)
     m.update(ctl)
     assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0") == pytest.approx(first + 1.0)
+
+
+def test_gpu_gauges_refresh_at_most_every_gauges_every_s_and_the_lease_counts_every_update(ctl, agents, clock) -> None:
+    m = HeadMetrics(gauges_every_s=1.0)
+    ctl.request_lease({"lease_id": "a", "request": "2", "owner": "t", "priority_class": "training"})
+    m.update(ctl, ctl.reconcile())
+    assert value(m, "orchestrator_gpus_allocated") == 2
+    clock.advance(0.5)
+    ctl.request_lease({"lease_id": "b", "request": "1", "owner": "t", "priority_class": "training"})
+    m.update(ctl, ctl.reconcile())
+    assert value(m, "orchestrator_leases_active", kind="whole") == 2  # counted every update
+    assert value(m, "orchestrator_gpus_allocated") == 2  # the GPU gauges wait out their interval
+    b = ctl.get_lease("b")["allocation"]
+    assert not [k for k in samples(m) if k[0] == "orchestrator_lease_gpu_utilization_ratio" and ("lease", "b") in k[1]]
+    clock.advance(0.5)
+    m.update(ctl, ctl.reconcile())
+    assert value(m, "orchestrator_gpus_allocated") == 3
+    assert value(m, "orchestrator_gpu_compute_committed", node=b["node"], gpu=str(b["gpu_indices"][0])) == 1
