@@ -47,6 +47,7 @@ gang does.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -63,6 +64,8 @@ from orchestrator.core.lease import LeaseRequest, LeaseState
 from orchestrator.core.request import GangMember
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.admission import check_submission
+
+log = logging.getLogger(__name__)
 
 #: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -143,6 +146,7 @@ class JobManager:
         self.status_poll_s = status_poll_s
         self._ray_status: dict[str, str | None] = {}  # submission id -> Ray status, as of the last batched read
         self._read_at = float("-inf")
+        self._read_failing = False  # the last status read failed (said once, until one succeeds)
         # False: a job's Ray submission waits for :meth:`launch`, which the head calls once the store holds the
         # admission (the grant it runs on included); True: at once, for stores that are durable on each write.
         self.launch_in_step = launch_in_step
@@ -567,8 +571,13 @@ class JobManager:
             return True
         try:
             self._ray_status = dict(self.runner.status_many(ids))
-        except Exception:  # the Ray job API is a boundary: keep the last answers, ask again next tick
+        except Exception as e:  # the Ray job API is a boundary: keep the last answers, ask again next tick
+            if not self._read_failing:
+                log.warning("reading the Ray status of %d jobs failed (%s: %s); asking again every %gs",
+                            len(ids), type(e).__name__, e, self.status_poll_s)
+            self._read_failing = True
             return False
+        self._read_failing = False
         return True
 
     def _status(self, sub_id: str | None) -> str | None:

@@ -35,6 +35,7 @@ token); a cluster without our head is found by the SDK (``HeadNotFoundError``).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -487,9 +488,23 @@ class RayJobRunner:
             return None
 
     def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
-        """One ``list_jobs`` call (one HTTP request) for every job, instead of one ``get_job_status`` each."""
-        known = {j.submission_id: str(j.status.value) for j in self.client.list_jobs() if j.submission_id}
-        return {s: known.get(s) for s in submission_ids}
+        """The Ray status of each of ``submission_ids`` (None: unknown to Ray) in one read of Ray's own job
+        table in the GCS, for those ids only.
+
+        Ray's job manager keeps a record per submitted job in the GCS KV (``JobInfoStorageClient``: its key
+        format and ``JobInfo``'s decoding are Ray's, imported, not copied). ``list_jobs`` reads that table
+        whole, through the dashboard's HTTP API: a key listing and one read per job the cluster ever ran,
+        every status read, on the head's loop. This is one multi-get of the jobs the head is waiting on."""
+        from ray._private import ray_constants
+        from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient
+
+        key = JobInfoStorageClient.JOB_DATA_KEY
+        got = GcsKv(ray_constants.KV_NAMESPACE_JOB.decode()).multi_get([key.format(job_id=s) for s in submission_ids])
+        out: dict[str, str | None] = {}
+        for s in submission_ids:
+            raw = got.get(key.format(job_id=s))
+            out[s] = str(JobInfo.from_json(json.loads(raw)).status.value) if raw else None
+        return out
 
     def stop(self, submission_id: str) -> None:
         self.client.stop_job(submission_id)

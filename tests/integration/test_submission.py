@@ -100,6 +100,14 @@ def test_a_job_of_each_gpu_kind_runs_on_its_lease(client: Any, head: Any) -> Non
     assert head.get_lease(final["unified"]["lease_id"])["allocation"]["kind"] == "mig"  # isolation=hard -> a MIG slice
     assert head.get_lease(final["mps"]["lease_id"])["handout"]["env_vars"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert {j["job_id"] for j in client.jobs()} >= {d["job_id"] for d in final.values()}
+    # The head's batched status read (one multi-get of Ray's job table in the GCS) agrees with Ray's job API.
+    from orchestrator.rayport import ray_api
+
+    runner = ray_api.RayJobRunner()
+    subs = [d["ray_submission_id"] for d in final.values()]
+    assert runner.status_many([*subs, "never-submitted.a1"]) == {
+        **{s: str(runner.client.get_job_status(s).value) for s in subs}, "never-submitted.a1": None}
+    assert set(runner.status_many(subs).values()) == {"SUCCEEDED"}
 
 
 def test_the_heads_refusals_come_back_typed_before_queueing(client: Any) -> None:

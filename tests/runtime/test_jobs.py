@@ -464,3 +464,34 @@ def test_every_running_jobs_ray_status_comes_from_one_batched_read_per_tick(ctl,
     jm.reconcile()
     assert len(ray_jobs.reads) == 2 and len(ray_jobs.reads[1]) == 5  # the finished one is not asked about
     assert jm.get(ids[1])["state"] == "failed"
+
+
+def test_a_failing_status_read_keeps_the_last_answers_and_says_so_once(ctl, jm, agents, clock, ray_jobs,
+                                                                       monkeypatch, caplog) -> None:
+    ids = [jm.submit(spec(f"s{i}", gpu="timeslice:0.25", priority="batch"))["job_id"] for i in range(2)]
+    cycle(ctl, jm, agents, 2)
+    jm.status_poll_s = 0.5
+    real = ray_jobs.status_many
+
+    def broken(submission_ids):
+        raise ConnectionError("the GCS is away")
+
+    monkeypatch.setattr(ray_jobs, "status_many", broken)
+    with caplog.at_level("WARNING", logger="orchestrator.control.jobs"):
+        for _ in range(3):
+            clock.advance(1)
+            jm.reconcile()
+    said = [r.getMessage() for r in caplog.records if "status of" in r.getMessage()]
+    assert len(said) == 1 and "ConnectionError: the GCS is away" in said[0]  # once, not every tick
+    assert all(jm.get(j)["state"] == "running" for j in ids)  # nothing decided on a failed read
+    monkeypatch.setattr(ray_jobs, "status_many", real)
+    ray_jobs.statuses[jm.get(ids[0])["ray_submission_id"]] = "SUCCEEDED"
+    clock.advance(1)
+    jm.reconcile()
+    assert jm.get(ids[0])["state"] == "succeeded"
+    monkeypatch.setattr(ray_jobs, "status_many", broken)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="orchestrator.control.jobs"):
+        clock.advance(1)
+        jm.reconcile()
+    assert [r for r in caplog.records if "status of" in r.getMessage()]  # failing again after a success: said again
