@@ -43,13 +43,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
-import signal
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
@@ -251,10 +247,6 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def _interrupt(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=1000)
@@ -265,19 +257,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="time-slice fraction each job and lease asks for (default: see share_for)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    from orchestrator.deploy import local
+    from orchestrator.deploy.local import scratch_cluster
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # the Ctrl-C path: the finally below stops the cluster
-        signal.signal(sig, _interrupt)
-    state_dir = Path(tempfile.mkdtemp(prefix="rgo-load-", dir=os.environ.get("TMPDIR") or "/tmp"))
     say = lambda m: print(f"[load] {m}", file=sys.stderr)  # noqa: E731
-    try:
-        cfg = config()
-        share = a.share if a.share is not None else share_for(cfg, max(a.jobs, a.leases))
-        state = local.up_local(cfg, state_dir, progress=say)
+    cfg = config()
+    share = a.share if a.share is not None else share_for(cfg, max(a.jobs, a.leases))
+    with scratch_cluster(cfg, "rgo-load-", progress=say) as state:
         out = run(state.address, a.jobs, a.leases, a.clients, a.threads, share)
-    finally:
-        local.down(state_dir, progress=say)
     if a.json:
         print(json.dumps(out))
     else:

@@ -51,10 +51,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from orchestrator.core.config import ClusterConfig
 from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
@@ -449,6 +451,24 @@ class DownReport:
     killed: list[int] = field(default_factory=list)
     actors: list[str] = field(default_factory=list)
     removed: str | None = None
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def scratch_cluster(config: ClusterConfig, prefix: str, *, progress: Progress) -> Iterator[State]:
+    """A local cluster for one run of a bench or a scenario, in a new state directory (under ``$TMPDIR``)
+    named ``prefix...``: SIGTERM and SIGHUP end the run as Ctrl-C does, and the cluster is stopped however
+    the block ends (and, through the watchdog, if this process is SIGKILLed)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    state_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TMPDIR") or "/tmp"))
+    try:
+        yield up_local(config, state_dir, progress=progress)
+    finally:
+        down(state_dir, progress=progress)
 
 
 def down(state_dir: Path, *, progress: Progress, keep_logs: bool = False, grace_s: float = 20.0) -> DownReport:
