@@ -30,7 +30,11 @@ One job, its life (see :data:`orchestrator.core.job.JOB_TRANSITIONS`):
    job is stopped and the job is QUEUED again with ``resume_from`` and a new
    lease attempt that keeps its original submission time;
 5. the lease is LOST (node gone) -> the Ray job is stopped and the job is
-   requeued to resume from its last checkpoint.
+   requeued to resume from its last checkpoint;
+6. an ended job (succeeded, failed, cancelled) leaves the head and the store
+   ``settings.ended_retention_s`` after it ended, as its leases leave the ledger
+   (:meth:`JobManager.prune_ended`); a name's ``<name>-<n>`` ids are never given
+   twice (the last ``n`` of each name is stored).
 
 **Gang jobs** (``spec.workers`` > 1, ``--gpu 2x4``): an attempt is one lease
 per worker (``<attempt>-w<i>``, each a member of the gang ``<attempt>``),
@@ -66,6 +70,9 @@ from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.admission import check_submission
 
 log = logging.getLogger(__name__)
+
+#: How often ended jobs past their retention are dropped (head clock seconds), as the ledger's ended leases are.
+PRUNE_EVERY_S = 10.0
 
 #: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -132,7 +139,8 @@ class JobManager:
     """Jobs on top of leases; see the module docstring."""
 
     def __init__(self, ctl: HeadController, store: StateStore, runner: JobRunner, *, clock: Callable[[], float],
-                 namespace: str, head_name: str, status_poll_s: float = 0.0, launch_in_step: bool = True) -> None:
+                 namespace: str, head_name: str, status_poll_s: float = 0.0, launch_in_step: bool = True,
+                 ended_retention_s: float = 0.0) -> None:
         self.ctl = ctl
         self.store = store
         self.runner = runner
@@ -140,7 +148,13 @@ class JobManager:
         self.namespace = namespace
         self.head_name = head_name
         self._prefix = f"{namespace}/job/"
+        self._names_key = f"{namespace}/job-names"  # per name, the last number an unnamed submission got
+        self._names: dict[str, int] = {}
         self._jobs: dict[str, Job] = {}
+        # Ended jobs -> when they ended, in that order: dropped ended_retention_s later (0: kept forever).
+        self.ended_retention_s = ended_retention_s
+        self._ended: dict[str, float] = {}
+        self._pruned_at = float("-inf")
         self._acks: dict[str, tuple[str, int | None, float]] = {}  # job id -> (checkpoint path, step, at)
         self._seq = 0
         self.status_poll_s = status_poll_s
@@ -166,7 +180,8 @@ class JobManager:
                 job = _job_from_json(d)
                 self._jobs[job.job_id] = job
                 self._seq = max(self._seq, int(d.get("seq", 0)))
-        for job in sorted(self._jobs.values(), key=lambda j: j.submitted_at):
+        self._names = dict(self.store.get(self._names_key) or {})
+        for job in sorted(self._jobs.values(), key=lambda j: j.history[-1].at):  # ended ones in the order they ended
             self._track(job)
             self._touched.add(job.job_id)  # every restored job is looked at once
         return len(self._jobs)
@@ -181,8 +196,27 @@ class JobManager:
     def _track(self, job: Job) -> None:
         if job.terminal:
             self._live.pop(job.job_id, None)
+            self._ended.setdefault(job.job_id, job.history[-1].at)
         else:
             self._live.setdefault(job.job_id, None)
+
+    def prune_ended(self, cutoff: float) -> list[str]:
+        """Drop the jobs that ended before ``cutoff`` (head clock), from the store first; returns their ids.
+
+        Their leases leave the ledger after the same retention (``settings.ended_retention_s``); an id is
+        recognised (a resubmission answered with the job) for that long. Jobs are kept in the order they
+        ended, so a call costs what it drops."""
+        pruned = []
+        for job_id, at in self._ended.items():
+            if at >= cutoff:
+                break
+            pruned.append(job_id)
+        for job_id in pruned:
+            self.store.delete(self._prefix + job_id)
+            del self._ended[job_id]
+            del self._jobs[job_id]
+            self._acks.pop(job_id, None)
+        return pruned
 
     def _lease_changed(self, old: LedgerEntry | None, new: LedgerEntry | None) -> None:
         """A ledger watcher: a lease of a job changed (or was dropped), so the job has a step to take."""
@@ -201,12 +235,13 @@ class JobManager:
             return self.get(job_id)
         class_name, pclass = check_submission(spec.gpu, spec.priority, spec.queue, self.ctl.sched_config,
                                               self.ctl.snapshot())
-        if job_id is None:
-            n = 1 + sum(1 for j in self._jobs if j.startswith(job_slug(spec.name) + "-"))
-            job_id = f"{job_slug(spec.name)}-{n}"
-            while job_id in self._jobs:
+        if job_id is None:  # <name>-<n>, n never given to that name before (pruned jobs included)
+            slug = job_slug(spec.name)
+            n = self._names.get(slug, 0) + 1
+            while f"{slug}-{n}" in self._jobs:
                 n += 1
-                job_id = f"{job_slug(spec.name)}-{n}"
+            job_id, self._names[slug] = f"{slug}-{n}", n
+            self.store.put(self._names_key, dict(self._names))
         now = self.clock()
         job = Job.new(job_id, spec, priority=pclass.priority, priority_class=class_name, now=now)
         job = replace(job, attempt=1, lease_id=attempt_id(job_id, 1))
@@ -321,6 +356,12 @@ class JobManager:
         The Ray status of every started job is read at most once per ``status_poll_s``, in one batched
         call (:meth:`JobRunner.status_many`): one read per tick, whatever the number of jobs."""
         events: list[str] = []
+        now = self.clock()
+        if self.ended_retention_s and now - self._pruned_at >= PRUNE_EVERY_S:
+            self._pruned_at = now
+            pruned = self.prune_ended(now - self.ended_retention_s)
+            if pruned:
+                events.append(f"dropped {len(pruned)} job(s) ended over {self.ended_retention_s:g}s ago")
         read = self._read_statuses()
         touched, self._touched = self._touched, set()
         for job_id in list(self._live):

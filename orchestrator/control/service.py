@@ -97,7 +97,7 @@ class HeadService:
                                   sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings))
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
                                head_name=settings.head_name, status_poll_s=status_poll_s,
-                               launch_in_step=launch_in_cycle)
+                               launch_in_step=launch_in_cycle, ended_retention_s=settings.ended_retention_s)
         self.metrics = metrics or HeadMetrics()
         self.metrics_port: int | None = None
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again

@@ -89,9 +89,9 @@ class RuntimeSettings(_Frozen):
     metrics_port: Annotated[int, Field(ge=0, le=65535, description="Prometheus /metrics of the head; 0 = "
                                        "$ORCHESTRATOR_METRICS_PORT, else off")] = 0
     metrics_host: str = Field(default="127.0.0.1", description="Address /metrics listens on (0.0.0.0 in a pod)")
-    ended_retention_s: Annotated[float, Field(ge=0, description="Ended leases leave the ledger and the GCS this long "
-                                              "after they end (also how long a retried lease id is recognised); "
-                                              "0 keeps them forever")] = 86400.0
+    ended_retention_s: Annotated[float, Field(ge=0, description="Ended leases and jobs leave the head and the GCS "
+                                              "this long after they end (also how long a retried lease or job id is "
+                                              "recognised); 0 keeps them forever")] = 86400.0
     job_runner: Literal["ray", "none"] = Field(
         default="ray", description="ray: an admitted job runs as a Ray job. none: nothing runs it; it is recorded "
         "as started and succeeds at the next status read (what bench/load.py measures job admission with)")
