@@ -21,8 +21,11 @@ launcher's watchdog, when this process is SIGKILLed).
   (fate-shared with the driver's holder actor), each released at once. A lease's grant latency is the
   client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
   call). Each client takes one lease before the start, not counted, which makes its holder actor.
+* ``submit_reply_p50_ms``: the client's whole ``submit_job`` call (the grant, the group commit that makes
+  it durable, the reply), what a caller waits for.
 * ``bare_actor_call_p50_ms``: a no-op method of a no-op actor, called 200 times in a row from this
-  process while the cluster is idle, in the same run. ``bare_actor_call_loaded_p50_ms`` (and p99): the
+  process while the cluster is idle, in the same run. ``head_ping_p50_ms``: the head's own ``ping``, called
+  the same way (the head is an asyncio actor: a call to it costs more than one to a plain actor). ``bare_actor_call_loaded_p50_ms`` (and p99): the
   same actor called by the same clients and threads, all at once, as many times as they sent jobs: what
   Ray alone gives that many callers (the floor under the grant latency at that concurrency).
 
@@ -102,7 +105,7 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int, share
         with lease(gpu, priority="batch", lease_id=f"load-l{index}-warm", namespace=NAMESPACE, timeout=120):
             pass
     start.wait(300)
-    out: dict[str, Any] = {"jobs": [], "leases": [], "errors": [], "noop_ms": []}
+    out: dict[str, Any] = {"jobs": [], "leases": [], "errors": [], "noop_ms": [], "reply_ms": []}
     noop = ray_api.get_actor(NOOP, NAMESPACE)
 
     def submit(i: int) -> None:
@@ -110,6 +113,7 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int, share
         t0 = time.time()
         try:
             head.submit_job({"name": "load", "entrypoint": "true", "gpu": gpu, "priority": "batch"}, job_id)
+            out["reply_ms"].append((time.time() - t0) * 1000)
             out["jobs"].append((job_id, t0))
         except Exception as e:  # counted as lost by the accounting; said here too
             out["errors"].append(f"{job_id}: {type(e).__name__}: {e}")
@@ -151,13 +155,12 @@ def noop_actor() -> Any:
     return actor
 
 
-def bare_call_ms(actor: Any, n: int = 200) -> list[float]:
-    from orchestrator.rayport import ray_api
-
+def bare_call_ms(call: Any, n: int = 200) -> list[float]:
+    """``n`` calls of ``call`` in a row from this process, each timed (ms)."""
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        ray_api.get(actor.ping.remote(), timeout=60)
+        call()
         out.append((time.perf_counter() - t0) * 1000)
     return out
 
@@ -172,8 +175,9 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
 
     ray_api.connect(address, NAMESPACE)
     noop = noop_actor()
-    bare = bare_call_ms(noop)
+    bare = bare_call_ms(lambda: ray_api.get(noop.ping.remote(), timeout=60))
     head = HeadClient(NAMESPACE)
+    head_ping = bare_call_ms(head.ping)
     ctx = mp.get_context("spawn")  # Ray drivers do not survive fork
     with ctx.Manager() as manager, ctx.Pool(clients) as pool:
         start, again = manager.Barrier(clients + 1), manager.Barrier(clients)
@@ -193,8 +197,11 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
         time.sleep(0.5)
     out = {"jobs": jobs, "clients": clients, "threads": threads, "share": share, "load_wall_s": round(wall, 2)}
     out.update(account_jobs(submitted, mine, jobs))
+    replies = [x for r in results for x in r["reply_ms"]]
+    out["submit_reply_p50_ms"] = _r(percentile(replies, 0.5))
     out["bare_actor_call_p50_ms"] = round(percentile(bare, 0.5) or 0, 3)
     out["bare_actor_call_p99_ms"] = round(percentile(bare, 0.99) or 0, 3)
+    out["head_ping_p50_ms"] = _r(percentile(head_ping, 0.5))
     loaded = [x for r in results for x in r["noop_ms"]]
     out["bare_actor_call_loaded_p50_ms"] = _r(percentile(loaded, 0.5))
     out["bare_actor_call_loaded_p99_ms"] = _r(percentile(loaded, 0.99))
