@@ -417,7 +417,7 @@ class HeadController:
     def _plan(self, pending: Sequence[LedgerEntry], now: float) -> Plan:
         """The one call site of the scheduler (``orchestrator.scheduling.cycle.schedule``)."""
         checkpointing = self.ledger.in_state(LeaseState.CHECKPOINTING)
-        nominated = revocation.nominated(self.ledger)
+        nominated = self.ledger.nominated()
         items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at,
                              queue=e.spec.queue, nominated=e.lease_id in nominated, gang=e.spec.gang)
                  for e in pending]

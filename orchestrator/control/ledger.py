@@ -18,7 +18,8 @@ Invariants:
   largest token and sequence of any restored entry;
 * ``entries`` changes only through :meth:`Ledger.commit`, :meth:`Ledger.soft`,
   :meth:`Ledger.drop` and :meth:`Ledger.restore`, which keep the indexes (by
-  state, and the occupying leases of each node) equal to a scan of it. Every
+  state, the occupying leases of each node, the victims of each request and
+  those of them still on their way out) equal to a scan of it. Every
   query answers in ``entries``' order, as a scan would: the head's cost then
   grows with what a query returns, not with every lease the ledger keeps
   (``docs/scaling.md``);
@@ -142,6 +143,12 @@ class LedgerEntry:
         return d
 
 
+def _on_its_way_out(e: LedgerEntry) -> bool:
+    """A preemption victim still giving its devices back: asked to checkpoint, or ended but not yet confirmed
+    stopped by its node's agent (revoking)."""
+    return e.lease.state is LeaseState.CHECKPOINTING or e.revoking
+
+
 #: Entry fields no index of the ledger and no watcher reads (see :meth:`Ledger.soft`).
 _UNINDEXED = frozenset({"waiting", "why_pending"})
 
@@ -166,6 +173,7 @@ class Ledger:
         self._on_node: dict[str, set[str]] = {}
         self._node_versions: dict[str, int] = {}  # bumped whenever an occupying lease of the node changes
         self._victims: dict[str, set[str]] = {}  # a request's id -> the leases preempted (or being) for it
+        self._nominating: dict[str, set[str]] = {}  # the same, of those still on their way out (see nominated)
         self._ended: list[tuple[float, int, str]] = []  # heap: (ended at, position, id) of ended entries
         self._watchers: list[Callable[[LedgerEntry | None, LedgerEntry | None], None]] = []
 
@@ -234,6 +242,8 @@ class Ledger:
             heapq.heappush(self._ended, (e.lease.history[-1].at, self._pos[lid], lid))
         if e.preempt_for:
             self._victims.setdefault(e.preempt_for, set()).add(lid)
+            if _on_its_way_out(e):
+                self._nominating.setdefault(e.preempt_for, set()).add(lid)
         if e.lease.holding:
             q = e.lease.queue
             self._usage[q] = self._usage.get(q, 0) + usage_units(e.lease)
@@ -260,6 +270,11 @@ class Ledger:
             victims.discard(lid)
             if not victims:
                 del self._victims[e.preempt_for]
+            if _on_its_way_out(e):
+                going = self._nominating[e.preempt_for]
+                going.discard(lid)
+                if not going:
+                    del self._nominating[e.preempt_for]
         if lid in self._occupying:
             self._occupying.discard(lid)
             a = e.lease.allocation
@@ -371,6 +386,12 @@ class Ledger:
     def nodes_occupied(self) -> set[str]:
         """The nodes some occupying lease is on."""
         return set(self._on_node)
+
+    def nominated(self) -> set[str]:
+        """Requests whose victims are still on their way out (checkpointing, or revoking): the scheduler plans
+        no second preemption for them. Kept as entries change: asked before every plan, the fast grant path's
+        included, it had walked (and sorted) every occupying lease."""
+        return set(self._nominating)
 
     def victims_for(self, lease_id: str) -> list[LedgerEntry]:
         """The entries preempted, or being preempted, for ``lease_id`` (``preempt_for``)."""

@@ -105,12 +105,6 @@ def node_revocations(ledger: Ledger, node: str) -> dict[str, Any]:
             for e in revoking_on(ledger, node)}
 
 
-def nominated(ledger: Ledger) -> set[str]:
-    """Requests whose victims are still on their way out (checkpointing, or revoking): no second preemption."""
-    return {e.preempt_for for e in ledger.occupying() if e.preempt_for and (
-        e.lease.state is LeaseState.CHECKPOINTING or e.revoking)}
-
-
 def agent_work(ledger: Ledger) -> dict[str, set[tuple[str, str]]]:
     """Per node, what its agent must act on now: actors to ask for a checkpoint and leases to revoke, as
     ``(lease id, "checkpoint" | "revoke")``. The head wakes an agent when its set gains an item, so the agent

@@ -195,3 +195,53 @@ def test_prune_from_the_ended_heap_drops_what_a_scan_of_every_ended_lease_drops(
     for e in again.in_state(*LeaseState):
         ref._put(e)  # noqa: SLF001 - the same entries, in the same order, without a store round trip
     assert again.prune_ended(now) == _prune_by_scan(ref, now)
+
+
+def test_nominated_is_kept_as_a_scan_of_the_occupying_victims_would_find_it() -> None:
+    """``Ledger.nominated`` (asked before every plan) against its definition: the requests some occupying
+    victim is still leaving for, checkpointing or revoking, over random preemptions, checkpoints, ends,
+    confirmations, restores and drops."""
+    import random
+    from dataclasses import replace
+
+    def scan(ledger: Ledger) -> set[str]:
+        return {e.preempt_for for e in ledger.occupying() if e.preempt_for and (
+            e.lease.state is LeaseState.CHECKPOINTING or e.revoking)}
+
+    rng = random.Random(11)
+    ledger = Ledger(MemoryStore(), "rgo")
+    now, seen = 0.0, 0
+    for step in range(800):
+        now += 1.0
+        live = [e for e in ledger.entries.values() if not e.lease.terminal]
+        r = rng.random()
+        if r < 0.3 or not live:  # a new lease, granted and running
+            lid = f"l{step}"
+            lease = Lease.new(lid, SPEC.request, now=now).grant(ALLOC, step + 1, now=now, reason="placed")
+            ledger.commit([LedgerEntry(lease.transition(LeaseState.ACTIVE, now=now, reason="a"),
+                                       SPEC.model_copy(update={"lease_id": lid}), seq=step, enqueued_at=now)])
+        elif r < 0.55:  # a victim chosen for one of a few requests: asked to checkpoint, or stopped (fenced)
+            e = rng.choice(live)
+            if e.lease.state is LeaseState.ACTIVE:
+                ledger.commit([preempting.ask_or_stop(e, DEFAULT_CLASSES[rng.choice(["training", "batch"])],
+                                                      for_item=f"inf-{rng.randrange(4)}", why="preempted", now=now)])
+        elif r < 0.8:  # a live one ends: preempted (its agent to confirm, or not), released, lost
+            e = rng.choice(live)
+            state = rng.choice([LeaseState.PREEMPTED, LeaseState.RELEASED, LeaseState.LOST])
+            ledger.commit([replace(e, lease=e.lease.transition(state, now=now, reason="ended"),
+                                   revoking=state is not LeaseState.RELEASED and rng.random() < 0.6)])
+        elif r < 0.95:  # an agent confirms a fenced one stopped
+            fenced = [e for e in ledger.entries.values() if e.revoking]
+            if fenced:
+                ledger.commit([replace(rng.choice(fenced), revoking=False)])
+        else:  # an ended one leaves the ledger
+            ended = [e for e in ledger.entries.values() if e.lease.terminal]
+            if ended:
+                ledger.drop(rng.choice(ended).lease_id)
+        assert ledger.nominated() == scan(ledger), step
+        seen += bool(ledger.nominated())
+        if step % 200 == 199:  # a restored ledger builds the same index from the store
+            again = Ledger(ledger.store, "rgo")
+            again.restore()
+            assert again.nominated() == scan(again) == scan(ledger)
+    assert seen > 100  # the index was not empty all along
