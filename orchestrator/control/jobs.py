@@ -181,9 +181,10 @@ class JobManager:
                 self._jobs[job.job_id] = job
                 self._seq = max(self._seq, int(d.get("seq", 0)))
         self._names = dict(self.store.get(self._names_key) or {})
-        for job in sorted(self._jobs.values(), key=lambda j: j.history[-1].at):  # ended ones in the order they ended
+        for job in sorted(self._jobs.values(), key=lambda j: j.submitted_at):
             self._track(job)
             self._touched.add(job.job_id)  # every restored job is looked at once
+        self._ended = dict(sorted(self._ended.items(), key=lambda kv: kv[1]))  # in the order they ended
         return len(self._jobs)
 
     def _commit(self, job: Job) -> Job:

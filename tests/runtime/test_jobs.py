@@ -534,3 +534,20 @@ def test_with_no_retention_ended_jobs_are_kept(ctl, jm, agents, clock, ray_jobs)
     clock.advance(10 * 86400)
     cycle(ctl, jm, agents)
     assert jm.get(j)["state"] == "succeeded"
+
+
+def test_a_restored_head_drops_ended_jobs_in_the_order_they_ended_not_submitted(ctl, jm, agents, store, clock,
+                                                                                 ray_jobs) -> None:
+    first = jm.submit(spec("early", gpu="timeslice:0.25", priority="batch"))["job_id"]
+    second = jm.submit(spec("late", gpu="timeslice:0.25", priority="batch"))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    ray_jobs.statuses[jm.get(second)["ray_submission_id"]] = "SUCCEEDED"  # the later one ends first
+    cycle(ctl, jm, agents)
+    ended_second = clock()
+    clock.advance(100)
+    ray_jobs.statuses[jm.get(first)["ray_submission_id"]] = "SUCCEEDED"
+    cycle(ctl, jm, agents)
+    again = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
+    assert again.restore() == 2
+    assert again.prune_ended(ended_second + 50) == [second]
+    assert again.get(first)["state"] == "succeeded"
