@@ -29,7 +29,9 @@ that answers reads from memory and turns writes into *batches*:
   it is *with that batch applied*, in chunks (``_snap/<upto>/<i>``, named by the last segment it
   covers), then a manifest (``_manifest``: that segment, the chunk count), written after the batch's
   segment by the same writer. Only once the manifest is written are the segments it covers and the older snapshots
-  deleted; a crash before that restores from the previous manifest and the segments still there.
+  deleted (:func:`drop_covered`, which the head runs after acknowledging the batch: thousands of deletes
+  after a long run held every reply for most of a second); a crash before the manifest restores from the
+  previous manifest and the segments still there, one after it ignores what is left to delete.
   So the table holds O(live state + ``min_compact_bytes``), and each record is rewritten a constant
   number of times per compaction cycle on average.
 * **Upgrade.** A table written by an earlier head (one key per record, no manifest) is read as the
@@ -157,9 +159,16 @@ def segment_key(seq: int) -> str:
 
 
 def write_batch(table: KvTable, batch: Batch) -> None:
-    """Write a batch to the table in the order the invariants need: the segment; then, with a snapshot, its
-    chunks, the manifest, and only then the deletion of what the manifest covers (segments up to it,
-    older snapshots' chunks)."""
+    """Write a batch to the table in the order the invariants need: :func:`write_durable`, then, with a
+    snapshot, :func:`drop_covered`."""
+    write_durable(table, batch)
+    if batch.snapshot is not None:
+        drop_covered(table, batch.snapshot)
+
+
+def write_durable(table: KvTable, batch: Batch) -> None:
+    """What makes a batch durable: its segment; then, with a snapshot, its chunks and the manifest. Once
+    this returns, a restarted head reads the batch, whatever :func:`drop_covered` has done yet."""
     table.put(batch.key, batch.payload)
     snap = batch.snapshot
     if snap is None:
@@ -167,6 +176,13 @@ def write_batch(table: KvTable, batch: Batch) -> None:
     for i, chunk in enumerate(snap.chunks):
         table.put(snap.chunk_key(i), chunk)
     table.put(MANIFEST_KEY, snap.manifest)
+
+
+def drop_covered(table: KvTable, snap: Snapshot) -> None:
+    """Delete what the manifest of ``snap`` (written) covers: the segments up to it, older snapshots'
+    chunks, an earlier head's one-key-per-record layout. One delete per segment: thousands after a long
+    run, so the head does it after acknowledging the batch, not before. Leftovers of an interrupted call
+    are ignored by :meth:`Journal.load` and deleted by the next one."""
     for key in table.keys(SEGMENT_PREFIX):
         if _seq_of(key) <= snap.upto:
             table.delete(key)

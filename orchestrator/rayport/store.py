@@ -4,7 +4,8 @@
 :class:`~orchestrator.control.store.StateStore` answering from memory) from the GCS;
 :class:`GroupCommit` writes its batches there while the head's event loop goes on (a batch's one
 segment through Ray's asynchronous GCS client; a compaction's several writes on a thread of its
-own), and lets a coroutine wait until everything changed before it is written
+own, and the deletion of what its manifest covers after the batch is acknowledged, on that thread
+too), and lets a coroutine wait until everything changed before it is written
 (:meth:`GroupCommit.durable`): callers that changed state while one batch was in flight share the
 next one.
 
@@ -22,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from orchestrator.control.journal import Batch, Journal, KvTable, write_batch
+from orchestrator.control.journal import Batch, Journal, KvTable, Snapshot, drop_covered, write_durable
 from orchestrator.rayport.ray_api import GcsKv
 
 log = logging.getLogger(__name__)
@@ -84,15 +85,24 @@ class GroupCommit:
         try:
             if batch.snapshot is None:  # the common case: one segment, written from the loop without blocking it
                 await self.table.aput(batch.key, batch.payload)
-            else:  # a compaction: several writes, a listing and deletions, in order, on the writer thread
-                await asyncio.get_running_loop().run_in_executor(self._writer, write_batch, self.table, batch)
+            else:  # a compaction: the segment, the chunks, the manifest, in order, on the writer thread
+                await asyncio.get_running_loop().run_in_executor(self._writer, write_durable, self.table, batch)
         except Exception as e:  # the GCS is away (restarting, unreachable): keep the records, try again
             self._failed(batch, e)
             return
         self.journal.acked(batch)
+        if batch.snapshot is not None:  # what the manifest covers goes after the replies, on the same thread
+            self._writer.submit(self._drop, batch.snapshot)
         self._retry_s = 0.0
         if self.observer is not None:
             self.observer.committed(batch.records, time.monotonic() - t0)
+
+    def _drop(self, snap: Snapshot) -> None:
+        try:
+            drop_covered(self.table, snap)
+        except Exception as e:  # left for the next compaction's drop; a restart ignores what the manifest covers
+            log.warning("head: deleting what snapshot %d covers failed (%s: %s); the next compaction retries",
+                        snap.upto, type(e).__name__, e)
 
     def _failed(self, batch: Batch, e: Exception) -> None:
         self.journal.failed(batch)

@@ -8,6 +8,7 @@ number of operations, which is where a head dies mid-write.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any
 
@@ -401,6 +402,45 @@ def test_group_commit_writes_a_compaction_on_its_writer_thread_in_order() -> Non
     assert table.get(MANIFEST_KEY) is not None  # compactions ran
     assert any(n.startswith("rgo-commit") for n in table.threads)  # ...on the writer thread
     assert state(Journal.load(table)) == {f"k{i % 7}": {"i": i, "pad": "y" * 30} for i in range(53, 60)}
+
+
+def test_replies_after_a_compaction_do_not_wait_for_the_deletion_of_what_it_covers() -> None:
+    """The deletes a compaction leaves (one per covered segment: thousands after a long run) run after the
+    batch is acknowledged: a reply waits for the manifest, not for them; a restart meanwhile ignores them."""
+    from orchestrator.rayport.store import GroupCommit
+
+    class SlowDeletes(Flaky):
+        def __init__(self) -> None:
+            super().__init__()
+            self.go = threading.Event()
+
+        def delete(self, key: str) -> None:
+            assert self.go.wait(30), "deletes never released"
+            super().delete(key)
+
+    table = SlowDeletes()
+    j = Journal(table, min_compact_bytes=400)
+    gc = GroupCommit(j, table)
+
+    async def main() -> None:
+        for i in range(40):
+            j.put(f"k{i % 5}", {"i": i, "pad": "z" * 30})
+            await asyncio.wait_for(gc.durable(), 5)  # would time out if it waited for the blocked deletes
+            if table.get(MANIFEST_KEY) is not None and i % 5 == 4:
+                break
+
+    try:
+        asyncio.run(main())
+        assert table.get(MANIFEST_KEY) is not None, "no compaction ran"
+        upto = int(json.loads(table.get(MANIFEST_KEY))["upto"])
+        covered = [k for k in table.keys(SEGMENT_PREFIX) if int(k[len(SEGMENT_PREFIX):]) <= upto]
+        assert covered, "the covered segments are still there: their deletes are waiting"
+        assert state(Journal.load(table)) == state(j)  # a head restarted now reads the acknowledged state
+    finally:
+        table.go.set()
+        gc._writer.shutdown(wait=True)  # noqa: SLF001 - the deletes finish
+    assert not [k for k in table.keys(SEGMENT_PREFIX) if int(k[len(SEGMENT_PREFIX):]) <= upto]
+    assert state(Journal.load(table)) == state(j)
 
 
 def test_a_table_an_earlier_head_wrote_one_key_per_record_is_read_and_folded_into_the_first_snapshot() -> None:
