@@ -199,6 +199,8 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     out.update(account_jobs(submitted, mine, jobs))
     replies = [x for r in results for x in r["reply_ms"]]
     out["submit_reply_p50_ms"] = _r(percentile(replies, 0.5))
+    out["submit_reply_p99_ms"] = _r(percentile(replies, 0.99))
+    out["submit_reply_max_ms"] = _r(max(replies, default=None))
     out["bare_actor_call_p50_ms"] = round(percentile(bare, 0.5) or 0, 3)
     out["bare_actor_call_p99_ms"] = round(percentile(bare, 0.99) or 0, 3)
     out["head_ping_p50_ms"] = _r(percentile(head_ping, 0.5))
