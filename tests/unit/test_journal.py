@@ -385,19 +385,24 @@ def test_a_job_cancelled_between_admission_and_launch_is_not_started() -> None:
     assert head.get_job("job-a")["state"] == "cancelled"
 
 
+async def _write_one_by_one(j: Journal, gc: Any, n: int, *, keys: int, within_s: float | None = None,
+                            until: Any = None) -> None:
+    """``n`` changes over ``keys`` keys, each waited for (``within_s``) before the next; stop early once
+    ``until(i)``."""
+    for i in range(n):
+        j.put(f"k{i % keys}", {"i": i, "pad": "y" * 30})
+        await asyncio.wait_for(gc.durable(), within_s)
+        if until is not None and until(i):
+            break
+
+
 def test_group_commit_writes_a_compaction_on_its_writer_thread_in_order() -> None:
     from orchestrator.rayport.store import GroupCommit
 
     table = Flaky()
     j = Journal(table, min_compact_bytes=500)
     gc = GroupCommit(j, table)
-
-    async def main() -> None:
-        for i in range(60):
-            j.put(f"k{i % 7}", {"i": i, "pad": "y" * 30})
-            await gc.durable()
-
-    asyncio.run(main())
+    asyncio.run(_write_one_by_one(j, gc, 60, keys=7))
     gc.close()
     assert table.get(MANIFEST_KEY) is not None  # compactions ran
     assert any(n.startswith("rgo-commit") for n in table.threads)  # ...on the writer thread
@@ -421,16 +426,9 @@ def test_replies_after_a_compaction_do_not_wait_for_the_deletion_of_what_it_cove
     table = SlowDeletes()
     j = Journal(table, min_compact_bytes=400)
     gc = GroupCommit(j, table)
-
-    async def main() -> None:
-        for i in range(40):
-            j.put(f"k{i % 5}", {"i": i, "pad": "z" * 30})
-            await asyncio.wait_for(gc.durable(), 5)  # would time out if it waited for the blocked deletes
-            if table.get(MANIFEST_KEY) is not None and i % 5 == 4:
-                break
-
-    try:
-        asyncio.run(main())
+    try:  # each reply within 5 s: it would time out if it waited for the blocked deletes
+        asyncio.run(_write_one_by_one(j, gc, 40, keys=5, within_s=5,
+                                      until=lambda i: table.get(MANIFEST_KEY) is not None and i % 5 == 4))
         assert table.get(MANIFEST_KEY) is not None, "no compaction ran"
         upto = int(json.loads(table.get(MANIFEST_KEY))["upto"])
         covered = [k for k in table.keys(SEGMENT_PREFIX) if int(k[len(SEGMENT_PREFIX):]) <= upto]
