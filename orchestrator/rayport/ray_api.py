@@ -263,11 +263,12 @@ class GcsKv:
     def get(self, key: str) -> bytes | None:
         return self._kv._internal_kv_get(key, namespace=self._ns)
 
-    def multi_get(self, keys: list[str]) -> dict[str, bytes]:
-        """The values of those of ``keys`` that exist, in one round trip."""
+    def multi_get(self, keys: list[str], timeout_s: float | None = None) -> dict[str, bytes]:
+        """The values of those of ``keys`` that exist, in one round trip (``timeout_s``: else Ray's own)."""
         if not keys:
             return {}
-        got = self._kv.global_gcs_client.internal_kv_multi_get([k.encode() for k in keys], self._ns.encode())
+        got = self._kv.global_gcs_client.internal_kv_multi_get([k.encode() for k in keys], self._ns.encode(),
+                                                               timeout=timeout_s)
         return {k.decode(): v for k, v in got.items()}
 
     def put(self, key: str, value: bytes) -> None:
@@ -460,6 +461,10 @@ def job_submission_client(address: str) -> Any:
     return JobSubmissionClient(address)
 
 
+#: The longest the head's loop waits for one status read (a GCS that is away: the last answers stand).
+STATUS_READ_TIMEOUT_S = 5.0
+
+
 class RayJobRunner:
     """:class:`orchestrator.control.jobs.JobRunner` over Ray's ``JobSubmissionClient``."""
 
@@ -499,7 +504,8 @@ class RayJobRunner:
         from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient
 
         key = JobInfoStorageClient.JOB_DATA_KEY
-        got = GcsKv(ray_constants.KV_NAMESPACE_JOB.decode()).multi_get([key.format(job_id=s) for s in submission_ids])
+        got = GcsKv(ray_constants.KV_NAMESPACE_JOB.decode()).multi_get([key.format(job_id=s) for s in submission_ids],
+                                                                       timeout_s=STATUS_READ_TIMEOUT_S)
         out: dict[str, str | None] = {}
         for s in submission_ids:
             raw = got.get(key.format(job_id=s))
