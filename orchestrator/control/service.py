@@ -98,7 +98,7 @@ class HeadService:
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
                                head_name=settings.head_name, status_poll_s=status_poll_s,
                                launch_in_step=launch_in_cycle, ended_retention_s=settings.ended_retention_s)
-        self.metrics = metrics or HeadMetrics()
+        self.metrics = metrics or HeadMetrics(gauges_every_s=settings.metrics_gauges_every_s)
         self.metrics_port: int | None = None
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
         self.metrics_url: str | None = None  # set by whoever serves the metrics (the head actor)
