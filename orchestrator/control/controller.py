@@ -79,6 +79,7 @@ class ReconcileReport:
     checkpoint_requested: list[str] = field(default_factory=list)  # victims asked to checkpoint
     preempted: list[str] = field(default_factory=list)  # victims whose holders must now be stopped
     pruned: list[str] = field(default_factory=list)  # ended leases dropped after settings.ended_retention_s
+    pruned_before: float | None = None  # the cutoff of this cycle's prune pass, when one ran (jobs use it too)
     plan_seconds: float | None = None  # wall time of this cycle's scheduling pass, when one ran with work
     reconfigured: list[str] = field(default_factory=list)  # MIG repartitions done (the agent shows the new layout)
     reconfigure_failed: list[str] = field(default_factory=list)  # MIG repartitions failed (old layout kept)
@@ -301,7 +302,8 @@ class HeadController:
     def _prune_ended(self, now: float, report: ReconcileReport) -> None:
         """Drop ended leases ``ended_retention_s`` after they ended (0 keeps them; :meth:`Ledger.prune_ended`)."""
         if self.settings.ended_retention_s:
-            report.pruned.extend(self.ledger.prune_ended(now - self.settings.ended_retention_s))
+            report.pruned_before = now - self.settings.ended_retention_s
+            report.pruned.extend(self.ledger.prune_ended(report.pruned_before))
 
     def _expire_agents(self, now: float, report: ReconcileReport) -> None:
         for rec, why in self.nodes.silent(now, self.settings.agent_ttl_s):

@@ -71,9 +71,6 @@ from orchestrator.scheduling.admission import check_submission
 
 log = logging.getLogger(__name__)
 
-#: How often ended jobs past their retention are dropped (head clock seconds), as the ledger's ended leases are.
-PRUNE_EVERY_S = 10.0
-
 #: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
 CHECKPOINT_FILE = "checkpoint.pt"
 _RAY_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -139,8 +136,7 @@ class JobManager:
     """Jobs on top of leases; see the module docstring."""
 
     def __init__(self, ctl: HeadController, store: StateStore, runner: JobRunner, *, clock: Callable[[], float],
-                 namespace: str, head_name: str, status_poll_s: float = 0.0, launch_in_step: bool = True,
-                 ended_retention_s: float = 0.0) -> None:
+                 namespace: str, head_name: str, status_poll_s: float = 0.0, launch_in_step: bool = True) -> None:
         self.ctl = ctl
         self.store = store
         self.runner = runner
@@ -151,10 +147,7 @@ class JobManager:
         self._names_key = f"{namespace}/job-names"  # per name, the last number an unnamed submission got
         self._names: dict[str, int] = {}
         self._jobs: dict[str, Job] = {}
-        # Ended jobs -> when they ended, in that order: dropped ended_retention_s later (0: kept forever).
-        self.ended_retention_s = ended_retention_s
-        self._ended: dict[str, float] = {}
-        self._pruned_at = float("-inf")
+        self._ended: dict[str, float] = {}  # ended jobs -> when they ended, in that order (see prune_ended)
         self._acks: dict[str, tuple[str, int | None, float]] = {}  # job id -> (checkpoint path, step, at)
         self._seq = 0
         self.status_poll_s = status_poll_s
@@ -204,8 +197,9 @@ class JobManager:
     def prune_ended(self, cutoff: float) -> list[str]:
         """Drop the jobs that ended before ``cutoff`` (head clock), from the store first; returns their ids.
 
-        Their leases leave the ledger after the same retention (``settings.ended_retention_s``); an id is
-        recognised (a resubmission answered with the job) for that long. Jobs are kept in the order they
+        The head calls it with the cutoff of the controller's prune pass (``ReconcileReport.pruned_before``:
+        ``settings.ended_retention_s`` ago, every 10 s), so jobs and their leases leave together; an id is
+        recognised (a resubmission answered with the job) until then. Jobs are kept in the order they
         ended, so a call costs what it drops."""
         pruned = []
         for job_id, at in self._ended.items():
@@ -357,12 +351,6 @@ class JobManager:
         The Ray status of every started job is read at most once per ``status_poll_s``, in one batched
         call (:meth:`JobRunner.status_many`): one read per tick, whatever the number of jobs."""
         events: list[str] = []
-        now = self.clock()
-        if self.ended_retention_s and now - self._pruned_at >= PRUNE_EVERY_S:
-            self._pruned_at = now
-            pruned = self.prune_ended(now - self.ended_retention_s)
-            if pruned:
-                events.append(f"dropped {len(pruned)} job(s) ended over {self.ended_retention_s:g}s ago")
         read = self._read_statuses()
         touched, self._touched = self._touched, set()
         for job_id in list(self._live):

@@ -97,7 +97,7 @@ class HeadService:
                                   sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings))
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
                                head_name=settings.head_name, status_poll_s=status_poll_s,
-                               launch_in_step=launch_in_cycle, ended_retention_s=settings.ended_retention_s)
+                               launch_in_step=launch_in_cycle)
         self.metrics = metrics or HeadMetrics(gauges_every_s=settings.metrics_gauges_every_s)
         self.metrics_port: int | None = None
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
@@ -125,6 +125,10 @@ class HeadService:
             except Exception:
                 log.exception("could not start the agent of %s", start.node_name)
             self.ctl.agent_start_requested(start.node_name)
+        if report.pruned_before is not None:  # ended jobs go in the ledger's prune pass, at its cutoff
+            pruned = self.jobs.prune_ended(report.pruned_before)
+            if pruned:
+                log.info("dropped %d job(s) ended before the retention cutoff", len(pruned))
         for event in self.jobs.reconcile():
             log.info("%s", event)
         fast, self._fast_reports = self._fast_reports, []

@@ -497,11 +497,11 @@ def test_a_failing_status_read_keeps_the_last_answers_and_says_so_once(ctl, jm, 
     assert [r for r in caplog.records if "status of" in r.getMessage()]  # failing again after a success: said again
 
 
-def test_ended_jobs_leave_the_head_and_the_store_after_the_retention_and_their_names_are_not_given_again(
+def test_ended_jobs_leave_the_head_and_the_store_at_the_cutoff_and_their_names_are_not_given_again(
         ctl, jm, agents, store, clock, ray_jobs) -> None:
     # Issue #18 (nothing leaks): a head that runs thousands of jobs a day kept every one, in memory and in
-    # the GCS, and restored them all on each restart.
-    jm.ended_retention_s = 100.0
+    # the GCS, and restored them all on each restart. (The head calls prune_ended with the cutoff of the
+    # controller's prune pass: tests/runtime/test_service.py.)
     done, failed, runs = (jm.submit(spec("b", gpu="timeslice:0.25", priority="batch"))["job_id"] for _ in range(3))
     assert (done, failed, runs) == ("b-1", "b-2", "b-3")
     cycle(ctl, jm, agents, 2)
@@ -509,11 +509,11 @@ def test_ended_jobs_leave_the_head_and_the_store_after_the_retention_and_their_n
     ray_jobs.statuses[jm.get(failed)["ray_submission_id"]] = "FAILED"
     cycle(ctl, jm, agents)
     assert {jm.get(j)["state"] for j in (done, failed)} == {"succeeded", "failed"}
-    clock.advance(60)
-    cycle(ctl, jm, agents)
-    assert {j["job_id"] for j in jm.list()} == {done, failed, runs}  # within the retention: kept
+    ended = clock()
+    assert jm.prune_ended(ended) == []  # ended at the cutoff, not before it: kept
+    assert {j["job_id"] for j in jm.list()} == {done, failed, runs}
     clock.advance(50)
-    cycle(ctl, jm, agents)
+    assert jm.prune_ended(ended + 1) == [done, failed]  # in the order they ended
     assert [j["job_id"] for j in jm.list()] == [runs]  # the running one stays, however old
     for j in (done, failed):
         with pytest.raises(UnknownObjectError):
@@ -523,17 +523,6 @@ def test_ended_jobs_leave_the_head_and_the_store_after_the_retention_and_their_n
     again = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
     assert again.restore() == 2  # a restarted head restores neither
     assert again.submit(spec("b", gpu="timeslice:0.25", priority="batch"))["job_id"] == "b-5"
-
-
-def test_with_no_retention_ended_jobs_are_kept(ctl, jm, agents, clock, ray_jobs) -> None:
-    jm.ended_retention_s = 0.0
-    j = jm.submit(spec("k", gpu="timeslice:0.25", priority="batch"))["job_id"]
-    cycle(ctl, jm, agents, 2)
-    ray_jobs.statuses[jm.get(j)["ray_submission_id"]] = "SUCCEEDED"
-    cycle(ctl, jm, agents)
-    clock.advance(10 * 86400)
-    cycle(ctl, jm, agents)
-    assert jm.get(j)["state"] == "succeeded"
 
 
 def test_a_restored_head_drops_ended_jobs_in_the_order_they_ended_not_submitted(ctl, jm, agents, store, clock,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from headless import InProcessHead
 
+from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.lease import key_digest
 
@@ -110,3 +111,36 @@ def test_the_admission_only_runner_runs_nothing_and_each_job_succeeds_once() -> 
     with pytest.raises(RuntimeError, match="already exists"):  # what the job layer adopts after a crash
         r.submit("a.a1", "true", {}, {}, {}, {})
     assert r.status_many(["a.a1", "b.a1"]) == {"a.a1": "SUCCEEDED", "b.a1": None}
+
+
+def test_ended_jobs_leave_with_their_leases_in_the_controllers_prune_pass(tmp_path: Path) -> None:
+    class Clock:
+        t = 1000.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    clock = Clock()
+    settings = RuntimeSettings(heartbeat_interval_s=0.1, agent_ttl_s=5.0, reconcile_interval_s=0.02,
+                               ended_retention_s=60.0)
+    head = InProcessHead(settings=settings, workdir=tmp_path, clock=clock)
+    try:
+        with head.lock:
+            d = head.service.submit_job({"name": "short", "entrypoint": "true",
+                                         "gpu": {"kind": "timeslice", "fraction": 0.25}})
+        job, lease = d["job_id"], d["lease_id"]
+        head.wait_for(lambda: head.service.get_job(job)["state"] == "succeeded", 30, "the job ended")
+
+        def held() -> tuple[bool, bool]:
+            return (job in {j["job_id"] for j in head.service.list_jobs()},
+                    lease in head.service.ctl.ledger.entries)
+
+        with head.lock:
+            clock.t += 30  # within the retention: the next passes keep both
+        head.wait_for(lambda: head.service.ctl._last_prune >= clock.t, 5, "a prune pass")  # noqa: SLF001
+        with head.lock:
+            assert held() == (True, True)
+            clock.t += 41  # past it, and past the 10 s between passes
+        head.wait_for(lambda: held() == (False, False), 5, "the job and its lease dropped in one pass")
+    finally:
+        head.close()
