@@ -48,7 +48,6 @@ from typing import Any, Callable, Mapping, Sequence
 from orchestrator.control.edge import check_args
 from orchestrator.control.journal import Journal
 from orchestrator.control.jobs import AdmissionOnlyRunner
-from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
 from orchestrator.core import env
@@ -92,12 +91,10 @@ class HeadActor:
         sys.setswitchinterval(s.head_switch_interval_s)
         table = gcs_table(s.namespace)
         journal = Journal.load(table)
-        metrics = HeadMetrics(gauges_every_s=s.metrics_gauges_every_s)
-        self.commit = GroupCommit(journal, table, metrics)
         self.service = HeadService(s, ClusterConfig.model_validate(cluster), journal,
                                    ray_api.RayJobRunner() if s.job_runner == "ray" else AdmissionOnlyRunner(),
-                                   RayClusterPort(s, start_agent), clock=time.time,
-                                   metrics=metrics, launch_in_cycle=False)
+                                   RayClusterPort(s, start_agent), clock=time.time, launch_in_cycle=False)
+        self.commit = GroupCommit(journal, table, self.service.metrics)  # what the restore wrote goes in its first batch
         port = s.metrics_port or int(os.environ.get(env.METRICS_PORT, "0") or 0)
         if port:
             host = os.environ.get(env.METRICS_HOST, s.metrics_host)
