@@ -10,7 +10,6 @@ prints exactly one JSON object on stdout; progress and errors go to stderr.
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,10 +36,6 @@ def _fail(e: Exception, as_json: bool = False) -> "typer.Exit":
     return typer.Exit(code)
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def _state_dir(state_dir: Optional[Path]) -> Path:
     from orchestrator.core.statefile import default_state_dir
 
@@ -61,8 +56,7 @@ def up(
 
     # SIGTERM and SIGHUP stop a bring-up as Ctrl-C does (up_local stops what it started); if `up` dies
     # anyway, its watchdog does (orchestrator/deploy/watchdog.py).
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    launcher.interrupt_on_stop_signals()
     try:
         cfg = load_config(config or DEMO_CONFIG)
         sd = _state_dir(state_dir)

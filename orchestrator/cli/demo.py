@@ -15,7 +15,6 @@ Ctrl-C, SIGTERM and SIGHUP.
 from __future__ import annotations
 
 import json
-import signal
 import shutil
 import tempfile
 import threading
@@ -171,18 +170,15 @@ def _colocation(load_curve: Optional[Path], day_seconds: float, schemes: str, co
     def say(line: str) -> None:
         console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {line}", highlight=False)
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    from orchestrator.deploy.local import interrupt_on_stop_signals
+
+    interrupt_on_stop_signals()  # every `finally` below runs on SIGTERM and SIGHUP too
     try:
         run_command(load_curve=load_curve, day_seconds=day_seconds, schemes=schemes, config=config, as_json=as_json,
                     headless=headless, out=out, state_dir=state_dir, say=say, console=Console())
     except KeyboardInterrupt:
         console.print("interrupted: everything the scenario started has been stopped")
         raise typer.Exit(130) from None
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @app.command()
@@ -234,9 +230,9 @@ def demo(
     def say(line: str) -> None:
         console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {line}", highlight=False)
 
-    # SIGTERM and SIGHUP stop the demo as Ctrl-C does: every `finally` below runs.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    from orchestrator.deploy.local import interrupt_on_stop_signals
+
+    interrupt_on_stop_signals()  # every `finally` below runs on SIGTERM and SIGHUP too
     try:
         with console.status("running the scenario (Ctrl-C stops everything it started)") as line:
             figures = run_scenario(rounds, mode, steps, step_delay, say, state_dir=state_dir,

@@ -457,13 +457,19 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def interrupt_on_stop_signals() -> None:
+    """From now on SIGTERM and SIGHUP raise ``KeyboardInterrupt``, as Ctrl-C does, so every ``finally`` that
+    stops what a command started runs (call from the main thread)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+
+
 @contextmanager
 def scratch_cluster(config: ClusterConfig, prefix: str, *, progress: Progress) -> Iterator[State]:
     """A local cluster for one run of a bench or a scenario, in a new state directory (under ``$TMPDIR``)
     named ``prefix...``: SIGTERM and SIGHUP end the run as Ctrl-C does, and the cluster is stopped however
     the block ends (and, through the watchdog, if this process is SIGKILLed)."""
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+    interrupt_on_stop_signals()
     state_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TMPDIR") or "/tmp"))
     try:
         yield up_local(config, state_dir, progress=progress)
