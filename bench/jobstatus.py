@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from typing import Any
@@ -30,10 +31,6 @@ from typing import Any
 from orchestrator.core.config import DEMO_CONFIG, load_config
 
 NAMESPACE = "rgo-jobstatus"
-
-
-def _p50(xs: list[float]) -> float:
-    return round(sorted(xs)[len(xs) // 2], 3)
 
 
 def write_records(start: int, stop: int, status: str, prefix: str) -> list[str]:
@@ -83,8 +80,9 @@ def run(address: str, sizes: list[int], active: int, reads: int) -> list[dict[st
                 raise AssertionError(f"the two reads disagree: {by_list} != {by_get}")
             old.append((t1 - t0) * 1000)
             new.append((t2 - t1) * 1000)
-        row = {"history": written + active + 1, "asked": len(asked), "list_jobs_p50_ms": _p50(old),
-               "status_many_p50_ms": _p50(new), "speedup": round(_p50(old) / max(_p50(new), 1e-6), 1)}
+        p50_old, p50_new = statistics.median(old), statistics.median(new)
+        row = {"history": written + active + 1, "asked": len(asked), "list_jobs_p50_ms": round(p50_old, 3),
+               "status_many_p50_ms": round(p50_new, 3), "speedup": round(p50_old / max(p50_new, 1e-6), 1)}
         print(f"[jobstatus] {row}", file=sys.stderr)
         out.append(row)
     ray_api.disconnect()

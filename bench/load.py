@@ -8,7 +8,8 @@ launcher's watchdog, when this process is SIGKILLed).
 **What is measured.**
 
 * ``--jobs N``: ``--clients`` processes (spawned, each one Ray driver with ``--threads`` threads; each
-  connects and calls the head once, then all start together at a barrier) submit N jobs between them, each with its own id (``load-c<client>-<i>``), through ``HeadApi.submit_job``. A
+  connects and calls the head once, then all start together at a barrier) submit N jobs between them,
+  each with its own id (``load-c<client>-<i>``), through ``HeadApi.submit_job``. A
   job asks for a time-slice small enough that the cluster holds every job at once (:func:`share_for`;
   ``--share`` sets it); its entrypoint is ``true``. The head runs with
   ``settings.job_runner: none``: an admitted job is handed to a runner that starts **no** Ray driver and
@@ -21,13 +22,14 @@ launcher's watchdog, when this process is SIGKILLed).
   (fate-shared with the driver's holder actor), each released at once. A lease's grant latency is the
   client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
   call). Each client takes one lease before the start, not counted, which makes its holder actor.
-* ``submit_reply_p50_ms``: the client's whole ``submit_job`` call (the grant, the group commit that makes
-  it durable, the reply), what a caller waits for.
+* ``submit_reply_p50_ms`` (``_p99_ms``, ``_max_ms``): the client's whole ``submit_job`` call (the grant,
+  the group commit that makes it durable, the reply), what a caller waits for; a stall shows in the max.
 * ``bare_actor_call_p50_ms``: a no-op method of a no-op actor, called 200 times in a row from this
-  process while the cluster is idle, in the same run. ``head_ping_p50_ms``: the head's own ``ping``, called
-  the same way (the head is an asyncio actor: a call to it costs more than one to a plain actor). ``bare_actor_call_loaded_p50_ms`` (and p99): the
-  same actor called by the same clients and threads, all at once, as many times as they sent jobs: what
-  Ray alone gives that many callers (the floor under the grant latency at that concurrency).
+  process while the cluster is idle, in the same run. ``head_ping_p50_ms``: the head's own ``ping``,
+  called the same way (the head is an asyncio actor: a call to it costs more than one to a plain actor).
+  ``bare_actor_call_loaded_p50_ms`` (and p99): the same no-op actor called by the same clients and
+  threads, all at once, as many times as they sent jobs: what Ray alone gives that many callers (the
+  floor under the grant latency at that concurrency).
 
 **Accounting.** Afterwards this process reads every job once (``list_jobs``) and every lease
 (``get_lease``): ``lost`` counts submitted ids that did not end succeeded (jobs) / released (leases),

@@ -282,7 +282,8 @@ class Journal:
 
     def take(self) -> Batch | None:
         """Every change not yet acknowledged, as one segment (None: nothing to write). The caller writes it
-        (:func:`write_batch`) and then calls :meth:`acked` or :meth:`failed`; one batch at a time."""
+        (:func:`write_durable`), then calls :meth:`acked` or :meth:`failed`, and after an acknowledged
+        snapshot :func:`drop_covered` (:func:`write_batch` does both in order); one batch at a time."""
         if not self._dirty and not self._unacked:
             return None
         self._unacked.update(self._dirty)

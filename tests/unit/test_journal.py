@@ -442,8 +442,6 @@ def test_replies_after_a_compaction_do_not_wait_for_the_deletion_of_what_it_cove
 
 
 def test_a_table_an_earlier_head_wrote_one_key_per_record_is_read_and_folded_into_the_first_snapshot() -> None:
-    import json
-
     table = MemoryKv()
     old = {"ns/meta": {"fencing": 7, "seq": 3}, "ns/lease/a": {"state": "active", "fencing_token": 7},
            "ns/job/j": {"state": "running"}}
