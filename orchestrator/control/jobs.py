@@ -61,7 +61,7 @@ from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
 from orchestrator.core import env as envvars
 from orchestrator.core.config import RAY_NODE_ID_LABEL
-from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
+from orchestrator.core.errors import InvalidRequestError, JobApiUnavailableError, UnknownObjectError
 from orchestrator.core.ids import attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
 from orchestrator.core.lease import LeaseRequest, LeaseState
@@ -74,6 +74,10 @@ log = logging.getLogger(__name__)
 #: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
 CHECKPOINT_FILE = "checkpoint.pt"
 _RAY_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+#: A submission Ray's job API could not take for a reason that may pass (JobApiUnavailableError) is sent
+#: again after 1, 2, 4 ... at most 30 s, for ``submit_retry_s`` (the job then fails with what Ray said).
+SUBMIT_BACKOFF_FIRST_S = 1.0
+SUBMIT_BACKOFF_MAX_S = 30.0
 #: The first of these states any worker of a gang is in is the gang's state (bad news first), see ``_view``.
 _GANG_STATE_ORDER = (LeaseState.LOST, LeaseState.EXPIRED, LeaseState.PREEMPTED, LeaseState.RELEASED,
                      LeaseState.CHECKPOINTING)
@@ -136,7 +140,8 @@ class JobManager:
     """Jobs on top of leases; see the module docstring."""
 
     def __init__(self, ctl: HeadController, store: StateStore, runner: JobRunner, *, clock: Callable[[], float],
-                 namespace: str, head_name: str, status_poll_s: float = 0.0, launch_in_step: bool = True) -> None:
+                 namespace: str, head_name: str, status_poll_s: float = 0.0, launch_in_step: bool = True,
+                 submit_retry_s: float = 300.0) -> None:
         self.ctl = ctl
         self.store = store
         self.runner = runner
@@ -158,6 +163,10 @@ class JobManager:
         # admission (the grant it runs on included); True: at once, for stores that are durable on each write.
         self.launch_in_step = launch_in_step
         self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits launch(), in order
+        # Ray submission ids whose submission the job API could not take yet -> (first failure, next try, tries).
+        # Soft: a restarted head submits every admitted job again at once (the same id: never run twice).
+        self.submit_retry_s = submit_retry_s
+        self._retry: dict[str, tuple[float, float, int]] = {}
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
         # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
         # do, so a cycle steps only those of a long queue (see reconcile()).
@@ -185,6 +194,8 @@ class JobManager:
         self.store.put(self._prefix + job.job_id, {**_job_json(job), "seq": self._seq})
         self._jobs[job.job_id] = job
         self._track(job)
+        if job.state is not JobState.ADMITTED and job.ray_submission_id:
+            self._retry.pop(job.ray_submission_id, None)  # submitted, or gone another way
         return job
 
     def _track(self, job: Job) -> None:
@@ -388,6 +399,9 @@ class JobManager:
             if job.job_id in self._ready:
                 return None  # its submission waits for launch()
             if state is LeaseState.GRANTED and lease:
+                retry = self._retry.get(job.ray_submission_id or "")
+                if retry is not None and now < retry[1]:
+                    return None  # Ray's job API could not take it: the next try is not due yet
                 return self._start(job, lease)
             if state in (LeaseState.LOST, LeaseState.PREEMPTED, LeaseState.EXPIRED) or state is None:
                 what = state.value if state else "gone"
@@ -477,6 +491,8 @@ class JobManager:
         try:
             self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {RAY_NODE_ID_LABEL: h.node_id},
                                demand, {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
+        except JobApiUnavailableError as e:
+            return self._submit_later(job, e)
         except Exception as e:
             if "already exists" not in str(e):  # a retry after a crash between commit and submit
                 self._release_lease(job, f"Ray refused the job: {e}")
@@ -487,9 +503,29 @@ class JobManager:
             self.ctl.activate(e.lease_id, e.lease.fencing_token, None, f"job:{sub_id}")
         where = node if len(members) == 1 else f"{node} (driver; gang of {len(members)} on " \
             f"{','.join(sorted({e.lease.allocation.node_name for e in members if e.lease.allocation}))})"
+        retried = {"message": ""} if sub_id in self._retry else {}  # the retry's note is over
         self._commit(job.transition(JobState.RUNNING, now=self.clock(),
-                                    reason=f"submitted to Ray as {sub_id} on {where} ({a.kind.value})"))
+                                    reason=f"submitted to Ray as {sub_id} on {where} ({a.kind.value})", **retried))
         return f"{job.job_id}: running as {sub_id} on {node}"
+
+    def _submit_later(self, job: Job, e: JobApiUnavailableError) -> str:
+        """Ray's job API could not take the submission for now: the job stays admitted on its lease and is
+        sent again, under the same submission id, after a backoff; after ``submit_retry_s`` of failures it
+        fails with what Ray said and frees its lease(s). The job's ``message`` says where it stands."""
+        now, sub_id = self.clock(), job.ray_submission_id or ""
+        first, _, tries = self._retry.get(sub_id, (now, now, 0))
+        if now - first >= self.submit_retry_s:
+            why = f"Ray's job API did not take {sub_id} in {now - first:.0f}s of trying: {e.detail}"
+            self._release_lease(job, why)
+            self._commit(job.transition(JobState.FAILED, now=now, reason=why, message=why))
+            return f"{job.job_id}: {why}"
+        wait = min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_FIRST_S * 2 ** tries)
+        self._retry[sub_id] = (first, now + wait, tries + 1)
+        msg = f"{e}; submitting it again in {wait:g}s (try {tries + 1}, failing after {self.submit_retry_s:g}s)"
+        if tries == 0:
+            log.warning("%s: %s", job.job_id, msg)
+        self._commit(replace(job, message=msg))
+        return f"{job.job_id}: {msg}"
 
     def _finish(self, job: Job, ray_status: str) -> str:
         ok = ray_status == "SUCCEEDED"
@@ -653,6 +689,8 @@ class JobManager:
             s = f"{job.state.value} on {pl['node']} GPU {','.join(map(str, pl['gpu_indices']))} ({pl['kind']}): {pl['reason']}"
             if job.state is JobState.PREEMPTING:
                 s += f"; being preempted: {job.history[-1].reason}"
+            elif job.state is JobState.ADMITTED and (job.ray_submission_id or "") in self._retry:
+                s += f"; {job.message}"
             return s
         if job.preemptions:
             last = job.preemptions[-1]

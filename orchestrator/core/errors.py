@@ -103,6 +103,19 @@ class LeaseTimeoutError(OrchestratorError, TimeoutError):
         super().__init__(msg)
 
 
+class JobApiUnavailableError(OrchestratorError):
+    """Ray's job API did not take a submission for a reason that may pass by itself: it did not answer
+    (refused, timed out), or it answered that it cannot now (HTTP 5xx: "no available agent, please try
+    again later"). ``detail`` is what it said. Retryable: the job layer submits again, under the same
+    submission id, so a submission that did land is not run twice."""
+
+    retryable = True
+
+    def __init__(self, submission_id: str, detail: str) -> None:
+        self.submission_id, self.detail = submission_id, detail
+        super().__init__(f"Ray's job API did not take {submission_id}: {detail}")
+
+
 class NotConnectedError(OrchestratorError):
     """No orchestrator head is reachable at the given address. Retryable."""
 

@@ -49,7 +49,8 @@ import ray
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.core.config import CARD_RESOURCE_PREFIX, NODE_LABEL
 from orchestrator.core import env as E
-from orchestrator.core.errors import ClusterAuthError, ClusterNotFoundError, InvalidRequestError, NotConnectedError
+from orchestrator.core.errors import (ClusterAuthError, ClusterNotFoundError, InvalidRequestError, JobApiUnavailableError,
+                                      NotConnectedError)
 from orchestrator.rayport.wire import unwrap
 
 __all__ = [
@@ -454,11 +455,38 @@ def api_server_url() -> str:
     return "http://" + (raw.decode() if isinstance(raw, bytes) else str(raw))
 
 
-def job_submission_client(address: str) -> Any:
-    """Ray's ``JobSubmissionClient`` for the job API at ``address`` (``http://host:port``)."""
+#: The longest one HTTP request to Ray's job API may take (Ray's client sets none: a dashboard that hangs
+#: would hold the head's loop for ever). A submission that timed out is sent again under the same id.
+JOB_API_TIMEOUT_S = 30.0
+
+
+def job_submission_client(address: str, timeout_s: float | None = JOB_API_TIMEOUT_S) -> Any:
+    """Ray's ``JobSubmissionClient`` for the job API at ``address`` (``http://host:port``), each of its HTTP
+    requests bounded by ``timeout_s`` (None: Ray's own, unbounded)."""
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient(address)
+    if timeout_s is None:
+        return JobSubmissionClient(address)
+
+    class _Bounded(JobSubmissionClient):  # type: ignore[misc]
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", timeout_s)  # forwarded to requests.request() (Ray's documented seam)
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return _Bounded(address)
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether a job API failure may pass by itself: no answer (refused, reset, timed out), no job API
+    address in the GCS yet, or an HTTP 5xx (Ray's "no available agent ... try again later"). A 4xx (a bad
+    runtime_env, an invalid label selector, an id that exists) is not."""
+    import requests
+
+    if isinstance(e, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError, NotConnectedError)):
+        return True  # (Ray's client turns a refused version check into the builtin ConnectionError)
+    if isinstance(e, requests.HTTPError):
+        return e.response is not None and e.response.status_code >= 500
+    return isinstance(e, RuntimeError) and str(e).startswith("Request failed with status code 5")
 
 
 #: The longest the head's loop waits for one status read (a GCS that is away: the last answers stand).
@@ -468,23 +496,31 @@ STATUS_READ_TIMEOUT_S = 5.0
 class RayJobRunner:
     """:class:`orchestrator.control.jobs.JobRunner` over Ray's ``JobSubmissionClient``."""
 
-    def __init__(self, address: str | None = None) -> None:
+    def __init__(self, address: str | None = None, timeout_s: float = JOB_API_TIMEOUT_S) -> None:
         self._address = address
+        self._timeout_s = timeout_s
         self._client: Any = None
 
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = job_submission_client(self._address or api_server_url())
+            self._client = job_submission_client(self._address or api_server_url(), self._timeout_s)
         return self._client
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
                label_selector: dict[str, str], handout: Mapping[str, Any], metadata: dict[str, str]) -> None:
+        """Raises :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything
+        else Ray raised is a refusal."""
         demand = gpu_demand(handout)
-        self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
-                               entrypoint_label_selector=label_selector or None,
-                               entrypoint_num_gpus=demand["num_gpus"] or None,
-                               entrypoint_resources=demand.get("resources") or None, metadata=metadata)
+        try:
+            self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
+                                   entrypoint_label_selector=label_selector or None,
+                                   entrypoint_num_gpus=demand["num_gpus"] or None,
+                                   entrypoint_resources=demand.get("resources") or None, metadata=metadata)
+        except Exception as e:
+            if _transient(e):
+                raise JobApiUnavailableError(submission_id, f"{type(e).__name__}: {e}") from e
+            raise
 
     def status(self, submission_id: str) -> str | None:
         try:

@@ -67,6 +67,22 @@ def _until(what: str, cond: Callable[[], Any], timeout: float = 120) -> Any:
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def _job_until(head: Any, jid: str, state: str, timeout: float) -> dict[str, Any]:
+    """Wait for the job to reach ``state``; an ended job, or a timeout, fails at once with the head's
+    explanation of the job and its history (what a CI log needs to say why)."""
+    ended = {"succeeded", "failed", "cancelled"} - {state}
+    deadline = time.monotonic() + timeout
+    while True:
+        d = head.get_job(jid)
+        if d["state"] == state:
+            return d
+        if d["state"] in ended or time.monotonic() > deadline:
+            raise AssertionError(f"job {jid} is {d['state']}, not {state} (waited up to {timeout:g}s): "
+                                 f"{head.explain_job(jid)['summary']}; message: {d['message']!r}; "
+                                 f"history: {[(h['state'], h['reason']) for h in d['history']]}")
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def head(ray_cluster: Any) -> Iterator[Any]:
     from orchestrator.rayport.client import HeadClient
@@ -198,7 +214,7 @@ def test_a_gang_job_as_the_cli_submits_it_yields_as_one_and_resumes_bit_identica
         job = client.submit(as_spec({"name": "gang-job", "entrypoint": entry, "gpu": "2x2", "priority": "training",
                                      "checkpoint_dir": str(ckpt)}))
         jid = job.job_id
-        info = _until("the gang job running", lambda: (d := head.get_job(jid))["state"] == "running" and d, timeout=120)
+        info = _job_until(head, jid, "running", timeout=120)
         leases = [w["lease_id"] for w in info["worker_leases"]]
         assert sorted(w["allocation"]["node"] for w in info["worker_leases"]) == ["a100-0", "a100-1"]
         log1 = ckpt / "logs" / f"{jid}-a1"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
+from orchestrator.core.errors import InvalidRequestError, JobApiUnavailableError, UnknownObjectError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
 from orchestrator.control.controller import HeadController
@@ -292,6 +292,76 @@ def test_an_already_submitted_attempt_is_adopted_not_failed(ctl, jm, agents, ray
     cycle(ctl, jm, agents, 2)
     d = jm.get(job_id)
     assert d["state"] == "running" and d["ray_submission_id"] == f"{job_id}.a1" and d["lease"]["state"] == "active"
+
+
+class FlakyRayJobs(FakeRayJobs):
+    """The fake job API, unavailable for its next ``down`` submissions; ``lands`` makes a failed one land
+    anyway (Ray took it, its answer was lost on the way back)."""
+
+    def __init__(self, down: int, lands: bool = False) -> None:
+        super().__init__()
+        self.down, self.lands, self.calls = down, lands, 0
+
+    def submit(self, submission_id, *args) -> None:
+        self.calls += 1
+        if self.down > 0:
+            self.down -= 1
+            if self.lands:
+                super().submit(submission_id, *args)
+            raise JobApiUnavailableError(submission_id, "RuntimeError: Request failed with status code 500: "
+                                                        "No available agent to submit job, please try again later.")
+        super().submit(submission_id, *args)
+
+
+def test_a_job_api_that_cannot_take_the_job_now_is_asked_again_with_backoff_and_the_job_runs(
+        ctl, store, agents, clock) -> None:
+    """Ray's job API answering 5xx (or not answering) does not fail the job: it stays admitted on its lease,
+    says why, and is submitted again, under the same id, after 1, 2, 4 s."""
+    ray_jobs = FlakyRayJobs(down=3)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
+    job = jm.submit(spec("t"))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    d = jm.get(job)
+    assert d["state"] == "admitted" and d["lease"]["state"] == "granted" and ray_jobs.calls == 1
+    assert "No available agent" in d["message"] and "again in 1s" in d["message"]
+    assert "No available agent" in jm.explain(job)["summary"]
+    for wait, calls in ((1, 2), (2, 3), (4, 4)):
+        cycle(ctl, jm, agents, 3)
+        assert ray_jobs.calls == calls - 1, "asked again before its backoff was over"
+        clock.advance(wait)
+        cycle(ctl, jm, agents)
+        assert ray_jobs.calls == calls
+    d = jm.get(job)
+    assert d["state"] == "running" and d["lease"]["state"] == "active" and d["message"] == ""
+    assert list(ray_jobs.submitted) == [d["ray_submission_id"]]
+
+
+def test_a_submission_that_landed_though_its_answer_was_lost_is_adopted(ctl, store, agents, clock) -> None:
+    ray_jobs = FlakyRayJobs(down=1, lands=True)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
+    job = jm.submit(spec("t"))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    clock.advance(1)
+    cycle(ctl, jm, agents)
+    d = jm.get(job)
+    assert d["state"] == "running" and ray_jobs.calls == 2 and len(ray_jobs.submitted) == 1
+
+
+def test_a_job_api_unavailable_past_the_retry_window_fails_the_job_and_frees_its_lease(
+        ctl, store, agents, clock) -> None:
+    ray_jobs = FlakyRayJobs(down=10 ** 6)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", submit_retry_s=60)
+    job = jm.submit(spec("t"))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    for _ in range(12):
+        clock.advance(10)
+        cycle(ctl, jm, agents)
+        if jm.get(job)["state"] != "admitted":
+            break
+    d = jm.get(job)
+    assert d["state"] == "failed" and d["lease"]["state"] == "released"
+    assert "did not take" in d["message"] and "No available agent" in d["message"]
+    assert 4 <= ray_jobs.calls <= 7  # backoff: 1, 2, 4, 8, 16, 30 s ... within 60 s, not once per cycle
 
 
 def test_one_jobs_error_does_not_stop_the_others(ctl, jm, agents, monkeypatch) -> None:
