@@ -105,7 +105,7 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
     out = []
     for i, node in enumerate(config.nodes):
         if i == 0:
-            argv = _node_argv(node, ports)
+            argv = _node_argv(node)
             # The dashboard process serves the job API that Ray jobs are submitted through: a free loopback port.
             api_port = ports()
             dashboard_url = f"http://127.0.0.1:{api_port}"
@@ -114,27 +114,29 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
                          "--dashboard-port", str(api_port), "--include-dashboard", "true" if dashboard else "false"]
             out.append(NodeLaunch(node.name, True, tuple(argv), str(state_dir / "logs" / f"{node.name}.log")))
         else:
-            out.append(worker_launch(config, i, address, state_dir, ports))
+            out.append(worker_launch(config, i, address, state_dir))
     return LaunchPlan(address, tuple(out), dashboard_url)
 
 
-def _node_argv(node: Any, ports: Callable[[], int]) -> list[str]:
+def _node_argv(node: Any) -> list[str]:
     """What every node's ``ray start`` says, the Ray head node's and the workers'."""
     return ["start", "--block", "--node-ip-address", "127.0.0.1",
             "--num-cpus", str(node.cpus), "--num-gpus", "0",  # cards are rgo-gpu-<i> (core.config)
             "--resources", json.dumps(node.ray_resources(), sort_keys=True),
             "--labels", ",".join(f"{k}={v}" for k, v in sorted(node.ray_labels().items())),
             "--object-store-memory", str(OBJECT_STORE_BYTES),
-            "--dashboard-agent-listen-port", str(ports()),
+            # 0: the agent binds a port of its own and writes it to the GCS, where Ray's job API finds it.
+            # A port picked here and bound later can be taken meanwhile (by any outgoing connection's local
+            # port); the agent then runs without HTTP and every job submission gets "No available agent".
+            "--dashboard-agent-listen-port", "0",
             "--min-worker-port", "0", "--max-worker-port", "0",
             "--disable-usage-stats"]
 
 
-def worker_launch(config: ClusterConfig, i: int, address: str, state_dir: Path,
-                  ports: Callable[[], int] = free_port) -> NodeLaunch:
+def worker_launch(config: ClusterConfig, i: int, address: str, state_dir: Path) -> NodeLaunch:
     """The ``ray start`` of the file's node ``i`` (not the first) joining the cluster at ``address``."""
     node = config.nodes[i]
-    argv = _node_argv(node, ports)
+    argv = _node_argv(node)
     # A temp dir of its own: Ray keeps runtime-env packages (a job's working_dir) in the session
     # dir, and each raylet's runtime-env agent has its own cache; on a miss an agent unpacks with
     # overwrite, deleting the directory a job on another raylet of this host runs in (its cwd

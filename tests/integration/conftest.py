@@ -71,7 +71,9 @@ def ray_cluster() -> Iterator[RayCluster]:
         for i, node in enumerate(config.nodes):
             args = dict(node_ip_address="127.0.0.1", num_cpus=node.cpus, num_gpus=0,
                         resources=node.ray_resources(), labels=node.ray_labels(),
-                        object_store_memory=OBJECT_STORE_BYTES, dashboard_agent_listen_port=free_port())
+                        # 0: the agent binds its own port (one picked here may be taken before it binds;
+                        # the agent then runs without HTTP and Ray's job API has no agent to submit to)
+                        object_store_memory=OBJECT_STORE_BYTES, dashboard_agent_listen_port=0)
             if i == 0:
                 # The dashboard process serves Ray's job API, which job submission needs.
                 args.update(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=free_port(),

@@ -140,7 +140,7 @@ def ft_cluster() -> Iterator[FtCluster]:
                 "--resources", json.dumps(NODE.ray_resources()),
                 "--labels", ",".join(f"{k}={v}" for k, v in sorted(NODE.ray_labels().items())),
                 "--object-store-memory", str(128 * 1024 * 1024), "--include-dashboard", "false",
-                "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
+                "--dashboard-agent-listen-port", "0", "--ray-client-server-port", str(free_port()),
                 "--min-worker-port", "0", "--max-worker-port", "0", "--temp-dir", str(tmp / "ray"),
                 "--disable-usage-stats"]
         # Not --block: `ray start --block` kills the whole node when one of its processes dies, and
