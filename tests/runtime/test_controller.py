@@ -9,7 +9,7 @@ import pytest
 from orchestrator.core.errors import IllegalTransitionError, InvalidRequestError, StaleFencingTokenError, UnknownObjectError
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.lease import key_digest
-from orchestrator.control.controller import HeadController
+from orchestrator.control.controller import HOLDER_CHECK_EVERY_S, HeadController
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES
 from orchestrator.control.store import MemoryStore
@@ -186,6 +186,9 @@ def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSet
     ctl.reconcile()
     assert ctl.get_lease("w", KEY)["state"] == "active"
     dead.add("actor-w")
+    clock.advance(HOLDER_CHECK_EVERY_S / 2)
+    assert ctl.reconcile().lost_leases == [], "holders are checked at most every HOLDER_CHECK_EVERY_S"
+    clock.advance(HOLDER_CHECK_EVERY_S / 2)
     report = ctl.reconcile()
     assert report.lost_leases == ["w"] and report.requeued == []
     d = ctl.get_lease("w", KEY)
