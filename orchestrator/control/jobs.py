@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -84,6 +84,22 @@ _GANG_STATE_ORDER = (LeaseState.LOST, LeaseState.EXPIRED, LeaseState.PREEMPTED, 
 #: Variables that bind a process to a lease's devices: a gang's driver holds none (its workers do).
 _DEVICE_VARS = (envvars.CUDA_VISIBLE_DEVICES, envvars.SHARE_KIND, envvars.MIG_PROFILE, envvars.TIMESLICE_MILLI,
                 envvars.MEMORY_LIMIT_MIB)
+
+
+@dataclass(frozen=True, slots=True)
+class RaySubmission:
+    """One job attempt's submission to Ray's job API, prepared on the head's loop (:meth:`JobManager.
+    take_submissions`). :meth:`JobManager.send` makes the call -- blocking HTTP, so the head actor makes it
+    on a thread of its own -- and :meth:`JobManager.sent` applies the answer, back on the loop, to whatever
+    the job has become meanwhile."""
+
+    job_id: str
+    submission_id: str
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    label_selector: dict[str, str]
+    demand: dict[str, Any]
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 class JobRunner(Protocol):
@@ -163,6 +179,7 @@ class JobManager:
         # admission (the grant it runs on included); True: at once, for stores that are durable on each write.
         self.launch_in_step = launch_in_step
         self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits launch(), in order
+        self._sending: set[str] = set()  # jobs whose submission is with Ray's job API now (send() -> sent())
         # Ray submission ids whose submission the job API could not take yet -> (first failure, next try, tries).
         # Soft: a restarted head submits every admitted job again at once (the same id: never run twice).
         self.submit_retry_s = submit_retry_s
@@ -396,8 +413,8 @@ class JobManager:
                 return f"{job.job_id}: lease {job.lease_id} missing; requested again"
             return None
         if job.state is JobState.ADMITTED:
-            if job.job_id in self._ready:
-                return None  # its submission waits for launch()
+            if job.job_id in self._ready or job.job_id in self._sending:
+                return None  # its submission waits for launch(), or for Ray's answer
             if state is LeaseState.GRANTED and lease:
                 retry = self._retry.get(job.ray_submission_id or "")
                 if retry is not None and now < retry[1]:
@@ -443,31 +460,68 @@ class JobManager:
 
     def launch(self) -> list[str]:
         """Submit to Ray every job admitted since the last call (``launch_in_step=False``), each only if it is
-        still admitted on a granted lease; call once the store holds what was written so far.
+        still admitted on a granted lease; call once the store holds what was written so far. Blocks on
+        Ray's job API: the head actor runs :meth:`take_submissions`, :meth:`send` (off its loop) and
+        :meth:`sent` instead.
 
         Invariant: no Ray job starts on a grant a restarted head would not restore."""
-        ready, self._ready = self._ready, {}
-        events = []
-        for job_id in ready:
-            job = self._jobs[job_id]
-            state, lease = self._view(job)
-            if job.state is not JobState.ADMITTED or state is not LeaseState.GRANTED or lease is None:
-                # changed meanwhile (cancelled, preempted, lost): its next step deals with it
-                events.append(f"{job_id}: not submitted to Ray: the job is {job.state.value}, its lease "
-                              f"{state.value if state else 'gone'}")
-                continue
-            try:
-                events.append(self._submit(job, lease))
-            except Exception as e:  # one job's failure never stops the others (or the head)
-                events.append(f"{job_id}: launch error {type(e).__name__}: {e}")
+        subs, events = self.take_submissions()
+        for sub in subs:
+            events.append(self.sent_safely(sub, self.send(sub)))
         return events
 
+    def sent_safely(self, sub: RaySubmission, error: Exception | None) -> str:
+        """:meth:`sent`, its own failure an event (one job's failure never stops the others, or the head)."""
+        try:
+            return self.sent(sub, error)
+        except Exception as e:
+            self._sending.discard(sub.job_id)
+            self._touched.add(sub.job_id)
+            return f"{sub.job_id}: launch error {type(e).__name__}: {e}"
+
+    def take_submissions(self) -> tuple[list[RaySubmission], list[str]]:
+        """The submissions of the jobs admitted since the last call that are still admitted on a granted
+        lease (each now *sending*: no step touches it until :meth:`sent`), and an event for each that is not."""
+        ready, self._ready = self._ready, {}
+        subs, events = [], []
+        for job_id in ready:
+            job = self._jobs.get(job_id)
+            state, lease = self._view(job) if job else (None, None)
+            if job is None or job.state is not JobState.ADMITTED or state is not LeaseState.GRANTED or lease is None:
+                # changed meanwhile (cancelled, preempted, lost): its next step deals with it
+                events.append(f"{job_id}: not submitted to Ray: the job is {job.state.value if job else 'gone'}, "
+                              f"its lease {state.value if state else 'gone'}")
+                continue
+            try:
+                subs.append(self._submission(job, lease))
+            except Exception as e:  # one job's failure never stops the others (or the head)
+                events.append(f"{job_id}: launch error {type(e).__name__}: {e}")
+                continue
+            self._sending.add(job_id)
+        return subs, events
+
+    def send(self, sub: RaySubmission) -> Exception | None:
+        """Hand ``sub`` to Ray's job API; returns what it raised (None: taken). Reads and changes no state of
+        the manager: the head actor calls it on a thread of its own while its loop goes on."""
+        try:
+            self.runner.submit(sub.submission_id, sub.entrypoint, sub.runtime_env, sub.label_selector, sub.demand,
+                               sub.metadata)
+        except Exception as e:
+            return e
+        return None
+
     def _submit(self, job: Job, lease: LedgerEntry) -> str:
-        """Submit the admitted job (its submission id recorded) to Ray on its lease's node, then activate its
-        lease(s) for it and record it running; a refusal fails the job and frees its lease(s)."""
-        h, a = lease.handout, lease.lease.allocation
-        assert h is not None and a is not None and job.ray_submission_id, "only a handed-out lease starts a job"
-        node, sub_id = a.node_name, job.ray_submission_id
+        """Submit the admitted job now and apply the answer (``launch_in_step``: a store durable on each write)."""
+        sub = self._submission(job, lease)
+        self._sending.add(job.job_id)
+        return self.sent(sub, self.send(sub))
+
+    def _submission(self, job: Job, lease: LedgerEntry) -> RaySubmission:
+        """What the admitted job (its submission id recorded) is submitted to Ray with: on its lease's node,
+        with the lease's environment (a gang's driver: every worker's hand-out, no device of its own)."""
+        h = lease.handout
+        assert h is not None and lease.lease.allocation is not None and job.ray_submission_id, \
+            "only a handed-out lease starts a job"
         members = [e for e in self._leases(job) if e is not None]
         env = dict(job.spec.runtime_env.get("env_vars", {}))
         env.update(h.env_vars)
@@ -487,26 +541,50 @@ class JobManager:
             env[envvars.CHECKPOINT_DIR] = job.spec.checkpoint_dir
         if job.resume_from:
             env[envvars.RESUME_FROM] = job.resume_from
-        runtime_env = {**job.spec.runtime_env, "env_vars": env}
-        try:
-            self.runner.submit(sub_id, job.spec.entrypoint, runtime_env, {RAY_NODE_ID_LABEL: h.node_id},
-                               demand, {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
-        except JobApiUnavailableError as e:
-            return self._submit_later(job, e)
-        except Exception as e:
-            if "already exists" not in str(e):  # a retry after a crash between commit and submit
-                self._release_lease(job, f"Ray refused the job: {e}")
-                self._commit(job.transition(JobState.FAILED, now=self.clock(), reason=f"Ray refused the submission: {e}",
-                                            message=str(e)))
-                return f"{job.job_id}: Ray refused the submission: {e}"
+        return RaySubmission(job.job_id, job.ray_submission_id, job.spec.entrypoint,
+                             {**job.spec.runtime_env, "env_vars": env}, {RAY_NODE_ID_LABEL: h.node_id}, demand,
+                             {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
+
+    def sent(self, sub: RaySubmission, error: Exception | None) -> str:
+        """Apply Ray's answer to ``sub`` (:meth:`send`'s return) to the job as it is now.
+
+        Still admitted on a granted lease: taken (or "already exists": an earlier try of the same id that
+        landed) -> its lease(s) activated for the Ray job and the job RUNNING; unavailable for now -> sent
+        again after a backoff (:meth:`_submit_later`); refused -> FAILED, its lease(s) freed. Changed
+        meanwhile (cancelled, its lease preempted or lost): a Ray job that was taken is stopped, and the
+        job's next step deals with the rest."""
+        self._sending.discard(sub.job_id)
+        job = self._jobs.get(sub.job_id)
+        taken = error is None or (not isinstance(error, JobApiUnavailableError) and "already exists" in str(error))
+        current = job is not None and job.state is JobState.ADMITTED and job.ray_submission_id == sub.submission_id
+        state, lease = self._view(job) if job is not None and current else (None, None)
+        if job is None or not current or state is not LeaseState.GRANTED or lease is None:
+            if taken:
+                self._stop(sub.submission_id)  # what Ray took must not run on devices the job no longer holds
+            if job is not None:
+                self._touched.add(job.job_id)
+            return (f"{sub.job_id}: changed while {sub.submission_id} was being submitted (the job "
+                    f"{job.state.value if job else 'gone'}, its lease {state.value if state else 'not granted'})"
+                    + ("; stopped it in Ray" if taken else ""))
+        if isinstance(error, JobApiUnavailableError):
+            return self._submit_later(job, error)
+        if not taken:
+            self._release_lease(job, f"Ray refused the job: {error}")
+            self._commit(job.transition(JobState.FAILED, now=self.clock(), reason=f"Ray refused the submission: {error}",
+                                        message=str(error)))
+            return f"{job.job_id}: Ray refused the submission: {error}"
+        a = lease.lease.allocation
+        assert a is not None
+        members = [e for e in self._leases(job) if e is not None]
         for e in members:
-            self.ctl.activate(e.lease_id, e.lease.fencing_token, None, f"job:{sub_id}")
-        where = node if len(members) == 1 else f"{node} (driver; gang of {len(members)} on " \
+            self.ctl.activate(e.lease_id, e.lease.fencing_token, None, f"job:{sub.submission_id}")
+        where = a.node_name if len(members) == 1 else f"{a.node_name} (driver; gang of {len(members)} on " \
             f"{','.join(sorted({e.lease.allocation.node_name for e in members if e.lease.allocation}))})"
-        retried = {"message": ""} if sub_id in self._retry else {}  # the retry's note is over
+        retried = {"message": ""} if sub.submission_id in self._retry else {}  # the retry's note is over
         self._commit(job.transition(JobState.RUNNING, now=self.clock(),
-                                    reason=f"submitted to Ray as {sub_id} on {where} ({a.kind.value})", **retried))
-        return f"{job.job_id}: running as {sub_id} on {node}"
+                                    reason=f"submitted to Ray as {sub.submission_id} on {where} ({a.kind.value})",
+                                    **retried))
+        return f"{job.job_id}: running as {sub.submission_id} on {a.node_name}"
 
     def _submit_later(self, job: Job, e: JobApiUnavailableError) -> str:
         """Ray's job API could not take the submission for now: the job stays admitted on its lease and is

@@ -48,7 +48,7 @@ from orchestrator.control import edge, revocation
 from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.control.heap import HeapAction, HeapState, decide as decide_heap
 from orchestrator.control.inventory_check import InventoryCheck
-from orchestrator.control.jobs import JobManager, JobRunner
+from orchestrator.control.jobs import JobManager, JobRunner, RaySubmission
 from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
@@ -165,12 +165,30 @@ class HeadService:
             log.info("heap %s (%s): %d objects frozen", action.value, why, gc.get_freeze_count())
 
     def launch(self) -> list[str]:
-        """Submit to Ray the jobs admitted since the last call (``launch_in_cycle=False``: the head actor calls
-        it once the store holds the admissions; see :meth:`JobManager.launch`)."""
+        """Submit to Ray the jobs admitted since the last call (``launch_in_cycle=False``), blocking on Ray's
+        job API; see :meth:`JobManager.launch`. The head actor uses the three steps below instead."""
         events = self.jobs.launch()
         for event in events:
             log.info("%s", event)
         return events
+
+    def take_submissions(self) -> list[RaySubmission]:
+        """The submissions to hand Ray's job API now (:meth:`JobManager.take_submissions`); call once the
+        store holds the admissions."""
+        subs, events = self.jobs.take_submissions()
+        for event in events:
+            log.info("%s", event)
+        return subs
+
+    def send_submission(self, sub: RaySubmission) -> Exception | None:
+        """The blocking call to Ray's job API (:meth:`JobManager.send`): touches no state, safe off the loop."""
+        return self.jobs.send(sub)
+
+    def submission_sent(self, sub: RaySubmission, error: Exception | None) -> str:
+        """Apply Ray's answer (:meth:`JobManager.sent`), on the loop."""
+        event = self.jobs.sent_safely(sub, error)
+        log.info("%s", event)
+        return event
 
     def cycle_safely(self) -> ReconcileReport | None:
         """:meth:`cycle`, logging instead of raising: one bad cycle never stops the loop (the next one retries)."""

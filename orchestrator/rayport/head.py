@@ -25,6 +25,8 @@ loop:
   ``acquire_lease`` queues, tries the fast grant path
   (:meth:`HeadService.grant_now`) and waits, in one call: the SDK's lease
   cycle is one call to get the devices and one to give them back;
+* Ray's job API called off the loop (:func:`launch_off_loop`, one thread): a job's submission is
+  blocking HTTP, seconds when Ray's job head has no agent; its answer is applied back on the loop;
 * waking a node's agent when the head has a checkpoint to ask for or a lease to
   revoke there (:meth:`HeadService.agent_work`), so the
   agent acts within a call's latency instead of a heartbeat interval.
@@ -43,16 +45,18 @@ import logging
 import os
 import sys
 import time
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.control.edge import check_args
 from orchestrator.control.journal import Journal
-from orchestrator.control.jobs import AdmissionOnlyRunner
+from orchestrator.control.jobs import AdmissionOnlyRunner, RaySubmission
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
 from orchestrator.core import env
 from orchestrator.core.api import HEAD_METHODS, HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
+from orchestrator.core.errors import JobApiUnavailableError
 from orchestrator.rayport import ray_api
 from orchestrator.rayport.store import GroupCommit, gcs_table
 from orchestrator.rayport.wire import answer
@@ -62,6 +66,32 @@ log = logging.getLogger(__name__)
 #: Calls after which the queue may have become schedulable: the loop runs a cycle at once.
 WAKES = frozenset({"request_lease", "release", "submit_job", "cancel_job", "job_ack_checkpoint", "register_agent",
                    "update_inventory", "heartbeat", "repartition_mig"})
+
+
+def launch_off_loop(service: HeadService, pool: Executor, loop: asyncio.AbstractEventLoop,
+                    then: Callable[[], None]) -> int:
+    """Hand every job submission now due (:meth:`HeadService.take_submissions`) to Ray's job API on ``pool``,
+    and apply each answer back on ``loop`` (:meth:`HeadService.submission_sent`), then call ``then``.
+    Returns how many went.
+
+    The job API is blocking HTTP that can take seconds (Ray's job head waits 10 s for an agent before it
+    answers "no available agent"); made on the loop, it stopped every call and cycle of the head meanwhile.
+    Invariant: the service is read and changed only on ``loop``; ``pool`` runs only the call itself."""
+    subs = service.take_submissions()
+    for sub in subs:
+        fut = loop.run_in_executor(pool, service.send_submission, sub)
+        fut.add_done_callback(functools.partial(_submission_answered, service, sub, then))
+    return len(subs)
+
+
+def _submission_answered(service: HeadService, sub: RaySubmission, then: Callable[[], None],
+                         fut: asyncio.Future[Exception | None]) -> None:
+    try:
+        error = fut.result()
+    except BaseException as e:  # the call never ran (the pool is shutting down): it may be tried again
+        error = JobApiUnavailableError(sub.submission_id, f"not sent: {type(e).__name__}: {e}")
+    service.submission_sent(sub, error)
+    then()
 
 
 class RayClusterPort:
@@ -108,6 +138,7 @@ class HeadActor:
         self._told: set[tuple[str, str]] = set()  # agent work each agent has been woken for
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # lease id -> callers waiting for it to settle
         self._home = asyncio.get_event_loop()  # the loop the cycle task runs on
+        self._job_api = ThreadPoolExecutor(1, thread_name_prefix="rgo-job-api")  # Ray's job API, off the loop
         self._task = self._home.create_task(self._loop())
 
     def _poke(self) -> None:
@@ -132,7 +163,7 @@ class HeadActor:
             self._wake_agents()
             self._notify()
             await self.commit.durable()  # what the cycle admitted is in the GCS: now start it
-            self.service.launch()
+            launch_off_loop(self.service, self._job_api, self._home, self._poke)
             took = time.monotonic() - t0
             if took > 1.0:  # the loop that hears heartbeats was busy this long
                 log.warning("head: one cycle took %.1fs", took)

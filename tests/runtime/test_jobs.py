@@ -364,6 +364,56 @@ def test_a_job_api_unavailable_past_the_retry_window_fails_the_job_and_frees_its
     assert 4 <= ray_jobs.calls <= 7  # backoff: 1, 2, 4, 8, 16, 30 s ... within 60 s, not once per cycle
 
 
+def _admitted_and_taken(ctl, store, agents, clock, ray_jobs) -> tuple[JobManager, str, Any]:
+    """A head's job layer that submits at launch (the head actor's): one job admitted, its submission taken."""
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    job = jm.submit(spec("t"))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    assert jm.get(job)["state"] == "admitted"
+    subs, _ = jm.take_submissions()
+    (sub,) = subs
+    return jm, job, sub
+
+
+def test_a_job_whose_submission_is_with_ray_is_not_submitted_again_and_runs_on_the_answer(
+        ctl, store, agents, clock, ray_jobs) -> None:
+    jm, job, sub = _admitted_and_taken(ctl, store, agents, clock, ray_jobs)
+    cycle(ctl, jm, agents, 3)  # Ray has not answered yet: the job waits, nothing is taken twice
+    assert jm.take_submissions() == ([], []) and jm.get(job)["state"] == "admitted"
+    answer = jm.send(sub)
+    assert answer is None and list(ray_jobs.submitted) == [sub.submission_id]
+    jm.sent(sub, answer)
+    d = jm.get(job)
+    assert d["state"] == "running" and d["lease"]["state"] == "active"
+
+
+def test_a_job_cancelled_while_its_submission_was_with_ray_has_the_ray_job_stopped(
+        ctl, store, agents, clock, ray_jobs) -> None:
+    jm, job, sub = _admitted_and_taken(ctl, store, agents, clock, ray_jobs)
+    jm.cancel(job)
+    jm.sent(sub, jm.send(sub))  # Ray took it after all
+    d = jm.get(job)
+    assert d["state"] == "cancelled" and d["lease"]["state"] == "released"
+    assert ray_jobs.statuses[sub.submission_id] == "STOPPED"
+
+
+def test_a_job_whose_node_was_lost_while_its_submission_was_with_ray_is_stopped_there_and_requeued(
+        ctl, store, agents, clock, ray_jobs) -> None:
+    jm, job, sub = _admitted_and_taken(ctl, store, agents, clock, ray_jobs)
+    node = jm.get(job)["lease"]["allocation"]["node"]
+    for _ in range(6):  # past agent_ttl_s for that node only
+        clock.advance(1.0)
+        for name, a in agents.items():
+            if name != node:
+                a.beat()
+        ctl.reconcile()
+    jm.sent(sub, jm.send(sub))
+    assert sub.submission_id in ray_jobs.stopped, "a Ray job on devices the job no longer holds must not run"
+    jm.reconcile()
+    d = jm.get(job)
+    assert d["state"] == "queued" and d["attempt"] == 2
+
+
 def test_one_jobs_error_does_not_stop_the_others(ctl, jm, agents, monkeypatch) -> None:
     a = jm.submit(spec("a"))["job_id"]
     b = jm.submit(spec("b"))["job_id"]
