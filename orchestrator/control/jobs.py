@@ -175,10 +175,10 @@ class JobManager:
         self._ray_status: dict[str, str | None] = {}  # submission id -> Ray status, as of the last batched read
         self._read_at = float("-inf")
         self._read_failing = False  # the last status read failed (said once, until one succeeds)
-        # False: a job's Ray submission waits for :meth:`launch`, which the head calls once the store holds the
+        # False: a job's Ray submission waits for :meth:`take_submissions`, which the head calls once the store holds the
         # admission (the grant it runs on included); True: at once, for stores that are durable on each write.
         self.launch_in_step = launch_in_step
-        self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits launch(), in order
+        self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits take_submissions(), in order
         self._sending: set[str] = set()  # jobs whose submission is with Ray's job API now (send() -> sent())
         # Ray submission ids whose submission the job API could not take yet -> (first failure, next try, tries).
         # Soft: a restarted head submits every admitted job again at once (the same id: never run twice).
@@ -414,7 +414,7 @@ class JobManager:
             return None
         if job.state is JobState.ADMITTED:
             if job.job_id in self._ready or job.job_id in self._sending:
-                return None  # its submission waits for launch(), or for Ray's answer
+                return None  # its submission waits to be taken, or for Ray's answer
             if state is LeaseState.GRANTED and lease:
                 retry = self._retry.get(job.ray_submission_id or "")
                 if retry is not None and now < retry[1]:
@@ -450,25 +450,13 @@ class JobManager:
 
     # ---- steps ---------------------------------------------------------------------------------
     def _start(self, job: Job, lease: LedgerEntry) -> str:
-        """Record the Ray submission id of the job's attempt, then submit it (at once, or at :meth:`launch`)."""
+        """Record the Ray submission id of the job's attempt, then submit it (at once, or by :meth:`take_submissions`)."""
         sub_id = attempt_id(job.job_id, job.attempt)  # the lease attempt's id: one id from our jobs to Ray's
         job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
         if self.launch_in_step:
             return self._submit(job, lease)
         self._ready[job.job_id] = None
         return f"{job.job_id}: admitted; submitted to Ray as {sub_id} once recorded"
-
-    def launch(self) -> list[str]:
-        """Submit to Ray every job admitted since the last call (``launch_in_step=False``), each only if it is
-        still admitted on a granted lease; call once the store holds what was written so far. Blocks on
-        Ray's job API: the head actor runs :meth:`take_submissions`, :meth:`send` (off its loop) and
-        :meth:`sent` instead.
-
-        Invariant: no Ray job starts on a grant a restarted head would not restore."""
-        subs, events = self.take_submissions()
-        for sub in subs:
-            events.append(self.sent_safely(sub, self.send(sub)))
-        return events
 
     def sent_safely(self, sub: RaySubmission, error: Exception | None) -> str:
         """:meth:`sent`, its own failure an event (one job's failure never stops the others, or the head)."""
@@ -480,8 +468,12 @@ class JobManager:
             return f"{sub.job_id}: launch error {type(e).__name__}: {e}"
 
     def take_submissions(self) -> tuple[list[RaySubmission], list[str]]:
-        """The submissions of the jobs admitted since the last call that are still admitted on a granted
-        lease (each now *sending*: no step touches it until :meth:`sent`), and an event for each that is not."""
+        """The submissions of the jobs admitted since the last call (``launch_in_step=False``) that are still
+        admitted on a granted lease (each now *sending*: no step touches it until :meth:`sent`), and an
+        event for each that is not. Call once the store holds what was written so far, then :meth:`send`
+        each (off the head's loop: rayport.head.launch_off_loop) and apply the answer with :meth:`sent`.
+
+        Invariant: no Ray job starts on a grant a restarted head would not restore."""
         ready, self._ready = self._ready, {}
         subs, events = [], []
         for job_id in ready:

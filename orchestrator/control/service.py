@@ -27,7 +27,8 @@ Invariants:
   in the queue in the call that brought it (the same plan a cycle would make);
 * with ``launch_in_cycle=False`` (the head actor, whose store commits in groups:
   :mod:`orchestrator.control.journal`) a cycle admits jobs but starts none:
-  :meth:`launch` submits them to Ray once the store holds the admissions;
+  :meth:`take_submissions`, :meth:`send_submission` and :meth:`submission_sent` submit them to Ray
+  once the store holds the admissions (``rayport.head.launch_off_loop``);
 * time windows read ``day_clock`` (an injected :class:`~orchestrator.core.clock.Clock`):
   the one given, else a compressed day when ``settings.day_clock`` is set, else the
   machine's local time (:func:`day_clock_of`).
@@ -163,14 +164,6 @@ class HeadService:
         gc.freeze()
         if action is not HeapAction.FREEZE_RECENT:  # gc.get_freeze_count() walks every frozen object: not each time
             log.info("heap %s (%s): %d objects frozen", action.value, why, gc.get_freeze_count())
-
-    def launch(self) -> list[str]:
-        """Submit to Ray the jobs admitted since the last call (``launch_in_cycle=False``), blocking on Ray's
-        job API; see :meth:`JobManager.launch`. The head actor uses the three steps below instead."""
-        events = self.jobs.launch()
-        for event in events:
-            log.info("%s", event)
-        return events
 
     def take_submissions(self) -> list[RaySubmission]:
         """The submissions to hand Ray's job API now (:meth:`JobManager.take_submissions`); call once the

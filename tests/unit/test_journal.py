@@ -357,6 +357,22 @@ def _head_over_journal(launch_in_cycle: bool) -> tuple[Any, Journal, RecordingRu
     return head, j, runner
 
 
+def launch(head: Any) -> None:
+    """What the head actor does once a batch is durable (``rayport.head.launch_off_loop``), waited for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.rayport.head import launch_off_loop
+
+    async def run() -> None:
+        answered: list[None] = []
+        with ThreadPoolExecutor(1) as pool:
+            n = launch_off_loop(head, pool, asyncio.get_running_loop(), lambda: answered.append(None))
+            while len(answered) < n:
+                await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+
+
 def test_the_head_submits_a_job_to_ray_only_after_the_table_holds_its_admission_and_grant() -> None:
     head, j, runner = _head_over_journal(launch_in_cycle=False)
     spec = {"name": "t", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}, "priority": "batch"}
@@ -366,7 +382,7 @@ def test_the_head_submits_a_job_to_ray_only_after_the_table_holds_its_admission_
     assert runner.submitted == {}  # admitted, not started: nothing is in the table yet
     assert {d["state"] for d in head.list_jobs()} == {"admitted"}
     commit(j)  # the head actor: `await commit.durable()`
-    head.launch()
+    launch(head)
     assert sorted(runner.submitted) == [f"job-{i}.a1" for i in range(3)]
     for seen in runner.submitted.values():
         assert seen == {"lease_state": "granted", "job_state": "admitted", "sub_id": seen["sub_id"]} and seen["sub_id"]
@@ -380,7 +396,7 @@ def test_a_job_cancelled_between_admission_and_launch_is_not_started() -> None:
     head.submit_job(spec, "job-b")
     head.cancel_job("job-a")
     commit(j)
-    head.launch()
+    launch(head)
     assert sorted(runner.submitted) == ["job-b.a1"]
     assert head.get_job("job-a")["state"] == "cancelled"
 
