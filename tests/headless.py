@@ -52,7 +52,7 @@ class LocalProcessRunner:
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
                label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
         if submission_id in self.procs:
-            raise RuntimeError(f"Job with submission_id {submission_id} already exists")
+            return  # taken already (JobRunner.submit is idempotent per id)
         env = {**os.environ, **runtime_env.get("env_vars", {})}
         log = open(self.workdir / f"{submission_id}.log", "wb")  # noqa: SIM115 - closed with the process
         self.submitted[submission_id] = {"entrypoint": entrypoint, "env": runtime_env.get("env_vars", {}),

@@ -108,7 +108,12 @@ class JobRunner(Protocol):
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
                label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
         """Submit the driver, placed only on a node whose labels match ``label_selector``, asking Ray for the
-        devices of ``handout`` (:meth:`~orchestrator.control.handout.Handout.to_dict`)."""
+        devices of ``handout`` (:meth:`~orchestrator.control.handout.Handout.to_dict`).
+
+        Idempotent per ``submission_id``: an id Ray already has (an earlier try whose answer was lost, or a
+        head that crashed between recording the id and hearing back) returns as taken; the head never gives
+        an id to two attempts. Raises ``JobApiUnavailableError`` where the failure may pass; anything else
+        it raises is Ray refusing the job."""
         ...
 
     def status(self, submission_id: str) -> str | None: ...
@@ -135,9 +140,7 @@ class AdmissionOnlyRunner:
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
                label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
-        if submission_id in self._known:
-            raise RuntimeError(f"Job with submission_id {submission_id} already exists")  # as Ray says it
-        self._known.add(submission_id)
+        self._known.add(submission_id)  # a second submit of an id is taken, as JobRunner.submit says
 
     def status(self, submission_id: str) -> str | None:
         return "SUCCEEDED" if submission_id in self._known else None
@@ -540,14 +543,13 @@ class JobManager:
     def sent(self, sub: RaySubmission, error: Exception | None) -> str:
         """Apply Ray's answer to ``sub`` (:meth:`send`'s return) to the job as it is now.
 
-        Still admitted on a granted lease: taken (or "already exists": an earlier try of the same id that
-        landed) -> its lease(s) activated for the Ray job and the job RUNNING; unavailable for now -> sent
+        Still admitted on a granted lease: taken -> its lease(s) activated for the Ray job and the job RUNNING; unavailable for now -> sent
         again after a backoff (:meth:`_submit_later`); refused -> FAILED, its lease(s) freed. Changed
         meanwhile (cancelled, its lease preempted or lost): a Ray job that was taken is stopped, and the
         job's next step deals with the rest."""
         self._sending.discard(sub.job_id)
         job = self._jobs.get(sub.job_id)
-        taken = error is None or (not isinstance(error, JobApiUnavailableError) and "already exists" in str(error))
+        taken = error is None
         current = job is not None and job.state is JobState.ADMITTED and job.ray_submission_id == sub.submission_id
         state, lease = self._view(job) if job is not None and current else (None, None)
         if job is None or not current or state is not LeaseState.GRANTED or lease is None:

@@ -509,7 +509,8 @@ class RayJobRunner:
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
                label_selector: dict[str, str], handout: Mapping[str, Any], metadata: dict[str, str]) -> None:
-        """Raises :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything
+        """:meth:`orchestrator.control.jobs.JobRunner.submit`: Ray's "already exists" for the id returns as
+        taken; :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything
         else Ray raised is a refusal."""
         demand = gpu_demand(handout)
         try:
@@ -520,6 +521,8 @@ class RayJobRunner:
         except Exception as e:
             if _transient(e):
                 raise JobApiUnavailableError(submission_id, f"{type(e).__name__}: {e}") from e
+            if isinstance(e, RuntimeError) and f"{submission_id} already exists" in str(e):
+                return  # Ray's only word for it (HTTP 400, this text): an earlier try of ours landed
             raise
 
     def status(self, submission_id: str) -> str | None:

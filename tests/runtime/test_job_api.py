@@ -82,10 +82,19 @@ def test_a_5xx_is_unavailable_with_what_ray_said(job_head: StandInJobHead) -> No
 
 
 def test_a_4xx_is_a_refusal_not_a_retry(job_head: StandInJobHead) -> None:
-    job_head.answer = (400, "Job with submission_id job-1-a1 already exists.", 0.0)
-    with pytest.raises(RuntimeError, match="already exists") as e:
+    job_head.answer = (400, "runtime_env: working_dir does not exist", 0.0)
+    with pytest.raises(RuntimeError, match="working_dir") as e:
         _submit(RayJobRunner(job_head.url))
     assert not isinstance(e.value, JobApiUnavailableError)
+
+
+def test_an_id_ray_already_has_is_taken_not_refused(job_head: StandInJobHead) -> None:
+    """What Ray's job head answers for an id it has (HTTP 400, its text): an earlier try of ours landed."""
+    job_head.answer = (400, "Job with submission_id job-1-a1 already exists. Please use a different submission_id.", 0.0)
+    _submit(RayJobRunner(job_head.url))
+    job_head.answer = (400, "Job with submission_id job-9-a1 already exists.", 0.0)  # someone else's id
+    with pytest.raises(RuntimeError, match="already exists"):
+        _submit(RayJobRunner(job_head.url))
 
 
 def test_a_submission_that_lands_returns(job_head: StandInJobHead) -> None:

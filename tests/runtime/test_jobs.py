@@ -34,7 +34,7 @@ class FakeRayJobs:
 
     def submit(self, submission_id, entrypoint, runtime_env, label_selector, handout, metadata) -> None:
         if submission_id in self.submitted:
-            raise RuntimeError(f"Job with submission_id {submission_id} already exists")
+            return  # taken already: JobRunner.submit is idempotent per id
         self.submitted[submission_id] = dict(entrypoint=entrypoint, env=runtime_env["env_vars"],
                                              label_selector=label_selector, handout=handout)
         self.statuses[submission_id] = "RUNNING"
