@@ -87,10 +87,10 @@ class ReconcileReport:
 
 HolderProbe = Callable[[Sequence[str]], Mapping[str, bool]]
 
-#: Step 2 (dead holders) runs at most this often (head clock). It walks every active lease and asks the
-#: probe about their holders; the head's probe answers from a table of Ray's actors it reads once a second
-#: (``service.TABLES_EVERY_S``), so a check every cycle re-read the same answers (at 12,000 active leases,
-#: ~10 ms of every 0.25 s cycle). A holder's death is seen within this plus that table's age.
+#: Step 2 (dead holders) runs at most this often (head clock): it walks every active lease and asks the
+#: probe (the head's: a read of Ray's actor table) about their holders, ~10 ms at 12,000 active leases
+#: besides the read, so every cycle was too often. The one throttle of that read: a holder's death is seen
+#: within this.
 HOLDER_CHECK_EVERY_S = 1.0
 
 

@@ -92,9 +92,8 @@ class HeadService:
         self.cluster = cluster
         self.port = port
         self.clock = clock
-        self._alive: tuple[float, dict[str, bool]] = (float("-inf"), {})
         self._nodes_read_at = float("-inf")
-        self.ctl = HeadController(settings, store, clock=clock, holder_probe=self._holders_alive,
+        self.ctl = HeadController(settings, store, clock=clock, holder_probe=port.holders_alive,
                                   sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings))
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
                                head_name=settings.head_name, status_poll_s=status_poll_s,
@@ -197,13 +196,6 @@ class HeadService:
         for node, items in self.ctl.repartitions.agent_work().items():  # a MIG layout to apply
             work.setdefault(node, set()).update(items)
         return work
-
-    def _holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
-        at, cached = self._alive
-        if time.monotonic() - at > TABLES_EVERY_S or any(h not in cached for h in holders):
-            cached = dict(self.port.holders_alive(holders))
-            self._alive = (time.monotonic(), cached)
-        return cached
 
     # ---- leases --------------------------------------------------------------------------------
     def request_lease(self, lease_request: Mapping[str, Any]) -> str:
