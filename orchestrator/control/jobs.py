@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -99,7 +99,16 @@ class RaySubmission:
     runtime_env: dict[str, Any]
     label_selector: dict[str, str]
     demand: dict[str, Any]
-    metadata: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    """A submission Ray's job API could not take yet: since ``first``, ``tries`` times; next at ``due``."""
+
+    first: float
+    due: float
+    tries: int
 
 
 class JobRunner(Protocol):
@@ -183,10 +192,10 @@ class JobManager:
         self.launch_in_step = launch_in_step
         self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits take_submissions(), in order
         self._sending: set[str] = set()  # jobs whose submission is with Ray's job API now (send() -> sent())
-        # Ray submission ids whose submission the job API could not take yet -> (first failure, next try, tries).
+        # Ray submission ids whose submission the job API could not take yet.
         # Soft: a restarted head submits every admitted job again at once (the same id: never run twice).
         self.submit_retry_s = submit_retry_s
-        self._retry: dict[str, tuple[float, float, int]] = {}
+        self._retry: dict[str, _Retry] = {}
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
         # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
         # do, so a cycle steps only those of a long queue (see reconcile()).
@@ -420,7 +429,7 @@ class JobManager:
                 return None  # its submission waits to be taken, or for Ray's answer
             if state is LeaseState.GRANTED and lease:
                 retry = self._retry.get(job.ray_submission_id or "")
-                if retry is not None and now < retry[1]:
+                if retry is not None and now < retry.due:
                     return None  # Ray's job API could not take it: the next try is not due yet
                 return self._start(job, lease)
             if state in (LeaseState.LOST, LeaseState.PREEMPTED, LeaseState.EXPIRED) or state is None:
@@ -585,14 +594,15 @@ class JobManager:
         sent again, under the same submission id, after a backoff; after ``submit_retry_s`` of failures it
         fails with what Ray said and frees its lease(s). The job's ``message`` says where it stands."""
         now, sub_id = self.clock(), job.ray_submission_id or ""
-        first, _, tries = self._retry.get(sub_id, (now, now, 0))
+        retry = self._retry.get(sub_id) or _Retry(first=now, due=now, tries=0)
+        first, tries = retry.first, retry.tries
         if now - first >= self.submit_retry_s:
             why = f"Ray's job API did not take {sub_id} in {now - first:.0f}s of trying: {e.detail}"
             self._release_lease(job, why)
             self._commit(job.transition(JobState.FAILED, now=now, reason=why, message=why))
             return f"{job.job_id}: {why}"
         wait = min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_FIRST_S * 2 ** tries)
-        self._retry[sub_id] = (first, now + wait, tries + 1)
+        self._retry[sub_id] = _Retry(first=first, due=now + wait, tries=tries + 1)
         msg = f"{e}; submitting it again in {wait:g}s (try {tries + 1}, failing after {self.submit_retry_s:g}s)"
         if tries == 0:
             log.warning("%s: %s", job.job_id, msg)
