@@ -24,6 +24,8 @@ launcher's watchdog, when this process is SIGKILLed).
   call). Each client takes one lease before the start, not counted, which makes its holder actor.
 * ``submit_reply_p50_ms`` (``_p99_ms``, ``_max_ms``): the client's whole ``submit_job`` call (the grant,
   the group commit that makes it durable, the reply), what a caller waits for; a stall shows in the max.
+* ``calls_per_batch``: submissions per Ray call to the head. A client's threads' calls made while one
+  of theirs is on its way go together in its next call (:mod:`orchestrator.rayport.coalesce`).
 * ``bare_actor_call_p50_ms``: a no-op method of a no-op actor, called 200 times in a row from this
   process while the cluster is idle, in the same run. ``head_ping_p50_ms``: the head's own ``ping``,
   called the same way (the head is an asyncio actor: a call to it costs more than one to a plain actor).
@@ -141,6 +143,7 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int, share
             list(pool.map(take, range(leases)))
         again.wait(300)
         list(pool.map(poke, range(jobs)))
+    out["batches"] = head.batched.sends  # the Ray calls that carried this client's submissions
     ray_api.disconnect()
     return out
 
@@ -203,6 +206,8 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     out["submit_reply_p50_ms"] = _r(percentile(replies, 0.5))
     out["submit_reply_p99_ms"] = _r(percentile(replies, 0.99))
     out["submit_reply_max_ms"] = _r(max(replies, default=None))
+    batches = sum(r["batches"] for r in results)
+    out["calls_per_batch"] = round(len(replies) / batches, 2) if batches else None
     out["bare_actor_call_p50_ms"] = round(percentile(bare, 0.5) or 0, 3)
     out["bare_actor_call_p99_ms"] = round(percentile(bare, 0.99) or 0, 3)
     out["head_ping_p50_ms"] = _r(percentile(head_ping, 0.5))

@@ -25,7 +25,7 @@ from collections import abc
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestrator.core.api import HeadApi
+from orchestrator.core.api import BATCHED, MAX_BATCH_CALLS, HeadApi
 from orchestrator.core.errors import InvalidRequestError
 
 #: The longest a caller may ask the head to wait for a lease (a week): a bound on what a call holds.
@@ -135,3 +135,26 @@ def checked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(self, *args, **kwargs)
 
     return method
+
+
+def check_batch(calls: Any) -> list[tuple[str, list[Any], dict[str, Any]]]:
+    """``calls`` of ``HeadActor.call_many`` as ``(method, args, kwargs)`` triples, or :class:`InvalidRequestError`
+    naming the first malformed one: a list of at most :data:`MAX_BATCH_CALLS` ``[method, args, kwargs]``, each method
+    one of :data:`~orchestrator.core.api.BATCHED`. The arguments themselves are each method's to check."""
+    if not isinstance(calls, (list, tuple)):
+        raise InvalidRequestError("calls", calls, "a list of [method, args, kwargs]")
+    if len(calls) > MAX_BATCH_CALLS:
+        raise InvalidRequestError("calls", len(calls), f"at most {MAX_BATCH_CALLS} calls")
+    out = []
+    for i, c in enumerate(calls):
+        if not isinstance(c, (list, tuple)) or len(c) != 3:
+            raise InvalidRequestError(f"calls[{i}]", c, "[method, args, kwargs]")
+        name, args, kwargs = c
+        if not isinstance(name, str) or name not in BATCHED:
+            raise InvalidRequestError(f"calls[{i}].method", name, ", ".join(sorted(BATCHED)))
+        if not isinstance(args, (list, tuple)):
+            raise InvalidRequestError(f"calls[{i}].args", args, "a list of positional arguments")
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise InvalidRequestError(f"calls[{i}].kwargs", kwargs, "a mapping of parameter names to values")
+        out.append((name, list(args), dict(kwargs)))
+    return out

@@ -14,8 +14,9 @@ from typing import Any, Callable, Mapping
 import ray
 from pydantic import BaseModel
 
-from orchestrator.core.api import HEAD_METHODS, HeadApi
+from orchestrator.core.api import BATCHED, HEAD_METHODS, HeadApi
 from orchestrator.core.errors import NotConnectedError
+from orchestrator.rayport.coalesce import Coalescer, SendInterrupted
 from orchestrator.rayport.ray_api import get_head
 from orchestrator.rayport.wire import unwrap
 
@@ -28,18 +29,33 @@ WAITING = frozenset({"wait_lease", "acquire_lease"})
 class HeadClient(HeadApi):
     """Calls the head actor and raises its typed errors (never ``RayTaskError``) again.
 
-    It subclasses the protocol so type checkers see every method; each is replaced below by a real call."""
+    Calls of :data:`~orchestrator.core.api.BATCHED` methods that several threads make at once share one Ray call
+    (``HeadActor.call_many``; :mod:`.coalesce`): each still gets its own answer or typed error, and a lone call goes
+    at once. It subclasses the protocol so type checkers see every method; each is replaced below by a real call."""
 
     def __init__(self, namespace: str = "rgo", name: str = "rgo-head", handle: Any = None) -> None:
         self.handle = handle if handle is not None else get_head(namespace, name)
+        self.batched = Coalescer(self._send_batch)
 
     def call(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
-        ref = getattr(self.handle, method).remote(*args, **kwargs)
+        if method in BATCHED:
+            try:
+                return unwrap(self.batched.call([method, list(args), kwargs]))
+            except SendInterrupted as e:
+                raise NotConnectedError(f"orchestrator head did not answer {method}: {e}") from None
+        return unwrap(self._get(method, getattr(self.handle, method).remote(*args, **kwargs), timeout))
+
+    def _send_batch(self, calls: list[Any]) -> list[Any]:
+        """One ``call_many`` carrying ``calls``: their envelopes, in order."""
+        return unwrap(self._get(", ".join(sorted({c[0] for c in calls})), self.handle.call_many.remote(calls),
+                                CALL_TIMEOUT_S))
+
+    @staticmethod
+    def _get(what: str, ref: Any, timeout: float | None) -> Any:
         try:
-            reply = ray.get(ref, timeout=timeout)
+            return ray.get(ref, timeout=timeout)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            raise NotConnectedError(f"orchestrator head did not answer {method}: {type(e).__name__}") from None
-        return unwrap(reply)
+            raise NotConnectedError(f"orchestrator head did not answer {what}: {type(e).__name__}") from None
 
 
 def _plain(v: Any) -> Any:

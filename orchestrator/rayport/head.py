@@ -48,7 +48,7 @@ import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
-from orchestrator.control.edge import check_args
+from orchestrator.control.edge import check_args, check_batch
 from orchestrator.control.journal import Journal
 from orchestrator.control.jobs import AdmissionOnlyRunner, RaySubmission
 from orchestrator.control.nodes import RayNodeInfo
@@ -56,10 +56,10 @@ from orchestrator.control.service import HeadService
 from orchestrator.core import env
 from orchestrator.core.api import HEAD_METHODS, HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
-from orchestrator.core.errors import JobApiUnavailableError
+from orchestrator.core.errors import JobApiUnavailableError, OrchestratorError
 from orchestrator.rayport import ray_api
 from orchestrator.rayport.store import GroupCommit, gcs_table
-from orchestrator.rayport.wire import answer
+from orchestrator.rayport.wire import answer, encode
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +236,33 @@ class HeadActor:
         if "error" in settled:
             return settled
         return answer(self.service.activate_settled, settled["ok"], key, holder)
+
+
+    async def call_many(self, calls: Any) -> dict[str, Any]:
+        """Calls of :data:`~orchestrator.core.api.BATCHED` methods that a client's threads made at once, in one Ray
+        call (:mod:`.coalesce`): ``calls`` is a list of ``[method, args, kwargs]``; the answer, ``{"ok": [...]}``, holds
+        each one's own envelope, in order, exactly as its own call would have answered it.
+
+        Invariants: the calls are carried out in order, each on its own (one's error is its own answer, never the
+        others'); the loop is woken once if any of them would have woken it; and, as for every call, no answer
+        leaves before the group commit holding what all of them changed is in the GCS."""
+        checked = answer(check_batch, calls)
+        if "error" in checked:
+            return checked
+        replies = []
+        for name, args, kwargs in checked["ok"]:
+            replies.append(self._answer_one(name, args, kwargs))
+        if any(name in WAKES for name, _, _ in checked["ok"]):
+            self._poke()
+        await self.commit.durable()
+        return {"ok": replies}
+
+    def _answer_one(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return answer(getattr(self.service, name), *args, **kwargs)
+        except Exception as e:  # a fault of the head's, not the caller's: this call's answer, not the batch's
+            log.exception("%s failed in a batch", name)
+            return {"error": encode(OrchestratorError(f"the head failed on {name}: {type(e).__name__}: {e}"))}
 
 
 def _resolve(fut: "asyncio.Future[None]") -> None:

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core import errors as E
-from orchestrator.core.api import HEAD_METHODS
+from orchestrator.core.api import BATCHED, HEAD_METHODS
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.lease import key_digest
 
@@ -44,6 +44,14 @@ values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionari
 calls = st.tuples(st.sampled_from(HEAD_METHODS), st.lists(values, max_size=5),
                   st.dictionaries(st.sampled_from(["timeout", "key", "token", "holder", "reason", "bogus", "inventory",
                                                    "allocated", "utilization", "ttl_s", "slo_s"]), values, max_size=2))
+
+#: What ``call_many`` is sent: well-formed batches of BATCHED calls with malformed arguments, batches with malformed
+#: calls (other methods, junk in any place), and junk instead of a batch.
+_kwargs = st.dictionaries(st.sampled_from(["key", "token", "holder", "reason", "bogus"]), values, max_size=2)
+good_items = st.tuples(st.sampled_from(sorted(BATCHED)), st.lists(values, max_size=4), _kwargs).map(list)
+bad_items = st.tuples(st.sampled_from(sorted(BATCHED)) | st.sampled_from(["wait_lease", "status", "nope"]) | scalars,
+                      st.lists(values, max_size=4) | scalars, _kwargs | scalars).map(list)
+batches = st.lists(good_items, min_size=1, max_size=6) | st.lists(bad_items | values, max_size=6) | values
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +124,47 @@ def test_malformed_calls_get_typed_answers_and_the_head_keeps_its_lease(head: An
     _ok(_call(head, "request_lease", {"lease_id": "after-fuzz", "request": "timeslice:0.1"}))
     assert _ok(_call(head, "wait_lease", "after-fuzz", 30.0))["state"] == "granted"
     assert len(_ok(_call(head, "status"))["nodes"]) == 3
+
+
+def test_malformed_batches_get_typed_answers_each_call_its_own(head: Any) -> None:
+    # call_many (the client's threads' calls sent together): the batch is refused whole, naming the malformed
+    # call's field, or each call is answered with its own envelope -- and the head keeps what it held.
+    import ray
+
+    _ok(_call(head, "request_lease", {"lease_id": "keep-batch", "request": "1", "requester_digest": key_digest(KEY)}))
+    granted = _ok(_call(head, "wait_lease", "keep-batch", 30.0, KEY))
+    before = _ok(_call(head, "ping"))
+    answered = 0
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(batches)
+    def fuzz(batch: Any) -> None:
+        nonlocal answered
+        try:
+            reply = ray.get(head.call_many.remote(batch), timeout=30)
+        except ray.exceptions.RayTaskError as e:
+            pytest.fail(f"call_many({batch!r}): untyped {e}")
+        _checked("call_many", [batch], {}, reply)
+        if "error" in reply:
+            assert reply["error"]["fields"]["field"].startswith("calls"), reply
+            return
+        assert isinstance(batch, list) and len(reply["ok"]) == len(batch), (batch, reply)
+        for (method, args, kwargs), one in zip(batch, reply["ok"]):
+            _checked(method, args, kwargs, one)
+            answered += 1
+
+    fuzz()
+    print(f"\n{answered} calls answered one by one inside fuzzed batches")
+    assert answered >= EXAMPLES // 4  # most well-formed batches were answered call by call
+    after = _ok(_call(head, "ping"))
+    assert (after["pid"], after["started_at"]) == (before["pid"], before["started_at"]), "the head restarted"
+    kept = _ok(_call(head, "get_lease", "keep-batch", KEY))
+    assert kept["state"] == "granted" and kept["fencing_token"] == granted["fencing_token"]
+    # A well-formed batch: each call answered as its own call is.
+    ok, refused, unknown = _ok(_call(head, "call_many", [
+        ["get_lease", ["keep-batch", KEY], {}], ["release", ["no-such-lease"], {"token": "x"}],
+        ["get_job", ["no-such-job"], {}]]))
+    assert ok == _call(head, "get_lease", "keep-batch", KEY)
+    assert refused["error"]["type"] == "InvalidRequestError" and refused["error"]["fields"]["field"] == "token"
+    assert unknown == _call(head, "get_job", "no-such-job") and unknown["error"]["type"] == "UnknownObjectError"

@@ -52,3 +52,44 @@ def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:
             {"job_id": "x", "state": "succeeded", "attempt": 1, "history": []}]
     got = load.account_jobs([("a", 1.0), ("b", 1.0), ("c", 1.0)], seen, 3)
     assert (got["lost"], got["duplicated"], got["admitted"]) == (1, 2, 2)
+
+
+def test_submissions_from_many_threads_share_calls_and_each_gets_its_own_answer(address: str) -> None:
+    # One driver, 16 threads, 64 submissions (every fourth one malformed): fewer Ray calls than submissions
+    # (HeadClient coalesces them: orchestrator.rayport.coalesce), and each its own answer -- its own job, or the
+    # head's typed refusal naming its own field.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.core.errors import InvalidRequestError
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.client import HeadClient
+
+    ray_api.connect(address, load.NAMESPACE)
+    try:
+        head = HeadClient(load.NAMESPACE)
+        head.ping()
+
+        def submit(i: int) -> Any:
+            gpu = {"kind": "timeslice", "fraction": 0.01} if i % 4 else {"kind": "timeslice", "fraction": 7}
+            try:
+                return head.submit_job({"name": "many", "entrypoint": "true", "gpu": gpu}, f"many-{i}")
+            except InvalidRequestError as e:
+                return e
+
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(submit, range(64)))
+        for i, g in enumerate(got):
+            if i % 4:
+                assert isinstance(g, dict) and g["job_id"] == f"many-{i}" and g["state"] != "queued", (i, g)
+            else:
+                assert isinstance(g, InvalidRequestError) and "fraction" in g.field, (i, g)
+        assert head.batched.sends < 64 and head.batched.largest > 1, (head.batched.sends, head.batched.largest)
+        assert head.get_job("many-5")["job_id"] == "many-5"  # a lone call afterwards: alone, answered
+        raw = head.handle
+        import ray
+
+        refused = ray.get(raw.call_many.remote([["wait_lease", ["x", 1.0], {}]]), timeout=30)
+        assert refused["error"]["type"] == "InvalidRequestError"
+        assert refused["error"]["fields"]["field"] == "calls[0].method", refused
+    finally:
+        ray_api.disconnect()

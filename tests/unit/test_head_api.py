@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from orchestrator.control.service import HeadService
-from orchestrator.core.api import HEAD_METHODS, HeadApi
+from orchestrator.control.edge import check_batch
+from orchestrator.core.api import BATCHED, HEAD_METHODS, MAX_BATCH_CALLS, HeadApi
+from orchestrator.core.errors import InvalidRequestError
 from orchestrator.rayport.client import CALL_TIMEOUT_S, WAITING, HeadClient
 from orchestrator.rayport.head import HeadActor
 
@@ -66,3 +68,30 @@ def test_a_call_that_waits_on_the_head_gets_its_wait_plus_the_call_timeout(name:
     assert seen == [CALL_TIMEOUT_S + 500.0]
     client.get_lease("l-1")
     assert seen[-1] == CALL_TIMEOUT_S
+
+
+def test_the_batched_methods_are_declared_quick_ones() -> None:
+    # call_many holds the head's loop for its whole batch: nothing in it may wait on the head or call out of it.
+    assert BATCHED <= set(HEAD_METHODS)
+    assert not BATCHED & WAITING
+    assert not BATCHED & {"cancel_job", "job_logs", "list_jobs", "status", "heartbeat"}
+
+
+@pytest.mark.parametrize(("calls", "field"), [
+    ("submit_job", "calls"),
+    ([["submit_job", [], {}]] * (MAX_BATCH_CALLS + 1), "calls"),
+    ([["get_job", ["a"], {}], ["get_job", ["b"]]], "calls[1]"),
+    ([["wait_lease", ["a", 1.0], {}]], "calls[0].method"),
+    ([[7, [], {}]], "calls[0].method"),
+    ([["get_job", "a", {}]], "calls[0].args"),
+    ([["get_job", ["a"], {1: 2}]], "calls[0].kwargs"),
+])
+def test_a_malformed_batch_is_refused_naming_the_call_and_field(calls: Any, field: str) -> None:
+    with pytest.raises(InvalidRequestError) as e:
+        check_batch(calls)
+    assert e.value.field == field
+
+
+def test_a_wellformed_batch_is_read_as_triples() -> None:
+    assert check_batch([("get_job", ("a",), {}), ["release", ["l"], {"token": 3}]]) == [
+        ("get_job", ["a"], {}), ("release", ["l"], {"token": 3})]
