@@ -36,6 +36,7 @@ class HeadClient(HeadApi):
     def __init__(self, namespace: str = "rgo", name: str = "rgo-head", handle: Any = None) -> None:
         self.handle = handle if handle is not None else get_head(namespace, name)
         self.batched = Coalescer(self._send_batch)
+        self.gone = False  # a call found the actor dead: a new client must look the head up again
 
     def call(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
         if method in BATCHED:
@@ -50,11 +51,11 @@ class HeadClient(HeadApi):
         return unwrap(self._get(", ".join(sorted({c[0] for c in calls})), self.handle.call_many.remote(calls),
                                 CALL_TIMEOUT_S))
 
-    @staticmethod
-    def _get(what: str, ref: Any, timeout: float | None) -> Any:
+    def _get(self, what: str, ref: Any, timeout: float | None) -> Any:
         try:
             return ray.get(ref, timeout=timeout)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            self.gone = self.gone or isinstance(e, ray.exceptions.RayActorError)
             raise NotConnectedError(f"orchestrator head did not answer {what}: {type(e).__name__}") from None
 
 

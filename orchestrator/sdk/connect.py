@@ -22,6 +22,11 @@ driver's life, so every lease the driver takes is activated with the same one
 default ``lease()`` cost 0.7 s). When the driver dies, Ray kills the holder and
 the head's dead-holder check frees everything activated with it.
 
+**One head client per driver.** Every :class:`Connection` of one driver (Ray job) to one head shares one
+:class:`~orchestrator.rayport.client.HeadClient`: the head is looked up once, not once per ``lease()``, and
+the quick calls of the driver's threads go to it together (:mod:`orchestrator.rayport.coalesce`). A client
+that found the head's actor dead is not handed out again: the next connection looks the head up afresh.
+
 Ray is imported only when a connection is made (``import orchestrator.sdk``
 stays free of Ray, which takes a second to import): the heavy-dependency
 exception to our no-imports-in-functions rule.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -100,9 +106,17 @@ class Connection:
         try:
             address = ray_api.connect(target.address, target.namespace, timeout_s=connect_timeout_s,
                                       source=target.source)
-            if not ray_api.named_actor_alive(target.head_name, target.namespace):
-                raise HeadNotFoundError(address, target.source, target.namespace, target.head_name)
-            self.head: HeadApi = HeadClient(target.namespace, target.head_name)
+            key = (ray.get_runtime_context().get_job_id(), target.namespace, target.head_name)
+            with _HEADS_LOCK:
+                head = _HEADS.get(key)
+                if head is None or head.gone:
+                    if not ray_api.named_actor_alive(target.head_name, target.namespace):
+                        raise HeadNotFoundError(address, target.source, target.namespace, target.head_name)
+                    head = HeadClient(target.namespace, target.head_name)
+                    for k in [k for k in _HEADS if k[0] != key[0]]:  # an earlier Ray connection's: no use now
+                        del _HEADS[k]
+                    _HEADS[key] = head
+            self.head: HeadApi = head
         except OrchestratorError:
             self.close()
             raise
@@ -140,6 +154,10 @@ class Connection:
 
 #: This driver's holder: (Ray job id of the connection it belongs to, the actor, its id).
 _HOLDER: tuple[str, Any, str] | None = None
+
+#: This driver's head clients, by (Ray job id, namespace, head name): see "One head client per driver".
+_HEADS: dict[tuple[str, str, str], Any] = {}
+_HEADS_LOCK = threading.Lock()
 
 
 class _Holder:

@@ -93,3 +93,34 @@ def test_submissions_from_many_threads_share_calls_and_each_gets_its_own_answer(
         assert refused["error"]["fields"]["field"] == "calls[0].method", refused
     finally:
         ray_api.disconnect()
+
+
+def test_the_connections_of_one_driver_share_its_head_client_until_the_head_is_found_gone(address: str) -> None:
+    # lease() opens a connection per call: each looked the head up in the GCS and had a client of its own, so
+    # a driver's threads' releases never went together. Now one client per driver and head, until a call
+    # finds the head's actor dead; then the next connection looks it up again.
+    import ray
+
+    from orchestrator.core.errors import NotConnectedError
+    from orchestrator.rayport import ray_api
+    from orchestrator.sdk.connect import open_connection
+    from orchestrator.sdk.leases import lease
+
+    ray_api.connect(address, load.NAMESPACE)
+    try:
+        a, b = open_connection(namespace=load.NAMESPACE), open_connection(namespace=load.NAMESPACE)
+        assert a.head is b.head
+        with lease("timeslice:0.05", namespace=load.NAMESPACE, timeout=60) as held:
+            assert held.head is a.head
+        dead = ray_api.remote_class(load.Noop, by_value=load).options(num_cpus=0).remote()
+        ray.get(dead.ping.remote(), timeout=60)
+        ray.kill(dead, no_restart=True)
+        a.head.handle = dead  # as if the head's actor had died under this driver's client
+        with pytest.raises(NotConnectedError):
+            a.head.ping()  # (the stand-in has a ping too: what fails is that its actor is dead)
+        assert a.head.gone
+        c = open_connection(namespace=load.NAMESPACE)
+        assert c.head is not a.head and not c.head.gone
+        assert c.head.get_lease(held.lease_id)["state"] == "released"
+    finally:
+        ray_api.disconnect()
