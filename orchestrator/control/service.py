@@ -237,6 +237,15 @@ class HeadService:
         self.grant_now()
         return self.activate_settled(self.wait_lease(lease_id, timeout, key), key, holder)
 
+    def acquire_lease_now(self, lease_request: Mapping[str, Any], key: str | None = None,
+                          holder: str | None = None) -> Json:
+        lease_id = self.request_lease(lease_request)
+        self.grant_now()
+        settled = self.lease_settled(lease_id, key)
+        if settled is None:  # still on its way: it stays queued for the caller to wait on (or withdraw)
+            return self.get_lease(lease_id, key)
+        return self.activate_settled(settled, key, holder)
+
     def grant_now(self) -> ReconcileReport:
         """The fast grant path (:meth:`HeadController.schedule_now`): a request alone in the queue is placed
         in the call that brought it; the next cycle does everything else (agents, jobs, metrics).

@@ -48,6 +48,15 @@ class HeadApi(Protocol):
         ``holder`` (an actor id), a granted lease is activated by that holder before the answer."""
         ...
 
+    def acquire_lease_now(self, lease_request: Mapping[str, Any], key: str | None = None,
+                          holder: str | None = None) -> Json:
+        """``acquire_lease`` without its wait: queue the request and grant it in this call when it is alone in the
+        queue and fits (the fast grant path). The answer is the lease's view: handed out (activated by ``holder``
+        with the requester's ``key``, as ``acquire_lease`` does), or pending -- it stays queued: wait for it with
+        ``wait_lease`` or withdraw it with ``release``. It never waits, so a client's threads send theirs
+        together (:data:`BATCHED`): the SDK's ``lease()`` tries this first and waits only when it must."""
+        ...
+
     def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
         """The holder started on the devices (a stale token is refused). ``workload`` names what runs on them
         (``actor:<ns>/<name>``, ``job:<id>``, ``pid:<n>``) so the node's agent can stop it when it is revoked."""
@@ -165,7 +174,8 @@ HEAD_METHODS: tuple[str, ...] = tuple(n for n in HeadApi.__dict__ if not n.start
 #: The methods a client may send several of in one call to the head (``HeadActor.call_many``; the client's threads'
 #: calls made at once go together: :mod:`orchestrator.rayport.coalesce`). Each neither waits on the head nor calls
 #: out of it (Ray's job API, an agent), so a batch holds the head's loop only for the head's own work.
-BATCHED: frozenset[str] = frozenset({"submit_job", "get_job", "get_lease", "request_lease", "activate", "release"})
+BATCHED: frozenset[str] = frozenset({"submit_job", "get_job", "get_lease", "request_lease", "acquire_lease_now",
+                                     "activate", "release"})
 
 #: The most calls one ``call_many`` may carry.
 MAX_BATCH_CALLS = 1024

@@ -64,7 +64,7 @@ from orchestrator.rayport.wire import answer, encode
 log = logging.getLogger(__name__)
 
 #: Calls after which the queue may have become schedulable: the loop runs a cycle at once.
-WAKES = frozenset({"request_lease", "release", "submit_job", "cancel_job", "job_ack_checkpoint", "register_agent",
+WAKES = frozenset({"request_lease", "acquire_lease_now", "release", "submit_job", "cancel_job", "job_ack_checkpoint", "register_agent",
                    "update_inventory", "heartbeat", "repartition_mig"})
 
 

@@ -32,10 +32,13 @@ without leaving the block, Ray kills that actor and the head's dead-holder
 check frees the devices.
 
 **One call to get the devices.** :func:`lease` asks with
-``HeadApi.acquire_lease``: the head queues the request, grants it at once when
-nothing else waits, else when the cycle that grants it has run (no polling on
-either side), and activates it with the driver's holder before answering. A
-lease's life is that call and the release.
+``HeadApi.acquire_lease_now``: the head queues the request, grants it at once
+when nothing else waits and it fits, and activates it with the driver's holder
+before answering. Only a request that must wait is waited on
+(``HeadApi.wait_lease``: the head answers when the cycle that grants it has run;
+no polling on either side) and then activated. A lease's life is that call and
+the release; both are quick calls, which a driver's threads send together
+(:mod:`orchestrator.rayport.coalesce`).
 """
 
 from __future__ import annotations
@@ -196,16 +199,18 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
     try:
         holder_id = conn.holder_id() if fate_share and conn is not None else None
         requested = True  # from here a request may be queued: the block's end withdraws it
-        info = head.acquire_lease({"lease_id": lid, "request": req.model_dump(mode="json"),
-                                   "owner": owner or _default_owner(), "priority_class": priority or "",
-                                   "queue": queue, "requeue_on_loss": False, "requester_digest": key_digest(key),
-                                   "requeue_on_preempt": requeue, "checkpoint_dir": checkpoint_dir},
-                                  timeout, key, holder_id)
+        info = head.acquire_lease_now({"lease_id": lid, "request": req.model_dump(mode="json"),
+                                       "owner": owner or _default_owner(), "priority_class": priority or "",
+                                       "queue": queue, "requeue_on_loss": False, "requester_digest": key_digest(key),
+                                       "requeue_on_preempt": requeue, "checkpoint_dir": checkpoint_dir},
+                                      key, holder_id)
+        if info.get("state") == "pending":  # it must wait: LeaseTimeoutError after `timeout` (withdrawn below)
+            info = head.wait_lease(lid, timeout, key)
         if info.get("state") not in ("granted", "active") or not info.get("handout"):
             last = (info.get("history") or [{}])[-1].get("reason", "")
             raise OrchestratorError(f"lease {lid} ended before it was handed out: {info.get('state')} ({last})")
-        if info.get("state") == "granted":  # no holder to activate it with (fate_share=False, or a given head)
-            info = {**info, **head.activate(lid, int(info["fencing_token"]), None)}
+        if info.get("state") == "granted":  # waited for, or no holder to activate it with (fate_share=False)
+            info = {**info, **head.activate(lid, int(info["fencing_token"]), holder_id)}
         handle = LeaseHandle(head, info, poll_s=poll_s, key=key,
                              namespace=conn.target.namespace if conn is not None else (namespace or "rgo"))
         yield handle

@@ -92,6 +92,29 @@ def test_acquire_lease_queues_grants_and_activates_with_the_holder_in_one_call(t
         head.close()
 
 
+def test_acquire_lease_now_grants_and_activates_what_fits_and_leaves_the_rest_queued(tmp_path: Path) -> None:
+    head = InProcessHead(workdir=tmp_path)
+    try:
+        with head.lock:  # no background cycle in between: whatever is granted is granted in the call
+            svc = head.service
+            got = svc.acquire_lease_now({"lease_id": "now", "request": "4", "requester_digest": key_digest("k")},
+                                        "k", "holder-actor")
+            assert got["state"] == "active" and got["holder"] == "holder-actor" and got["fencing_token"] >= 1
+            # a retry is the same lease, not a second one
+            again = svc.acquire_lease_now({"lease_id": "now", "request": "4", "requester_digest": key_digest("k")},
+                                          "k", "holder-actor")
+            assert again["lease_id"] == "now" and again["fencing_token"] == got["fencing_token"]
+            # a100-0's four cards are taken: the next asks for four waits, queued, and says why
+            wait = svc.acquire_lease_now({"lease_id": "later", "request": "4", "requester_digest": key_digest("k")},
+                                         "k", "holder-actor")
+            assert wait["state"] == "pending" and wait["why_pending"]
+            svc.release("now", got["fencing_token"])
+            assert svc.cycle().granted == ["later"]
+            assert svc.get_lease("later")["state"] == "granted"  # activated by whoever waited for it
+    finally:
+        head.close()
+
+
 def test_a_job_submitted_to_an_idle_queue_is_admitted_in_the_submit_call(tmp_path: Path) -> None:
     head = InProcessHead(workdir=tmp_path)
     try:

@@ -3,6 +3,8 @@ job handles, the lease block. No Ray; Ray's job API is stood in for by local pro
 
 from __future__ import annotations
 
+import threading
+
 import json
 import re
 import subprocess
@@ -15,6 +17,7 @@ from headless import InProcessHead
 
 from orchestrator.core.config import DEMO_CONFIG, load_config
 from orchestrator.core.env import RAY_JOB_CONFIG as RAY_JOB_ENV
+from orchestrator.core.lease import key_digest
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, StaleFencingTokenError, UnknownObjectError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
@@ -230,8 +233,8 @@ def test_lease_grants_activates_yields_and_releases(head: InProcessHead) -> None
         assert head.get_lease("l-a")["workload"] == "actor:rgo/rgo-lease-l-a"
     req = head.calls[0][1][0]
     assert req["priority_class"] == "training" and req["owner"] == "me" and GpuRequest(**req["request"]) == GpuRequest.mig("1g.10gb")
-    # one call queues and waits (no polling loop); with no holder actor the lease is activated once granted
-    assert [m for m in head.methods() if m != "get_lease"] == ["acquire_lease", "activate", "activate", "release"]
+    # one call queues and grants at once (it fits: no wait); with no holder actor the lease is activated once granted
+    assert [m for m in head.methods() if m != "get_lease"] == ["acquire_lease_now", "activate", "activate", "release"]
     final = head.get_lease("l-a")
     assert final["state"] == "released" and final["history"][-1]["reason"] == "holder left the lease block"
 
@@ -252,6 +255,18 @@ def test_a_lease_not_granted_in_time_is_withdrawn(head: InProcessHead) -> None:
     assert "4x whole" in str(e.value)
     assert head.calls[-1] == ("release", ("l-c", None, "not granted within 0.5s; withdrawn by its requester"))
     assert head.get_lease("l-c")["state"] == "released"
+
+
+def test_a_lease_that_must_wait_is_waited_on_then_activated(head: InProcessHead) -> None:
+    head.request_lease({"lease_id": "hog2", "request": "4", "requester_digest": key_digest("k")})  # a100-0's four
+    hog = head.wait_lease("hog2", 10, "k")
+    assert hog["state"] == "granted"
+    threading.Timer(0.3, head.release, ("hog2", hog["fencing_token"], "done")).start()
+    with lease("4", lease_id="l-w", timeout=10, head=head) as le:
+        assert le.node == "a100-0" and head.get_lease("l-w")["state"] == "active"
+    mine = [m for m, args in head.calls if args[:1] == ("l-w",) or (args and isinstance(args[0], dict)
+                                                                   and args[0].get("lease_id") == "l-w")]
+    assert mine[:3] == ["acquire_lease_now", "wait_lease", "activate"], mine
 
 
 def test_an_unknown_priority_class_is_refused_by_the_head(head: InProcessHead) -> None:
