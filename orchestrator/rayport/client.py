@@ -39,6 +39,9 @@ class HeadClient(HeadApi):
         self.gone = False  # a call found the actor dead: a new client must look the head up again
 
     def call(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+        """``method`` on the head; its answer, or its typed error raised again. A batched method goes with the calls
+        made meanwhile and waits for its batch, which waits :data:`CALL_TIMEOUT_S` once sent (none of them waits
+        on the head: ``timeout`` is for the others)."""
         if method in BATCHED:
             try:
                 return unwrap(self.batched.call([method, list(args), kwargs]))
