@@ -84,7 +84,7 @@ def run_scenario(rounds: int, mode: str, steps: int, step_delay: float, say: Any
             out = ActorScenario(head, state.namespace, work, acfg, say=say).run()
             out["up_s"] = state.up_seconds
             return out
-        sc = Scenario(head, state.dashboard, work, ScenarioConfig(rounds=rounds, mode=mode, steps=steps,  # type: ignore[arg-type]
+        sc = Scenario(head, work, ScenarioConfig(rounds=rounds, mode=mode, steps=steps,  # type: ignore[arg-type]
                                                                   step_delay_s=step_delay,
                                                                   report_inference=page is not None,
                                                                   inference_s=6.0 if page else 2.0), say=say)

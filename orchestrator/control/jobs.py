@@ -307,14 +307,27 @@ class JobManager:
         self._commit(job.transition(JobState.CANCELLED, now=self.clock(), reason=reason, message=reason))
         return self.get(job_id)
 
-    def logs(self, job_id: str) -> str:
+    def logs(self, job_id: str, attempt: int | None = None) -> str:
+        """The driver log of the job's current attempt, or of ``attempt`` (each attempt is its own Ray job)."""
+        sub_id = self.log_source(job_id, attempt)
+        return self.read_log(sub_id) if sub_id else ""
+
+    def log_source(self, job_id: str, attempt: int | None = None) -> str | None:
+        """The Ray submission id whose log :meth:`logs` reads (None: the attempt has not reached Ray yet)."""
         job = self._job(job_id)
-        if not job.ray_submission_id:
-            return ""
+        if attempt is not None and not 1 <= attempt <= job.attempt:
+            raise InvalidRequestError("attempt", attempt, f"an attempt of {job_id}: 1 to {job.attempt}")
+        if attempt is not None and attempt != job.attempt:
+            return attempt_id(job.job_id, attempt)
+        return job.ray_submission_id
+
+    def read_log(self, submission_id: str) -> str:
+        """The runner's log of ``submission_id``, or a line saying why there is none. Reads no state of the
+        manager: the head actor calls it off its loop (it is a call out of the head)."""
         try:
-            return self.runner.logs(job.ray_submission_id)
+            return self.runner.logs(submission_id)
         except Exception as e:  # the Ray job API is a boundary: say what failed, never crash the head
-            return f"(logs of {job.ray_submission_id} unavailable: {type(e).__name__}: {e})"
+            return f"(logs of {submission_id} unavailable: {type(e).__name__}: {e})"
 
     def explain(self, job_id: str) -> dict[str, Any]:
         job = self._job(job_id)

@@ -293,8 +293,16 @@ class HeadService:
     def cancel_job(self, job_id: str) -> Json:
         return self.jobs.cancel(job_id)
 
-    def job_logs(self, job_id: str) -> str:
-        return self.jobs.logs(job_id)
+    def job_logs(self, job_id: str, attempt: int | None = None) -> str:
+        return self.jobs.logs(job_id, attempt)
+
+    def job_log_source(self, job_id: str, attempt: int | None = None) -> str | None:
+        """The Ray submission whose log ``job_logs`` reads (:meth:`JobManager.log_source`), on the loop."""
+        return self.jobs.log_source(job_id, attempt)
+
+    def read_job_log(self, submission_id: str) -> str:
+        """The log of ``submission_id`` (:meth:`JobManager.read_log`): touches no state, safe off the loop."""
+        return self.jobs.read_log(submission_id)
 
     def explain_job(self, job_id: str) -> Json:
         return self.jobs.explain(job_id)

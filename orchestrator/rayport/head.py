@@ -26,7 +26,8 @@ loop:
   (:meth:`HeadService.grant_now`) and waits, in one call: the SDK's lease
   cycle is one call to get the devices and one to give them back;
 * Ray's job API called off the loop (:func:`launch_off_loop`, one thread): a job's submission is
-  blocking HTTP, seconds when Ray's job head has no agent; its answer is applied back on the loop;
+  blocking HTTP, seconds when Ray's job head has no agent; its answer is applied back on the loop. A job's
+  log is read off the loop too, on a thread of its own (:meth:`HeadActor.job_logs`);
 * waking a node's agent when the head has a checkpoint to ask for or a lease to
   revoke there (:meth:`HeadService.agent_work`), so the
   agent acts within a call's latency instead of a heartbeat interval.
@@ -139,6 +140,7 @@ class HeadActor:
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # lease id -> callers waiting for it to settle
         self._home = asyncio.get_event_loop()  # the loop the cycle task runs on
         self._job_api = ThreadPoolExecutor(1, thread_name_prefix="rgo-job-api")  # Ray's job API, off the loop
+        self._job_logs = ThreadPoolExecutor(1, thread_name_prefix="rgo-job-logs")  # log reads, off the loop too
         self._task = self._home.create_task(self._loop())
 
     def _poke(self) -> None:
@@ -211,6 +213,19 @@ class HeadActor:
         reply = await self._settled(lease_id, timeout, key)
         await self.commit.durable()
         return reply
+
+    async def job_logs(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+        """``HeadApi.job_logs``: the attempt is found on the loop, its log read off it (a call out of the head:
+        Ray's job API, or a task on the driver's node; :meth:`RayJobRunner.logs`)."""
+        bad = answer(check_args, "job_logs", (job_id, attempt), {})  # as every forwarded method is
+        if "error" in bad:
+            return bad
+        source = answer(self.service.job_log_source, job_id, attempt)
+        if "error" in source or source["ok"] is None:
+            return source if "error" in source else {"ok": ""}
+        text = await asyncio.get_running_loop().run_in_executor(self._job_logs, self.service.read_job_log,
+                                                                source["ok"])
+        return {"ok": text}
 
     async def acquire_lease(self, lease_request: dict[str, Any], timeout: float, key: str | None = None,
                             holder: str | None = None) -> dict[str, Any]:

@@ -36,6 +36,7 @@ token); a cluster without our head is found by the SDK (``HeadNotFoundError``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -52,6 +53,8 @@ from orchestrator.core import env as E
 from orchestrator.core.errors import (ClusterAuthError, ClusterNotFoundError, InvalidRequestError, JobApiUnavailableError,
                                       NotConnectedError)
 from orchestrator.rayport.wire import unwrap
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "keep_loopback", "connect", "disconnect", "GcsKv", "get_head", "kill_named", "pin",
@@ -168,8 +171,6 @@ def _resolve_address(given: str, source: str) -> tuple[str, str]:
     ``auto`` chose among several (Ray's own warning about it would be a second line). For ``auto``, token
     auth is turned on when a token exists, as ``ray.init("auto")`` does (we pass Ray the resolved address,
     for which it would not)."""
-    import logging
-
     from ray._private import services
 
     quiet = logging.getLogger(services.__name__)
@@ -555,7 +556,52 @@ class RayJobRunner:
         self.client.stop_job(submission_id)
 
     def logs(self, submission_id: str) -> str:
+        """The job's driver log, read on the node its driver runs on; Ray's job API's answer when that node is not
+        known (yet) or cannot be reached.
+
+        Ray's job API reads the log in the session folder its agents take from the GCS: the head node's. On a
+        real cluster every host has that folder path, and the driver wrote there. On one host with a session
+        folder per raylet (``orchestrator up``'s local clusters; deploy/local.py) the driver of a job on any
+        node but the head's wrote in its own raylet's folder, and Ray's API answered only the job manager's
+        first line. So the log is read by a task on the driver's node (Ray's job record names the node), in
+        that node's own folder: the file the driver wrote, on either kind of cluster."""
+        node = self._driver_node(submission_id)
+        if node:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            try:
+                text = ray.get(_node_job_log.options(
+                    num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+                    submission_id), timeout=JOB_API_TIMEOUT_S)
+            except Exception as e:  # the node is gone, or no worker started in time: Ray's own answer
+                log.debug("could not read the log of %s on its node: %s", submission_id, e)
+                text = None
+            if text is not None:
+                return str(text)
         return str(self.client.get_job_logs(submission_id))
+
+    @staticmethod
+    def _driver_node(submission_id: str) -> str | None:
+        """The id of the node the job's driver runs (or ran) on, from Ray's job record in the GCS; None before
+        it has one."""
+        from ray._private import ray_constants
+        from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient
+
+        raw = GcsKv(ray_constants.KV_NAMESPACE_JOB.decode()).get(JobInfoStorageClient.JOB_DATA_KEY.format(
+            job_id=submission_id))
+        return (JobInfo.from_json(json.loads(raw)).driver_node_id or None) if raw else None
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _node_job_log(submission_id: str) -> str | None:
+    """On a job's driver node: the driver's log file in this node's session folder (None: not here)."""
+    from ray.dashboard.modules.job.common import JOB_LOGS_PATH_TEMPLATE
+
+    folder = ray._private.worker.global_worker.node.get_logs_dir_path()
+    try:
+        return (Path(folder) / JOB_LOGS_PATH_TEMPLATE.format(submission_id=submission_id)).read_text(errors="replace")
+    except FileNotFoundError:
+        return None
 
 
 # ---- workload actors (scenarios and examples that start holders) ---------------------------------

@@ -38,10 +38,8 @@ import numpy as np
 
 from orchestrator.core import env
 from orchestrator.core.api import HeadApi
-from orchestrator.core.ids import attempt_id
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
-from orchestrator.rayport.ray_api import job_submission_client
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "jobs" / "train.py"
@@ -108,10 +106,8 @@ class ScenarioResult:
 class Scenario:
     """Runs one scenario against a running head; ``say`` receives one line per decision or event."""
 
-    def __init__(self, head: HeadApi, job_api_url: str, workdir: Path, cfg: ScenarioConfig,
-                 say: Callable[[str], None] = print) -> None:
+    def __init__(self, head: HeadApi, workdir: Path, cfg: ScenarioConfig, say: Callable[[str], None] = print) -> None:
         self.head, self.cfg, self.workdir, self.say = head, cfg, Path(workdir), say
-        self.ray_jobs = job_submission_client(job_api_url)
         self._seen: dict[str, int] = {}
         self.t0 = time.monotonic()
 
@@ -186,7 +182,7 @@ class Scenario:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return str(self.ray_jobs.get_job_logs(attempt_id(job_id, attempt)))
+                return self.head.job_logs(job_id, attempt)  # each attempt's own Ray job
             except Exception:
                 if time.monotonic() > deadline:
                     return ""

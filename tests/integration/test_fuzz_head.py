@@ -103,8 +103,8 @@ def test_malformed_calls_get_typed_answers_and_the_head_keeps_its_lease(head: An
         kwargs.pop("timeout", None) if waits else None
         try:
             ref = getattr(head, method).remote(*args, **kwargs)
-        except TypeError:  # the waiting methods have real signatures: Ray refuses the call before sending it
-            assert waits, (method, args, kwargs)
+        except TypeError:  # the actor's own methods have real signatures: Ray refuses the call before sending it
+            assert waits or method == "job_logs", (method, args, kwargs)
             return
         try:
             reply = ray.get(ref, timeout=30)

@@ -64,6 +64,17 @@ def test_up_status_down_leaves_nothing_behind() -> None:
         assert sorted(len(g["mig"]) for g in gpus if g["mig"]) == [3, 4]
         assert d["leases"] == [] and d["queue"] == []
         print(f"\nup took {up_s:.1f}s")
+        # A job on a node that is not Ray's head node (the MIG slice is on a100-1): its driver log is read
+        # back. Each raylet here has a session folder of its own, where Ray's job API looks for it in vain.
+        job = subprocess.run([sys.executable, "-m", "orchestrator.cli.jobs", "submit", "--gpu", "mig:1g.10gb",
+                              "--wait", "--json", "--", sys.executable, "-c", "print('hello from', 'a100-1')"],
+                             env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert job.returncode == 0, job.stderr
+        done = json.loads(job.stdout)
+        assert done["state"] == "succeeded" and done["lease"]["allocation"]["node"] == "a100-1", done
+        logs = subprocess.run([sys.executable, "-m", "orchestrator.cli.jobs", "logs", done["job_id"]],
+                              env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert logs.returncode == 0 and "hello from a100-1" in logs.stdout, (logs.stdout, logs.stderr)
     finally:
         t1 = time.monotonic()
         down = _cli("down", env=env, timeout=120)

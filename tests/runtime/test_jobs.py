@@ -146,6 +146,13 @@ def test_preempt_checkpoint_requeue_resume(ctl, jm, agents, clock, ray_jobs, tmp
     v = jm.get(victim)
     assert v["state"] == "running"
     assert ray_jobs.submitted[v["ray_submission_id"]]["env"]["ORCHESTRATOR_RESUME_FROM"] == str(ckpt)
+    # Each attempt keeps its own logs (its own Ray job): the current one by default, an earlier one by number.
+    assert jm.logs(victim) == f"logs of {victim}.a2\n" == jm.logs(victim, 2)
+    assert jm.logs(victim, 1) == f"logs of {victim}.a1\n"
+    for bad in (0, 3):
+        with pytest.raises(InvalidRequestError) as e:
+            jm.logs(victim, bad)
+        assert e.value.field == "attempt" and "1 to 2" in str(e.value)
 
 
 def test_grace_period_over_stops_and_requeues(ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
