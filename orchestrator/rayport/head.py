@@ -65,8 +65,8 @@ from orchestrator.rayport.wire import answer, encode
 log = logging.getLogger(__name__)
 
 #: Calls after which the queue may have become schedulable: the loop runs a cycle at once.
-WAKES = frozenset({"request_lease", "acquire_lease_now", "release", "submit_job", "cancel_job", "job_ack_checkpoint", "register_agent",
-                   "update_inventory", "heartbeat", "repartition_mig"})
+WAKES = frozenset({"request_lease", "acquire_lease_now", "release", "submit_job", "cancel_job", "job_ack_checkpoint",
+                   "register_agent", "update_inventory", "heartbeat", "repartition_mig"})
 
 
 def launch_off_loop(service: HeadService, pool: Executor, loop: asyncio.AbstractEventLoop,
@@ -251,7 +251,6 @@ class HeadActor:
         if "error" in settled:
             return settled
         return answer(self.service.activate_settled, settled["ok"], key, holder)
-
 
     async def call_many(self, calls: Any) -> dict[str, Any]:
         """Calls of :data:`~orchestrator.core.api.BATCHED` methods that a client's threads made at once, in one Ray
