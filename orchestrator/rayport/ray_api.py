@@ -534,23 +534,13 @@ class RayJobRunner:
 
     def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
         """The Ray status of each of ``submission_ids`` (None: unknown to Ray) in one read of Ray's own job
-        table in the GCS, for those ids only.
+        table in the GCS, for those ids only (:func:`_job_records`).
 
-        Ray's job manager keeps a record per submitted job in the GCS KV (``JobInfoStorageClient``: its key
-        format and ``JobInfo``'s decoding are Ray's, imported, not copied). ``list_jobs`` reads that table
-        whole, through the dashboard's HTTP API: a key listing and one read per job the cluster ever ran,
-        every status read, on the head's loop. This is one multi-get of the jobs the head is waiting on."""
-        from ray._private import ray_constants
-        from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient
-
-        key = JobInfoStorageClient.JOB_DATA_KEY
-        got = GcsKv(ray_constants.KV_NAMESPACE_JOB.decode()).multi_get([key.format(job_id=s) for s in submission_ids],
-                                                                       timeout_s=STATUS_READ_TIMEOUT_S)
-        out: dict[str, str | None] = {}
-        for s in submission_ids:
-            raw = got.get(key.format(job_id=s))
-            out[s] = str(JobInfo.from_json(json.loads(raw)).status.value) if raw else None
-        return out
+        ``list_jobs`` reads that table whole, through the dashboard's HTTP API: a key listing and one read per
+        job the cluster ever ran, every status read, on the head's loop. This is one multi-get of the jobs the
+        head is waiting on."""
+        records = _job_records(submission_ids, timeout_s=STATUS_READ_TIMEOUT_S)
+        return {s: str(records[s].status.value) if s in records else None for s in submission_ids}
 
     def stop(self, submission_id: str) -> None:
         self.client.stop_job(submission_id)
@@ -582,14 +572,23 @@ class RayJobRunner:
 
     @staticmethod
     def _driver_node(submission_id: str) -> str | None:
-        """The id of the node the job's driver runs (or ran) on, from Ray's job record in the GCS; None before
-        it has one."""
-        from ray._private import ray_constants
-        from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient
+        """The id of the node the job's driver runs (or ran) on, from Ray's job record; None before it has one."""
+        record = _job_records([submission_id]).get(submission_id)
+        return (record.driver_node_id or None) if record is not None else None
 
-        raw = GcsKv(ray_constants.KV_NAMESPACE_JOB.decode()).get(JobInfoStorageClient.JOB_DATA_KEY.format(
-            job_id=submission_id))
-        return (JobInfo.from_json(json.loads(raw)).driver_node_id or None) if raw else None
+
+def _job_records(submission_ids: Sequence[str], timeout_s: float | None = None) -> dict[str, Any]:
+    """Ray's record (``JobInfo``) of each of ``submission_ids`` that Ray knows, in one multi-get of Ray's job
+    table in the GCS KV: the key format and the decoding are Ray's job manager's (``JobInfoStorageClient``),
+    imported, not copied."""
+    from ray._private import ray_constants
+    from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient
+
+    key = JobInfoStorageClient.JOB_DATA_KEY
+    got = GcsKv(ray_constants.KV_NAMESPACE_JOB.decode()).multi_get([key.format(job_id=s) for s in submission_ids],
+                                                                   timeout_s=timeout_s)
+    return {s: JobInfo.from_json(json.loads(got[key.format(job_id=s)])) for s in submission_ids
+            if key.format(job_id=s) in got}
 
 
 @ray.remote(num_cpus=0, max_retries=0)
