@@ -263,19 +263,20 @@ class HeadActor:
         checked = answer(check_batch, calls)
         if "error" in checked:
             return checked
-        replies = []
-        for name, args, kwargs in checked["ok"]:
-            replies.append(self._answer_one(name, args, kwargs))
+        replies = [self._answer_call(name, args, kwargs) for name, args, kwargs in checked["ok"]]
         if any(name in WAKES for name, _, _ in checked["ok"]):
             self._poke()
         await self.commit.durable()
         return {"ok": replies}
 
-    def _answer_one(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _answer_call(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``HeadService.<name>`` in the wire envelope, alone or in a batch: a typed error as the caller's answer,
+        and a fault of the head's (any other exception) logged and answered as an ``OrchestratorError``, so that
+        it is this call's answer, never a batch's nor an untyped ``RayTaskError``."""
         try:
             return answer(getattr(self.service, name), *args, **kwargs)
-        except Exception as e:  # a fault of the head's, not the caller's: this call's answer, not the batch's
-            log.exception("%s failed in a batch", name)
+        except Exception as e:
+            log.exception("%s failed in the head", name)
             return {"error": encode(OrchestratorError(f"the head failed on {name}: {type(e).__name__}: {e}"))}
 
 
@@ -294,7 +295,7 @@ def _forward(name: str) -> Callable[..., Any]:
 
     @functools.wraps(declared)
     async def method(self: HeadActor, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        reply = answer(getattr(self.service, name), *args, **kwargs)
+        reply = self._answer_call(name, args, kwargs)
         if name in WAKES:
             self._poke()
         await self.commit.durable()
