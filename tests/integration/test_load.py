@@ -10,7 +10,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # spawned clients import it by name too
 import load  # noqa: E402
+
+from tests.integration.heads import until  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -116,14 +117,15 @@ def test_the_connections_of_one_driver_share_its_head_client_until_the_head_is_f
         dead = ray_api.remote_class(load.Noop, by_value=load).options(num_cpus=0).remote()
         ray.get(dead.ping.remote(), timeout=60)
         ray.kill(dead, no_restart=True)  # asynchronous: a call may still be answered until it has died
-        deadline = time.monotonic() + 30
-        while True:
+
+        def died() -> bool:
             try:
                 ray.get(dead.ping.remote(), timeout=30)
             except ray.exceptions.RayActorError:
-                break
-            assert time.monotonic() < deadline, "the killed actor kept answering"
-            time.sleep(0.05)
+                return True
+            return False
+
+        until("the killed stand-in to die", died, timeout=30, every_s=0.05)
         a.head.handle = dead  # as if the head's actor had died under this driver's client
         with pytest.raises(NotConnectedError):
             a.head.ping()  # (the stand-in has a ping too: what fails is that its actor is dead)
