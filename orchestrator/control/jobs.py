@@ -10,6 +10,10 @@ cycle. Contract, as the controller's:
   Ray job is submitted or stopped, so a restarted head knows every submission
   id it may have made (a submission id is the attempt id ``<job>.a<n>``, so a retried
   submit after a crash is refused by Ray as a duplicate rather than run twice).
+  With ``launch_in_step=False`` (the head actor) both calls leave the head's loop:
+  :meth:`JobManager.take_submissions` and :meth:`JobManager.take_stops` hand them
+  out once the store holds the records, and a restarted head stops again what
+  it may not have stopped before it crashed (:meth:`JobManager.restore`).
 * **Idempotent**: ``submit`` with a known job id and the same spec returns the
   job; ``cancel`` of a finished job returns it.
 
@@ -132,7 +136,10 @@ class JobRunner(Protocol):
         an id Ray does not know maps to None."""
         ...
 
-    def stop(self, submission_id: str) -> None: ...
+    def stop(self, submission_id: str) -> None:
+        """Stop the Ray job ``submission_id``. Raises ``JobApiUnavailableError`` where the failure may pass
+        (it is asked again); anything else it raises means there is nothing to stop (unknown to Ray)."""
+        ...
 
     def logs(self, submission_id: str) -> str: ...
 
@@ -196,6 +203,10 @@ class JobManager:
         # Soft: a restarted head submits every admitted job again at once (the same id: never run twice).
         self.submit_retry_s = submit_retry_s
         self._retry: dict[str, _Retry] = {}
+        # Ray submission ids to stop (launch_in_step=False): handed out by take_stops() once the store holds the
+        # record that made the stop needed; a stop Ray's job API could not take yet waits in _stop_retry.
+        self._stops: dict[str, None] = {}
+        self._stop_retry: dict[str, _Retry] = {}
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
         # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
         # do, so a cycle steps only those of a long queue (see reconcile()).
@@ -215,8 +226,23 @@ class JobManager:
         for job in sorted(self._jobs.values(), key=lambda j: j.submitted_at):
             self._track(job)
             self._touched.add(job.job_id)  # every restored job is looked at once
+            for sub_id in self._may_run_unwanted(job):
+                self._stop(sub_id)
         self._ended = dict(sorted(self._ended.items(), key=lambda kv: kv[1]))  # in the order they ended
         return len(self._jobs)
+
+    @staticmethod
+    def _may_run_unwanted(job: Job) -> list[str]:
+        """The Ray submissions of a restored job that the crashed head may have meant to stop and not yet
+        stopped (stops leave after the record that needs them: a crash can fall in between): a cancelled job's
+        attempt, and the attempt before the current one of a job that was requeued (preempted, or its lease
+        lost). Stopping one that already ended is a no-op Ray refuses, which is dropped; earlier attempts
+        were stopped before the one before the current one was admitted."""
+        if job.state is JobState.CANCELLED and job.ray_submission_id:
+            return [job.ray_submission_id]
+        if not job.terminal and job.attempt > 1:
+            return [attempt_id(job.job_id, job.attempt - 1)]
+        return []
 
     def _commit(self, job: Job) -> Job:
         self._seq += 1
@@ -404,6 +430,8 @@ class JobManager:
         The Ray status of every started job is read at most once per ``status_poll_s``, in one batched
         call (:meth:`JobRunner.status_many`): one read per tick, whatever the number of jobs."""
         events: list[str] = []
+        if self.launch_in_step:  # stops Ray's job API could not take before, due again (else: take_stops)
+            events.extend(self.stop_sent(s, self.send_stop(s)) for s in self.take_stops())
         read = self._read_statuses()
         touched, self._touched = self._touched, set()
         for job_id in list(self._live):
@@ -746,11 +774,61 @@ class JobManager:
         return self._ray_status.get(sub_id) if sub_id else None
 
     def _stop(self, sub_id: str | None) -> None:
-        if sub_id:
-            try:
-                self.runner.stop(sub_id)
-            except Exception:
-                pass  # already gone; Ray's own state is the truth for it
+        """Stop the Ray job ``sub_id``: at once with ``launch_in_step``, else once the store holds what was
+        written so far (:meth:`take_stops`; the head actor makes the call off its loop)."""
+        if not sub_id:
+            return
+        if self.launch_in_step:
+            self.stop_sent(sub_id, self.send_stop(sub_id))
+        else:
+            self._stops[sub_id] = None
+
+    # ---- stopping Ray jobs off the head's loop ---------------------------------------------------
+    def take_stops(self) -> list[str]:
+        """The Ray submissions to stop now (``launch_in_step=False``), each handed out once: those asked for since
+        the last call, and those whose retry is due. Call once the store holds what was written so far, then
+        :meth:`send_stop` each (off the head's loop) and apply the answer with :meth:`stop_sent`.
+
+        Invariant: a Ray job is stopped only after the record that made it unwanted (cancelled, preempted, lost)
+        is in the store, so a restarted head never finds a job it believes running stopped under it."""
+        now = self.clock()
+        due = [s for s in self._stops if (r := self._stop_retry.get(s)) is None or r.due <= now]
+        for s in due:
+            del self._stops[s]
+        return due
+
+    def send_stop(self, sub_id: str) -> Exception | None:
+        """Ask Ray's job API to stop ``sub_id``; returns what it raised (None: asked). Reads and changes no state
+        of the manager: the head actor calls it on a thread of its own."""
+        try:
+            self.runner.stop(sub_id)
+        except Exception as e:
+            return e
+        return None
+
+    def stop_sent(self, sub_id: str, error: Exception | None) -> str:
+        """Apply Ray's answer to a stop: asked -> done; unavailable for now (:class:`JobApiUnavailableError`) ->
+        asked again after a backoff, for ``submit_retry_s``; anything else (no such job, ended already) -> done:
+        Ray's own state is the truth for it."""
+        if error is None:
+            self._stop_retry.pop(sub_id, None)
+            return f"{sub_id}: stopped in Ray"
+        if not isinstance(error, JobApiUnavailableError):
+            self._stop_retry.pop(sub_id, None)
+            return f"{sub_id}: not stopped, Ray says {type(error).__name__}: {error} (ended or unknown: nothing to stop)"
+        now = self.clock()
+        retry = self._stop_retry.get(sub_id) or _Retry(first=now, due=now, tries=0)
+        if now - retry.first >= self.submit_retry_s:
+            self._stop_retry.pop(sub_id, None)
+            log.error("Ray's job API did not take the stop of %s in %.0fs of trying: %s; it may still run",
+                      sub_id, now - retry.first, error)
+            return f"{sub_id}: gave up stopping it in Ray: {error}"
+        wait = min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_FIRST_S * 2 ** retry.tries)
+        self._stop_retry[sub_id] = _Retry(first=retry.first, due=now + wait, tries=retry.tries + 1)
+        self._stops[sub_id] = None
+        if retry.tries == 0:
+            log.warning("stopping %s in Ray: %s; asking again in %gs", sub_id, error, wait)
+        return f"{sub_id}: stop not taken ({error}); asking again in {wait:g}s"
 
     @staticmethod
     def _owner_job(owner: str) -> str:

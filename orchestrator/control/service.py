@@ -28,7 +28,8 @@ Invariants:
 * with ``launch_in_cycle=False`` (the head actor, whose store commits in groups:
   :mod:`orchestrator.control.journal`) a cycle admits jobs but starts none:
   :meth:`take_submissions`, :meth:`send_submission` and :meth:`submission_sent` submit them to Ray
-  once the store holds the admissions (``rayport.head.launch_off_loop``);
+  once the store holds the admissions, and :meth:`take_stops`, :meth:`send_stop` and :meth:`stop_sent`
+  stop Ray jobs once the store holds why (``rayport.head.launch_off_loop``);
 * time windows read ``day_clock`` (an injected :class:`~orchestrator.core.clock.Clock`):
   the one given, else a compressed day when ``settings.day_clock`` is set, else the
   machine's local time (:func:`day_clock_of`).
@@ -179,6 +180,20 @@ class HeadService:
     def submission_sent(self, sub: RaySubmission, error: Exception | None) -> str:
         """Apply Ray's answer (:meth:`JobManager.sent`), on the loop."""
         event = self.jobs.sent_safely(sub, error)
+        log.info("%s", event)
+        return event
+
+    def take_stops(self) -> list[str]:
+        """The Ray jobs to stop now (:meth:`JobManager.take_stops`); call once the store holds what was written."""
+        return self.jobs.take_stops()
+
+    def send_stop(self, sub_id: str) -> Exception | None:
+        """The blocking call to Ray's job API (:meth:`JobManager.send_stop`): touches no state, safe off the loop."""
+        return self.jobs.send_stop(sub_id)
+
+    def stop_sent(self, sub_id: str, error: Exception | None) -> str:
+        """Apply Ray's answer to a stop (:meth:`JobManager.stop_sent`), on the loop."""
+        event = self.jobs.stop_sent(sub_id, error)
         log.info("%s", event)
         return event
 

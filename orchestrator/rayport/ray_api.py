@@ -543,7 +543,15 @@ class RayJobRunner:
         return {s: str(records[s].status.value) if s in records else None for s in submission_ids}
 
     def stop(self, submission_id: str) -> None:
-        self.client.stop_job(submission_id)
+        """:meth:`orchestrator.control.jobs.JobRunner.stop`: :class:`JobApiUnavailableError` where the failure may
+        pass (see :func:`_transient`); Ray's refusal otherwise (no such job). A job that has ended already is
+        no error (Ray answers that it did not stop it)."""
+        try:
+            self.client.stop_job(submission_id)
+        except Exception as e:
+            if _transient(e):
+                raise JobApiUnavailableError(submission_id, f"{type(e).__name__}: {e}") from e
+            raise
 
     def logs(self, submission_id: str) -> str:
         """The job's driver log, read on the node its driver runs on; Ray's job API's answer when that node is not

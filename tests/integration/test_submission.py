@@ -150,6 +150,14 @@ def test_a_waiting_job_is_explained_then_cancelled(client: Any, head: Any) -> No
         assert time.monotonic() - t0 < 30
         time.sleep(0.2)
     assert head.get_lease(lease_id)["state"] == "released"
+    # The head stops the Ray job off its loop, once the cancellation is in the GCS: its driver must not
+    # sleep on for two minutes on a card the head has freed.
+    from orchestrator.rayport import ray_api
+
+    sub_id = holder.status()["ray_submission_id"]
+    while (st := ray_api.RayJobRunner().status_many([sub_id])[sub_id]) != "STOPPED":
+        assert time.monotonic() - t0 < 30, st
+        time.sleep(0.2)
 
 
 def _cli(command: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

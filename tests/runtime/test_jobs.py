@@ -394,11 +394,18 @@ def test_a_job_whose_submission_is_with_ray_is_not_submitted_again_and_runs_on_t
     assert d["state"] == "running" and d["lease"]["state"] == "active"
 
 
+def _stops_sent(jm: JobManager) -> list[str]:
+    """What the head actor's launch does with the stops once the store holds their records: each sent, answered."""
+    return [jm.stop_sent(s, jm.send_stop(s)) for s in jm.take_stops()]
+
+
 def test_a_job_cancelled_while_its_submission_was_with_ray_has_the_ray_job_stopped(
         ctl, store, agents, clock, ray_jobs) -> None:
     jm, job, sub = _admitted_and_taken(ctl, store, agents, clock, ray_jobs)
     jm.cancel(job)
     jm.sent(sub, jm.send(sub))  # Ray took it after all
+    assert ray_jobs.statuses[sub.submission_id] == "RUNNING", "stopped once the store holds the cancellation"
+    assert _stops_sent(jm) == [f"{sub.submission_id}: stopped in Ray"]
     d = jm.get(job)
     assert d["state"] == "cancelled" and d["lease"]["state"] == "released"
     assert ray_jobs.statuses[sub.submission_id] == "STOPPED"
@@ -415,6 +422,7 @@ def test_a_job_whose_node_was_lost_while_its_submission_was_with_ray_is_stopped_
                 a.beat()
         ctl.reconcile()
     jm.sent(sub, jm.send(sub))
+    _stops_sent(jm)
     assert sub.submission_id in ray_jobs.stopped, "a Ray job on devices the job no longer holds must not run"
     jm.reconcile()
     d = jm.get(job)
@@ -667,3 +675,78 @@ def test_a_restored_head_drops_ended_jobs_in_the_order_they_ended_not_submitted(
     assert again.restore() == 2
     assert again.prune_ended(ended_second + 50) == [second]
     assert again.get(first)["state"] == "succeeded"
+
+
+# ---- stopping Ray jobs off the head's loop ------------------------------------------------------------
+class FlakyStops(FakeRayJobs):
+    """Ray's job API stood in for: ``stop`` answers "no available agent" (HTTP 503) the first ``fails`` times."""
+
+    def __init__(self, fails: int) -> None:
+        super().__init__()
+        self.fails = fails
+        self.stop_calls = 0
+
+    def stop(self, submission_id: str) -> None:
+        self.stop_calls += 1
+        if self.stop_calls <= self.fails:
+            raise JobApiUnavailableError(submission_id, "HTTP 503: No available agent")
+        super().stop(submission_id)
+
+
+def test_a_cancelled_jobs_ray_job_is_stopped_after_its_record_and_a_stop_ray_cannot_take_is_asked_again(
+        ctl, store, agents, clock) -> None:
+    # The head actor stops Ray jobs off its loop, once the store holds the record that needs the stop: the call
+    # made on the loop held every call and cycle for up to the job API's 30 s timeout.
+    ray_jobs = FlakyStops(fails=2)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    job = jm.submit(spec("t"))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    for sub in jm.take_submissions()[0]:
+        jm.sent(sub, jm.send(sub))
+    sub_id = jm.get(job)["ray_submission_id"]
+    assert jm.get(job)["state"] == "running"
+    assert jm.cancel(job)["state"] == "cancelled" and ray_jobs.stop_calls == 0  # the cancel made no call to Ray
+    assert store.get(f"rgo/job/{job}")["state"] == "cancelled"
+    assert "asking again in 1s" in _stops_sent(jm)[0]
+    assert jm.take_stops() == []  # not before its backoff
+    clock.advance(1)
+    assert "asking again in 2s" in _stops_sent(jm)[0]
+    clock.advance(2)
+    assert _stops_sent(jm) == [f"{sub_id}: stopped in Ray"] and ray_jobs.statuses[sub_id] == "STOPPED"
+    clock.advance(60)
+    assert jm.take_stops() == []  # once stopped, never asked again
+
+
+def test_a_stop_ray_never_takes_is_given_up_after_the_retry_window_and_said(ctl, store, agents, clock, caplog) -> None:
+    ray_jobs = FlakyStops(fails=1000)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False,
+                    submit_retry_s=60)
+    job = jm.submit(spec("t"))["job_id"]
+    cycle(ctl, jm, agents, 2)
+    for sub in jm.take_submissions()[0]:
+        jm.sent(sub, jm.send(sub))
+    jm.cancel(job)
+    events: list[str] = []
+    for _ in range(40):
+        events += _stops_sent(jm)
+        clock.advance(5)
+    assert "gave up stopping it in Ray" in events[-1] and 4 <= ray_jobs.stop_calls <= 8
+    assert "it may still run" in caplog.text
+
+
+def test_a_restarted_head_stops_what_the_crashed_one_may_not_have_stopped(ctl, store, agents, clock, tmp_path) -> None:
+    # A stop leaves after the record that needs it: a crash in between must not leave a cancelled job's (or a
+    # preempted attempt's) Ray job running on devices the head has given to someone else.
+    ray_jobs = FakeRayJobs()
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
+    victim = one_victim(ctl, jm, agents, clock, tmp_path)
+    clock.advance(61)  # past the grace period: stopped and requeued as attempt 2
+    cycle(ctl, jm, agents, 2)
+    gone = next(j["job_id"] for j in jm.list() if j["state"] == "running" and j["job_id"] != victim)
+    jm.cancel(gone)
+    assert jm.get(victim)["attempt"] == 2
+    ray_jobs.stopped.clear()
+    again = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    again.restore()
+    assert sorted(again.take_stops()) == sorted([f"{victim}.a1", f"{gone}.a1"])
+    assert ray_jobs.stopped == [], "the restored head stops only from its launch, after the restore is durable"
