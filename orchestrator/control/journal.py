@@ -26,12 +26,16 @@ that answers reads from memory and turns writes into *batches*:
   everything not yet acknowledged), and ``durable`` does not move until one lands.
 * **Compaction.** When the segments since the last snapshot outgrow ``max(min_compact_bytes,
   snapshot size)``, :meth:`Journal.take` attaches a :class:`Snapshot` to the batch: the whole table as
-  it is *with that batch applied*, in chunks (``_snap/<upto>/<i>``, named by the last segment it
-  covers), then a manifest (``_manifest``: that segment, the chunk count), written after the batch's
-  segment by the same writer. Only once the manifest is written are the segments it covers and the older snapshots
-  deleted (:func:`drop_covered`, which the head runs after acknowledging the batch: thousands of deletes
-  after a long run held every reply for most of a second); a crash before the manifest restores from the
-  previous manifest and the segments still there, one after it ignores what is left to delete.
+  it is *with that batch applied* (a copy of the table taken then, encoded by the writer), in chunks
+  (``_snap/<upto>/<i>``, named by the last segment it covers), then a manifest (``_manifest``: that
+  segment, the chunk count), written after the batch's segment (:func:`write_snapshot`). The segment
+  alone makes the batch durable, so the head acknowledges it first and writes the snapshot beside
+  later segments (numbered after it, replayed over it): one snapshot at a time
+  (:meth:`Journal.segment_acked` .. :meth:`Journal.snapshot_written` / :meth:`Journal.snapshot_failed`).
+  Only once the manifest is written are the segments it covers and the older snapshots deleted
+  (:func:`drop_covered`: thousands of deletes after a long run held every reply for most of a second
+  when replies waited for them); a crash before the manifest restores from the previous manifest and
+  the segments still there, one after it ignores what is left to delete.
   So the table holds O(live state + ``min_compact_bytes``), and each record is rewritten a constant
   number of times per compaction cycle on average.
 * **Upgrade.** A table written by an earlier head (one key per record, no manifest) is read as the
@@ -49,7 +53,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from functools import cached_property
+from typing import Any, Mapping, Protocol
 
 import orjson
 
@@ -116,10 +121,19 @@ class CorruptJournalError(RuntimeError):
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The whole table as of segment ``upto``: chunk values to write, then the manifest."""
+    """The whole table as of segment ``upto`` (``table``: a copy of it, key -> encoded value, taken then): chunk
+    values to write, then the manifest.
+
+    The chunks are encoded when first asked for (:attr:`chunks`), by whoever writes them: the head's writer
+    thread, not its loop. Taking the copy is what the loop pays (a dict copy; the values are immutable
+    bytes), a tenth of encoding the table (~5 ms against ~45 ms at 60,000 records)."""
 
     upto: int
-    chunks: tuple[bytes, ...]
+    table: Mapping[str, bytes]
+
+    @cached_property
+    def chunks(self) -> tuple[bytes, ...]:
+        return tuple(_chunks(self.table))
 
     @property
     def manifest(self) -> bytes:
@@ -167,12 +181,17 @@ def write_batch(table: KvTable, batch: Batch) -> None:
 
 
 def write_durable(table: KvTable, batch: Batch) -> None:
-    """What makes a batch durable: its segment; then, with a snapshot, its chunks and the manifest. Once
-    this returns, a restarted head reads the batch, whatever :func:`drop_covered` has done yet."""
+    """A batch's segment, then, with a snapshot, :func:`write_snapshot`. The segment alone makes the batch
+    durable: once it is written a restarted head reads the batch, whatever became of the snapshot."""
     table.put(batch.key, batch.payload)
-    snap = batch.snapshot
-    if snap is None:
-        return
+    if batch.snapshot is not None:
+        write_snapshot(table, batch.snapshot)
+
+
+def write_snapshot(table: KvTable, snap: Snapshot) -> None:
+    """A snapshot's chunks, then its manifest (the switch to it). Safe beside later segments being written:
+    they are numbered after ``snap.upto``, which the restore replays over it, and until the manifest is
+    written the previous one and every segment after it are what a restart reads."""
     for i, chunk in enumerate(snap.chunks):
         table.put(snap.chunk_key(i), chunk)
     table.put(MANIFEST_KEY, snap.manifest)
@@ -211,6 +230,8 @@ class Journal:
     _seq: int = 0  # the last segment number taken
     _since_snapshot: int = 0  # bytes of segments since the last snapshot
     _snapshot_bytes: int = 0
+    _snapshotting: bool = False  # a snapshot is being written (segment_acked .. snapshot_written/_failed)
+    _snapshot_due: bool = False  # the last snapshot's write failed: attach one to the next batch
     failures: int = 0  # batches whose write failed (each written again with the next)
 
     @classmethod
@@ -221,7 +242,7 @@ class Journal:
         raw = table.get(MANIFEST_KEY)
         if raw is not None:
             m = json.loads(raw)
-            snap = Snapshot(int(m["upto"]), ())
+            snap = Snapshot(int(m["upto"]), {})
             keys = [snap.chunk_key(i) for i in range(int(m["chunks"]))]
             got = table.multi_get(keys)
             missing = [k for k in keys if k not in got]
@@ -293,17 +314,41 @@ class Journal:
         payload = b'{"seq":%d,"ops":{%s}}' % (self._seq, body)
         self._since_snapshot += len(payload)
         snapshot = None
-        if self._since_snapshot > max(self.min_compact_bytes, self._snapshot_bytes):
-            snapshot = Snapshot(self._seq, tuple(_chunks(self._data)))
+        if not self._snapshotting and (
+                self._snapshot_due or self._since_snapshot > max(self.min_compact_bytes, self._snapshot_bytes)):
+            snapshot = Snapshot(self._seq, dict(self._data))  # encoded by the writer (Snapshot.chunks)
+            self._snapshot_due = False
         return Batch(self._seq, self.version, len(self._unacked), payload, snapshot)
 
     def acked(self, batch: Batch) -> None:
-        """The table holds ``batch`` (and its snapshot): everything up to its version is durable."""
+        """The table holds ``batch`` and its snapshot (:func:`write_batch`): :meth:`segment_acked`, then
+        :meth:`snapshot_written`."""
+        self.segment_acked(batch)
+        if batch.snapshot is not None:
+            self.snapshot_written(batch.snapshot)
+
+    def segment_acked(self, batch: Batch) -> None:
+        """The table holds ``batch``'s segment: everything up to its version is durable. Its snapshot, if it
+        carries one, is being written (:func:`write_snapshot`, after the segment): until
+        :meth:`snapshot_written` or :meth:`snapshot_failed`, no other batch carries one (one snapshot at a
+        time: a compaction's deletes would take a newer one's chunks for an older snapshot's)."""
         self._unacked = {}
         self.durable = max(self.durable, batch.version)
         if batch.snapshot is not None:
-            self._snapshot_bytes = batch.snapshot.nbytes
-            self._since_snapshot = 0
+            self._snapshotting = True
+            self._since_snapshot = 0  # the segments after it count toward the next
+
+    def snapshot_written(self, snap: Snapshot) -> None:
+        """The table holds ``snap``'s chunks and manifest."""
+        self._snapshotting = False
+        self._snapshot_bytes = snap.nbytes
+
+    def snapshot_failed(self, snap: Snapshot) -> None:
+        """Writing ``snap`` (after its segment) failed: the previous manifest and the segments after it still
+        restore everything; the next batch carries a new snapshot."""
+        self._snapshotting = False
+        self._snapshot_due = True
+        self.failures += 1
 
     def failed(self, batch: Batch) -> None:
         """Writing ``batch`` failed: its records go out again with the next batch (they stay unacknowledged,
@@ -319,7 +364,7 @@ def _encode(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
 
 
-def _chunks(data: dict[str, bytes]) -> list[bytes]:
+def _chunks(data: Mapping[str, bytes]) -> list[bytes]:
     """The table as JSON objects of about :data:`CHUNK_BYTES` each (values are encoded already)."""
     out: list[bytes] = []
     parts: list[bytes] = []

@@ -3,16 +3,17 @@
 :func:`load_journal` reads the head's :class:`~orchestrator.control.journal.Journal` (a
 :class:`~orchestrator.control.store.StateStore` answering from memory) from the GCS;
 :class:`GroupCommit` writes its batches there while the head's event loop goes on (a batch's one
-segment through Ray's asynchronous GCS client; a compaction's several writes on a thread of its
-own, and the deletion of what its manifest covers after the batch is acknowledged, on that thread
-too), and lets a coroutine wait until everything changed before it is written
+segment through Ray's asynchronous GCS client; a compaction's snapshot -- encoded, its chunks and
+manifest written, then what it covers deleted -- on a thread of its own, after the batch's segment is
+acknowledged), and lets a coroutine wait until everything changed before it is written
 (:meth:`GroupCommit.durable`): callers that changed state while one batch was in flight share the
 next one.
 
 Invariants: one batch in flight at a time, in the order taken; a batch that
 fails is retried (with its records merged into the next) after a back-off, and nobody waiting on it
 is answered until one lands; :meth:`GroupCommit.durable` never returns before the journal's
-``durable`` version has reached the ``version`` it saw when called.
+``durable`` version has reached the ``version`` it saw when called; one snapshot is written at a time
+(:meth:`~orchestrator.control.journal.Journal.segment_acked`), beside later segments.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from orchestrator.control.journal import Batch, Journal, KvTable, Snapshot, drop_covered, write_durable
+from orchestrator.control.journal import Batch, Journal, KvTable, Snapshot, drop_covered, write_snapshot
 from orchestrator.rayport.ray_api import GcsKv
 
 log = logging.getLogger(__name__)
@@ -82,27 +83,39 @@ class GroupCommit:
         if batch is None:
             return
         t0 = time.monotonic()
-        try:
-            if batch.snapshot is None:  # the common case: one segment, written from the loop without blocking it
-                await self.table.aput(batch.key, batch.payload)
-            else:  # a compaction: the segment, the chunks, the manifest, in order, on the writer thread
-                await asyncio.get_running_loop().run_in_executor(self._writer, write_durable, self.table, batch)
+        try:  # one segment, written from the loop without blocking it: what makes the batch durable
+            await self.table.aput(batch.key, batch.payload)
         except Exception as e:  # the GCS is away (restarting, unreachable): keep the records, try again
             self._failed(batch, e)
             return
-        self.journal.acked(batch)
-        if batch.snapshot is not None:  # what the manifest covers goes after the replies, on the same thread
-            self._writer.submit(self._drop, batch.snapshot)
+        self.journal.segment_acked(batch)
+        if batch.snapshot is not None:  # a compaction: after the replies, on the writer thread
+            snap = batch.snapshot
+            done = asyncio.get_running_loop().run_in_executor(self._writer, self._compact, snap)
+            done.add_done_callback(lambda f: self._compacted(snap, f))
         self._retry_s = 0.0
         if self.observer is not None:
             self.observer.committed(batch.records, time.monotonic() - t0)
 
-    def _drop(self, snap: Snapshot) -> None:
+    def _compact(self, snap: Snapshot) -> None:
+        """On the writer thread: encode and write the snapshot and its manifest, then delete what it covers.
+        Later batches' segments go on meanwhile (the replies waited for the chunks, megabytes, before)."""
+        write_snapshot(self.table, snap)
         try:
             drop_covered(self.table, snap)
         except Exception as e:  # left for the next compaction's drop; a restart ignores what the manifest covers
             log.warning("head: deleting what snapshot %d covers failed (%s: %s); the next compaction retries",
                         snap.upto, type(e).__name__, e)
+
+    def _compacted(self, snap: Snapshot, done: asyncio.Future[None]) -> None:
+        """On the loop: the snapshot is written (the next may be taken) or failed (the next batch carries one)."""
+        e = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        if e is None:
+            self.journal.snapshot_written(snap)
+            return
+        self.journal.snapshot_failed(snap)
+        log.warning("head: writing snapshot %d failed (%s: %s); the previous one and the segments after it "
+                    "still restore everything; the next batch carries a new one", snap.upto, type(e).__name__, e)
 
     def _failed(self, batch: Batch, e: Exception) -> None:
         self.journal.failed(batch)
