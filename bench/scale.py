@@ -72,6 +72,9 @@ class NoJobs:
     def stop(self, submission_id: str) -> None:
         pass
 
+    def delete(self, submission_id: str) -> None:
+        pass
+
     def logs(self, submission_id: str) -> str:
         return ""
 

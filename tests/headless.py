@@ -48,6 +48,7 @@ class LocalProcessRunner:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.stopped: set[str] = set()
         self.submitted: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
                label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
@@ -79,6 +80,18 @@ class LocalProcessRunner:
         if p is not None and p.poll() is None:
             self.stopped.add(submission_id)
             os.killpg(p.pid, signal.SIGTERM)
+
+    def delete(self, submission_id: str) -> None:
+        """As Ray's ``delete_job``: refused while the job runs; then the id is free to be submitted again."""
+        p = self.procs.get(submission_id)
+        if p is None:
+            raise RuntimeError(f"Job {submission_id} does not exist")
+        if p.poll() is None:
+            raise RuntimeError(f"Job {submission_id} is not in a terminal state")
+        del self.procs[submission_id]
+        self.submitted.pop(submission_id, None)
+        self.stopped.discard(submission_id)
+        self.deleted.append(submission_id)
 
     def logs(self, submission_id: str) -> str:
         path = self.workdir / f"{submission_id}.log"

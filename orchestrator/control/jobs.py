@@ -11,7 +11,7 @@ cycle. Contract, as the controller's:
   id it may have made (a submission id is the attempt id ``<job>.a<n>``, so a retried
   submit after a crash is refused by Ray as a duplicate rather than run twice).
   With ``launch_in_step=False`` (the head actor) both calls leave the head's loop:
-  :meth:`JobManager.take_submissions` and :meth:`JobManager.take_stops` hand them
+  :meth:`JobManager.take_submissions` and :meth:`JobManager.take_chores` hand them
   out once the store holds the records, and a restarted head stops again what
   it may not have stopped before it crashed (:meth:`JobManager.restore`).
 * **Idempotent**: ``submit`` with a known job id and the same spec returns the
@@ -57,6 +57,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -106,6 +107,25 @@ class RaySubmission:
     metadata: dict[str, str]
 
 
+class ChoreKind(str, Enum):
+    """A call to Ray's job API other than a submission."""
+
+    STOP = "stop"  # a cancelled job's attempt, a preempted or lost one, one Ray took for a job that changed
+    DELETE = "delete"  # a pruned job's attempt, from Ray's job table (which Ray never empties)
+
+    @property
+    def done(self) -> str:
+        return "stopped" if self is ChoreKind.STOP else "deleted"
+
+
+@dataclass(frozen=True, slots=True)
+class Chore:
+    """Stop or delete the Ray job ``submission_id`` (:meth:`JobManager.take_chores`)."""
+
+    kind: ChoreKind
+    submission_id: str
+
+
 @dataclass(frozen=True, slots=True)
 class _Retry:
     """A submission Ray's job API could not take yet: since ``first``, ``tries`` times; next at ``due``."""
@@ -141,6 +161,11 @@ class JobRunner(Protocol):
         (it is asked again); anything else it raises means there is nothing to stop (unknown to Ray)."""
         ...
 
+    def delete(self, submission_id: str) -> None:
+        """Delete the ended Ray job ``submission_id`` from Ray's job table (not its log). Raises
+        ``JobApiUnavailableError`` where the failure may pass; anything else: nothing to delete, or still running."""
+        ...
+
     def logs(self, submission_id: str) -> str: ...
 
 
@@ -166,6 +191,9 @@ class AdmissionOnlyRunner:
 
     def stop(self, submission_id: str) -> None:
         pass
+
+    def delete(self, submission_id: str) -> None:
+        self._known.discard(submission_id)
 
     def logs(self, submission_id: str) -> str:
         return ""
@@ -203,10 +231,10 @@ class JobManager:
         # Soft: a restarted head submits every admitted job again at once (the same id: never run twice).
         self.submit_retry_s = submit_retry_s
         self._retry: dict[str, _Retry] = {}
-        # Ray submission ids to stop (launch_in_step=False): handed out by take_stops() once the store holds the
-        # record that made the stop needed; a stop Ray's job API could not take yet waits in _stop_retry.
-        self._stops: dict[str, None] = {}
-        self._stop_retry: dict[str, _Retry] = {}
+        # Ray jobs to stop or delete (launch_in_step=False): handed out by take_chores() once the store holds the
+        # record that made the call needed; one Ray's job API could not take yet waits in _chore_retry.
+        self._chores: dict[Chore, None] = {}
+        self._chore_retry: dict[Chore, _Retry] = {}
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
         # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
         # do, so a cycle steps only those of a long queue (see reconcile()).
@@ -266,7 +294,9 @@ class JobManager:
         The head calls it with the cutoff of the controller's prune pass (``ReconcileReport.pruned_before``:
         ``settings.ended_retention_s`` ago, every 10 s), so jobs and their leases leave together; an id is
         recognised (a resubmission answered with the job) until then. Jobs are kept in the order they
-        ended, so a call costs what it drops."""
+        ended, so a call costs what it drops. Each dropped job's attempts are deleted from Ray's job table
+        too (after the store has dropped it; :meth:`take_chores`): Ray never empties it, and a job submitted
+        again under a dropped job's id then finds no record of the old one under its submission ids."""
         pruned = []
         for job_id, at in self._ended.items():
             if at >= cutoff:
@@ -275,8 +305,11 @@ class JobManager:
         for job_id in pruned:
             self.store.delete(self._prefix + job_id)
             del self._ended[job_id]
-            del self._jobs[job_id]
+            job = self._jobs.pop(job_id)
             self._acks.pop(job_id, None)
+            for n in range(1, job.attempt + 1):  # Ray keeps every job's record for ever: ours go with the job
+                if n < job.attempt or job.ray_submission_id:
+                    self._chore(Chore(ChoreKind.DELETE, attempt_id(job_id, n)))
         return pruned
 
     def _lease_changed(self, old: LedgerEntry | None, new: LedgerEntry | None) -> None:
@@ -430,8 +463,8 @@ class JobManager:
         The Ray status of every started job is read at most once per ``status_poll_s``, in one batched
         call (:meth:`JobRunner.status_many`): one read per tick, whatever the number of jobs."""
         events: list[str] = []
-        if self.launch_in_step:  # stops Ray's job API could not take before, due again (else: take_stops)
-            events.extend(self.stop_sent(s, self.send_stop(s)) for s in self.take_stops())
+        if self.launch_in_step:  # stops and deletes Ray's job API could not take before, due again (else: take_chores)
+            events.extend(self.chore_done(c, self.send_chore(c)) for c in self.take_chores())
         read = self._read_statuses()
         touched, self._touched = self._touched, set()
         for job_id in list(self._live):
@@ -588,7 +621,9 @@ class JobManager:
             env[envvars.RESUME_FROM] = job.resume_from
         return RaySubmission(job.job_id, job.ray_submission_id, job.spec.entrypoint,
                              {**job.spec.runtime_env, "env_vars": env}, {RAY_NODE_ID_LABEL: h.node_id}, demand,
-                             {"orchestrator_job": job.job_id, "lease": job.lease_id or ""})
+                             {"orchestrator_job": job.job_id, "lease": job.lease_id or "",
+                              # which job of that id: one submitted again after the first was dropped differs here
+                              "orchestrator_submitted_at": repr(job.submitted_at)})
 
     def sent(self, sub: RaySubmission, error: Exception | None) -> str:
         """Apply Ray's answer to ``sub`` (:meth:`send`'s return) to the job as it is now.
@@ -774,61 +809,71 @@ class JobManager:
         return self._ray_status.get(sub_id) if sub_id else None
 
     def _stop(self, sub_id: str | None) -> None:
-        """Stop the Ray job ``sub_id``: at once with ``launch_in_step``, else once the store holds what was
-        written so far (:meth:`take_stops`; the head actor makes the call off its loop)."""
-        if not sub_id:
-            return
-        if self.launch_in_step:
-            self.stop_sent(sub_id, self.send_stop(sub_id))
-        else:
-            self._stops[sub_id] = None
+        """Stop the Ray job ``sub_id`` (:meth:`_chore`)."""
+        if sub_id:
+            self._chore(Chore(ChoreKind.STOP, sub_id))
 
-    # ---- stopping Ray jobs off the head's loop ---------------------------------------------------
-    def take_stops(self) -> list[str]:
-        """The Ray submissions to stop now (``launch_in_step=False``), each handed out once: those asked for since
-        the last call, and those whose retry is due. Call once the store holds what was written so far, then
-        :meth:`send_stop` each (off the head's loop) and apply the answer with :meth:`stop_sent`.
+    def _chore(self, chore: Chore) -> None:
+        """Carry out ``chore``: at once with ``launch_in_step``, else once the store holds what was written so far
+        (:meth:`take_chores`; the head actor makes the call off its loop)."""
+        if self.launch_in_step:
+            self.chore_done(chore, self.send_chore(chore))
+        else:
+            self._chores[chore] = None
+
+    # ---- stopping and deleting Ray jobs off the head's loop --------------------------------------
+    def take_chores(self) -> list[Chore]:
+        """The calls to Ray's job API due now other than submissions (``launch_in_step=False``), each handed out
+        once: those asked for since the last call, and those whose retry is due. Call once the store holds what
+        was written so far, then :meth:`send_chore` each (off the head's loop) and apply the answer with
+        :meth:`chore_done`.
 
         Invariant: a Ray job is stopped only after the record that made it unwanted (cancelled, preempted, lost)
-        is in the store, so a restarted head never finds a job it believes running stopped under it."""
+        is in the store, so a restarted head never finds a job it believes running stopped under it; and its
+        record in Ray's job table is deleted only after the job left our store (:meth:`prune_ended`)."""
         now = self.clock()
-        due = [s for s in self._stops if (r := self._stop_retry.get(s)) is None or r.due <= now]
-        for s in due:
-            del self._stops[s]
+        due = [c for c in self._chores if (r := self._chore_retry.get(c)) is None or r.due <= now]
+        for c in due:
+            del self._chores[c]
         return due
 
-    def send_stop(self, sub_id: str) -> Exception | None:
-        """Ask Ray's job API to stop ``sub_id``; returns what it raised (None: asked). Reads and changes no state
-        of the manager: the head actor calls it on a thread of its own."""
+    def send_chore(self, chore: Chore) -> Exception | None:
+        """Make the call to Ray's job API; returns what it raised (None: done). Reads and changes no state of the
+        manager: the head actor calls it on a thread of its own."""
         try:
-            self.runner.stop(sub_id)
+            if chore.kind is ChoreKind.STOP:
+                self.runner.stop(chore.submission_id)
+            else:
+                self.runner.delete(chore.submission_id)
         except Exception as e:
             return e
         return None
 
-    def stop_sent(self, sub_id: str, error: Exception | None) -> str:
-        """Apply Ray's answer to a stop: asked -> done; unavailable for now (:class:`JobApiUnavailableError`) ->
-        asked again after a backoff, for ``submit_retry_s``; anything else (no such job, ended already) -> done:
-        Ray's own state is the truth for it."""
+    def chore_done(self, chore: Chore, error: Exception | None) -> str:
+        """Apply Ray's answer: done; unavailable for now (:class:`JobApiUnavailableError`) -> asked again after a
+        backoff, for ``submit_retry_s``, then given up (said in the log); anything else -> done, Ray's own state
+        being the truth for it (a stop of a job that ended or that Ray never had; a delete of a job Ray no
+        longer has, or that still runs because its stop was never taken)."""
+        sub_id, what = chore.submission_id, chore.kind.value
         if error is None:
-            self._stop_retry.pop(sub_id, None)
-            return f"{sub_id}: stopped in Ray"
+            self._chore_retry.pop(chore, None)
+            return f"{sub_id}: {chore.kind.done} in Ray"
         if not isinstance(error, JobApiUnavailableError):
-            self._stop_retry.pop(sub_id, None)
-            return f"{sub_id}: not stopped, Ray says {type(error).__name__}: {error} (ended or unknown: nothing to stop)"
+            self._chore_retry.pop(chore, None)
+            return f"{sub_id}: not {chore.kind.done}, Ray says {type(error).__name__}: {error}"
         now = self.clock()
-        retry = self._stop_retry.get(sub_id) or _Retry(first=now, due=now, tries=0)
+        retry = self._chore_retry.get(chore) or _Retry(first=now, due=now, tries=0)
         if now - retry.first >= self.submit_retry_s:
-            self._stop_retry.pop(sub_id, None)
-            log.error("Ray's job API did not take the stop of %s in %.0fs of trying: %s; it may still run",
-                      sub_id, now - retry.first, error)
-            return f"{sub_id}: gave up stopping it in Ray: {error}"
+            self._chore_retry.pop(chore, None)
+            log.error("Ray's job API did not take the %s of %s in %.0fs of trying: %s%s", what, sub_id,
+                      now - retry.first, error, "; it may still run" if chore.kind is ChoreKind.STOP else "")
+            return f"{sub_id}: gave up the {what} in Ray: {error}"
         wait = min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_FIRST_S * 2 ** retry.tries)
-        self._stop_retry[sub_id] = _Retry(first=retry.first, due=now + wait, tries=retry.tries + 1)
-        self._stops[sub_id] = None
+        self._chore_retry[chore] = _Retry(first=retry.first, due=now + wait, tries=retry.tries + 1)
+        self._chores[chore] = None
         if retry.tries == 0:
-            log.warning("stopping %s in Ray: %s; asking again in %gs", sub_id, error, wait)
-        return f"{sub_id}: stop not taken ({error}); asking again in {wait:g}s"
+            log.warning("%s of %s in Ray: %s; asking again in %gs", what, sub_id, error, wait)
+        return f"{sub_id}: {what} not taken ({error}); asking again in {wait:g}s"
 
     @staticmethod
     def _owner_job(owner: str) -> str:

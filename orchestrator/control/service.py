@@ -28,8 +28,8 @@ Invariants:
 * with ``launch_in_cycle=False`` (the head actor, whose store commits in groups:
   :mod:`orchestrator.control.journal`) a cycle admits jobs but starts none:
   :meth:`take_submissions`, :meth:`send_submission` and :meth:`submission_sent` submit them to Ray
-  once the store holds the admissions, and :meth:`take_stops`, :meth:`send_stop` and :meth:`stop_sent`
-  stop Ray jobs once the store holds why (``rayport.head.launch_off_loop``);
+  once the store holds the admissions, and :meth:`take_chores`, :meth:`send_chore` and :meth:`chore_done`
+  stop Ray jobs (and delete pruned ones' records) once the store holds why (``rayport.head.launch_off_loop``);
 * time windows read ``day_clock`` (an injected :class:`~orchestrator.core.clock.Clock`):
   the one given, else a compressed day when ``settings.day_clock`` is set, else the
   machine's local time (:func:`day_clock_of`).
@@ -50,7 +50,7 @@ from orchestrator.control import edge, revocation
 from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.control.heap import HeapAction, HeapState, decide as decide_heap
 from orchestrator.control.inventory_check import InventoryCheck
-from orchestrator.control.jobs import JobManager, JobRunner, RaySubmission
+from orchestrator.control.jobs import Chore, JobManager, JobRunner, RaySubmission
 from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
@@ -183,17 +183,18 @@ class HeadService:
         log.info("%s", event)
         return event
 
-    def take_stops(self) -> list[str]:
-        """The Ray jobs to stop now (:meth:`JobManager.take_stops`); call once the store holds what was written."""
-        return self.jobs.take_stops()
+    def take_chores(self) -> list[Chore]:
+        """The Ray jobs to stop or delete now (:meth:`JobManager.take_chores`); call once the store holds what was
+        written."""
+        return self.jobs.take_chores()
 
-    def send_stop(self, sub_id: str) -> Exception | None:
-        """The blocking call to Ray's job API (:meth:`JobManager.send_stop`): touches no state, safe off the loop."""
-        return self.jobs.send_stop(sub_id)
+    def send_chore(self, chore: Chore) -> Exception | None:
+        """The blocking call to Ray's job API (:meth:`JobManager.send_chore`): touches no state, safe off the loop."""
+        return self.jobs.send_chore(chore)
 
-    def stop_sent(self, sub_id: str, error: Exception | None) -> str:
-        """Apply Ray's answer to a stop (:meth:`JobManager.stop_sent`), on the loop."""
-        event = self.jobs.stop_sent(sub_id, error)
+    def chore_done(self, chore: Chore, error: Exception | None) -> str:
+        """Apply Ray's answer to a stop or delete (:meth:`JobManager.chore_done`), on the loop."""
+        event = self.jobs.chore_done(chore, error)
         log.info("%s", event)
         return event
 

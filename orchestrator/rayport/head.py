@@ -26,7 +26,7 @@ loop:
   (:meth:`HeadService.grant_now`) and waits, in one call: the SDK's lease
   cycle is one call to get the devices and one to give them back;
 * Ray's job API called off the loop (:func:`launch_off_loop`, one thread): a job's submission (or
-  stop) is blocking HTTP, seconds when Ray's job head has no agent; its answer is applied back on the loop. A job's
+  stop, or the deletion of a pruned job's record) is blocking HTTP, seconds when Ray's job head has no agent; its answer is applied back on the loop. A job's
   log is read off the loop too, on a thread of its own (:meth:`HeadActor.job_logs`);
 * waking a node's agent when the head has a checkpoint to ask for or a lease to
   revoke there (:meth:`HeadService.agent_work`), so the
@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.control.edge import check_args, check_batch
 from orchestrator.control.journal import Journal
-from orchestrator.control.jobs import AdmissionOnlyRunner, RaySubmission
+from orchestrator.control.jobs import AdmissionOnlyRunner, Chore, RaySubmission
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
 from orchestrator.core import env
@@ -71,18 +71,18 @@ WAKES = frozenset({"request_lease", "acquire_lease_now", "release", "submit_job"
 
 def launch_off_loop(service: HeadService, pool: Executor, loop: asyncio.AbstractEventLoop,
                     then: Callable[[], None]) -> int:
-    """Hand every job stop (:meth:`HeadService.take_stops`), then every job submission now due
-    (:meth:`HeadService.take_submissions`), to Ray's job API on ``pool``, and apply each answer back on ``loop``
-    (:meth:`HeadService.stop_sent`, :meth:`HeadService.submission_sent`), then call ``then``. Returns how many
-    submissions went.
+    """Hand every stop and delete of a Ray job (:meth:`HeadService.take_chores`), then every job submission now
+    due (:meth:`HeadService.take_submissions`), to Ray's job API on ``pool``, and apply each answer back on
+    ``loop`` (:meth:`HeadService.chore_done`, :meth:`HeadService.submission_sent`), then call ``then``. Returns
+    how many submissions went.
 
     The job API is blocking HTTP that can take seconds (Ray's job head waits 10 s for an agent before it
     answers "no available agent"); made on the loop, it stopped every call and cycle of the head meanwhile.
     Invariants: the service is read and changed only on ``loop``; ``pool`` runs only the call itself; on a
     one-thread ``pool`` the stops go first, so a preempted attempt is stopped before its successor starts."""
-    for sub_id in service.take_stops():
-        fut = loop.run_in_executor(pool, service.send_stop, sub_id)
-        fut.add_done_callback(functools.partial(_stop_answered, service, sub_id, then))
+    for chore in service.take_chores():
+        fut = loop.run_in_executor(pool, service.send_chore, chore)
+        fut.add_done_callback(functools.partial(_chore_answered, service, chore, then))
     subs = service.take_submissions()
     for sub in subs:
         fut = loop.run_in_executor(pool, service.send_submission, sub)
@@ -90,13 +90,13 @@ def launch_off_loop(service: HeadService, pool: Executor, loop: asyncio.Abstract
     return len(subs)
 
 
-def _stop_answered(service: HeadService, sub_id: str, then: Callable[[], None],
-                   fut: asyncio.Future[Exception | None]) -> None:
+def _chore_answered(service: HeadService, chore: Chore, then: Callable[[], None],
+                    fut: asyncio.Future[Exception | None]) -> None:
     try:
         error = fut.result()
     except BaseException as e:  # the call never ran (the pool is shutting down): asked again after a backoff
-        error = JobApiUnavailableError(sub_id, f"not sent: {type(e).__name__}: {e}")
-    service.stop_sent(sub_id, error)
+        error = JobApiUnavailableError(chore.submission_id, f"not sent: {type(e).__name__}: {e}")
+    service.chore_done(chore, error)
     then()
 
 

@@ -35,6 +35,7 @@ token); a cluster without our head is found by the SDK (``HeadNotFoundError``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import ray
 
@@ -490,6 +491,17 @@ def _transient(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and str(e).startswith("Request failed with status code 5")
 
 
+@contextlib.contextmanager
+def _unavailable_if_transient(submission_id: str) -> Iterator[None]:
+    """A job API failure that may pass (:func:`_transient`) raised as :class:`JobApiUnavailableError`; others as they are."""
+    try:
+        yield
+    except Exception as e:
+        if _transient(e):
+            raise JobApiUnavailableError(submission_id, f"{type(e).__name__}: {e}") from e
+        raise
+
+
 #: The longest the head's loop waits for one status read (a GCS that is away: the last answers stand).
 STATUS_READ_TIMEOUT_S = 5.0
 
@@ -509,9 +521,13 @@ class RayJobRunner:
         return self._client
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               label_selector: dict[str, str], handout: Mapping[str, Any], metadata: dict[str, str]) -> None:
+               label_selector: dict[str, str], handout: Mapping[str, Any], metadata: dict[str, str],
+               _again: bool = False) -> None:
         """:meth:`orchestrator.control.jobs.JobRunner.submit`: Ray's "already exists" for the id returns as
-        taken; :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything
+        taken when Ray's record of it carries our ``metadata`` (an earlier try of this submission landed);
+        a record of another job under the id (one that had the same job id, dropped by the head before its
+        record left Ray's table) is deleted and the submission made again, or refused while that job still
+        runs. :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything
         else Ray raised is a refusal."""
         demand = gpu_demand(handout)
         try:
@@ -520,11 +536,25 @@ class RayJobRunner:
                                    entrypoint_num_gpus=demand["num_gpus"] or None,
                                    entrypoint_resources=demand.get("resources") or None, metadata=metadata)
         except Exception as e:
-            if _transient(e):
+            # "already exists" is Ray's only word for it; Ray 2.60's job head relays its agent's 400 as an HTTP 500,
+            # which read as "try again" had a landed submission retried until the job failed.
+            exists = isinstance(e, RuntimeError) and f"{submission_id} already exists" in str(e)
+            if _transient(e) and not exists:
                 raise JobApiUnavailableError(submission_id, f"{type(e).__name__}: {e}") from e
-            if isinstance(e, RuntimeError) and f"{submission_id} already exists" in str(e):
-                return  # Ray's only word for it (HTTP 400, this text): an earlier try of ours landed
-            raise
+            if not exists or _again:
+                raise
+            record = self._record(submission_id)
+            if record is not None and all((record.metadata or {}).get(k) == v for k, v in metadata.items()):
+                return  # an earlier try of ours landed
+            if record is not None:
+                try:
+                    self.delete(submission_id)  # refused while that job is not over
+                except JobApiUnavailableError:
+                    raise
+                except Exception as d:
+                    raise RuntimeError(f"Ray holds a job of an earlier job with this id under {submission_id} and "
+                                       f"could not delete it: {d}") from d
+            self.submit(submission_id, entrypoint, runtime_env, label_selector, handout, metadata, _again=True)
 
     def status(self, submission_id: str) -> str | None:
         try:
@@ -546,12 +576,24 @@ class RayJobRunner:
         """:meth:`orchestrator.control.jobs.JobRunner.stop`: :class:`JobApiUnavailableError` where the failure may
         pass (see :func:`_transient`); Ray's refusal otherwise (no such job). A job that has ended already is
         no error (Ray answers that it did not stop it)."""
-        try:
+        with _unavailable_if_transient(submission_id):
             self.client.stop_job(submission_id)
-        except Exception as e:
-            if _transient(e):
-                raise JobApiUnavailableError(submission_id, f"{type(e).__name__}: {e}") from e
-            raise
+
+    def _record(self, submission_id: str) -> Any:
+        """Ray's ``JobDetails`` of ``submission_id`` through the job API (None: Ray does not have it)."""
+        with _unavailable_if_transient(submission_id):
+            try:
+                return self.client.get_job_info(submission_id)
+            except RuntimeError as e:
+                if "does not exist" in str(e) or "status code 404" in str(e):
+                    return None
+                raise
+
+    def delete(self, submission_id: str) -> None:
+        """:meth:`orchestrator.control.jobs.JobRunner.delete`: :class:`JobApiUnavailableError` where the failure
+        may pass; Ray's refusal otherwise (no such job, or not ended)."""
+        with _unavailable_if_transient(submission_id):
+            self.client.delete_job(submission_id)
 
     def logs(self, submission_id: str) -> str:
         """The job's driver log, read on the node its driver runs on; Ray's job API's answer when that node is not

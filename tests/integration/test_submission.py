@@ -110,6 +110,34 @@ def test_a_job_of_each_gpu_kind_runs_on_its_lease(client: Any, head: Any) -> Non
     assert set(runner.status_many(subs).values()) == {"SUCCEEDED"}
 
 
+def test_ray_takes_an_id_again_only_for_the_same_job_and_deletes_a_dropped_ones_record(head: Any) -> None:
+    """Against Ray's real job API: a submission id Ray has is taken when its record carries our metadata (a
+    retry whose first answer was lost), and is Ray's record of an earlier job of the same id (dropped by the
+    head) otherwise: deleted, then submitted again; ``delete`` empties Ray's table of it."""
+    from orchestrator.rayport import ray_api
+
+    runner, sid = ray_api.RayJobRunner(), "reused-id.a1"
+    first = {"orchestrator_job": "reused-id", "orchestrator_submitted_at": "1.5"}
+    second = {"orchestrator_job": "reused-id", "orchestrator_submitted_at": "2.5"}
+
+    def ended() -> str:
+        deadline = time.monotonic() + 60
+        while (st := runner.status_many([sid])[sid]) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            assert time.monotonic() < deadline, st
+            time.sleep(0.2)
+        return st
+
+    runner.submit(sid, "echo first", {}, {}, {"num_gpus": 0}, first)
+    assert ended() == "SUCCEEDED"
+    runner.submit(sid, "echo first", {}, {}, {"num_gpus": 0}, first)  # a retry of the same submission: taken
+    assert runner.client.get_job_info(sid).metadata == first
+    runner.submit(sid, "echo second", {}, {}, {"num_gpus": 0}, second)  # another job of that id: it runs
+    assert runner.client.get_job_info(sid).metadata == second and ended() == "SUCCEEDED"
+    assert "second" in runner.client.get_job_logs(sid)
+    runner.delete(sid)
+    assert runner.status_many([sid]) == {sid: None}
+
+
 def test_the_heads_refusals_come_back_typed_before_queueing(client: Any) -> None:
     before = len(client.jobs())
     for spec, field in (({"priority": "urgent"}, "priority"),              # an unknown priority class

@@ -21,10 +21,14 @@ from orchestrator.rayport.ray_api import RayJobRunner
 
 
 class StandInJobHead:
-    """Ray's job head as far as a submission goes: the version check, then ``(status, body, delay)``."""
+    """Ray's job head as far as submitting, reading and deleting a job go: the version check; a submission is
+    answered ``answer`` (``(status, body, delay)``) when a test sets one, else as Ray 2.60 does (an id it has:
+    HTTP 500 relaying its agent's "already exists"; a new one: kept, PENDING); ``GET``/``DELETE /api/jobs/<id>`` as Ray (404 for
+    an id it lacks; a delete refused while the job is not over)."""
 
     def __init__(self) -> None:
-        self.answer: tuple[int, str, float] = (200, json.dumps({"submission_id": "x", "job_id": None}), 0.0)
+        self.answer: tuple[int, str, float] | None = None
+        self.jobs: dict[str, dict[str, Any]] = {}
         self.posts = 0
         head = self
 
@@ -39,16 +43,45 @@ class StandInJobHead:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _job(self) -> str | None:
+                sid = self.path.removeprefix("/api/jobs/")
+                return sid if sid in head.jobs else None
+
             def do_GET(self) -> None:
-                self._send(200, json.dumps({"ray_version": "2.60.0", "version": "x", "session_name": "s"}).encode())
+                if not self.path.startswith("/api/jobs/"):
+                    self._send(200, json.dumps({"ray_version": "2.60.0", "version": "x", "session_name": "s"}).encode())
+                elif (sid := self._job()) is None:
+                    self._send(404, b"Job does not exist")
+                else:
+                    self._send(200, json.dumps(head.jobs[sid]).encode())
+
+            def do_DELETE(self) -> None:
+                if (sid := self._job()) is None:
+                    self._send(404, b"Job does not exist")
+                elif head.jobs[sid]["status"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
+                    self._send(400, f"Job {sid} is not in a terminal state".encode())
+                else:
+                    del head.jobs[sid]
+                    self._send(200, json.dumps({"deleted": True}).encode())
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 head.posts += 1
-                status, body, delay = head.answer
+                if head.answer is None:
+                    sid = body["submission_id"]
+                    if sid in head.jobs:  # Ray 2.60's job head relays its agent's 400 as a 500, traceback and all
+                        self._send(500, f"Traceback (most recent call last): ...\nRuntimeError: Request failed with "
+                                        f"status code 400: ... ValueError: Job with submission_id {sid} already "
+                                        f"exists. Please use a different submission_id.".encode())
+                        return
+                    head.jobs[sid] = {"type": "SUBMISSION", "submission_id": sid, "status": "PENDING",
+                                      "entrypoint": body["entrypoint"], "metadata": body.get("metadata") or {}}
+                    self._send(200, json.dumps({"submission_id": sid, "job_id": None}).encode())
+                    return
+                status, text, delay = head.answer
                 time.sleep(delay)
                 try:
-                    self._send(status, body.encode())
+                    self._send(status, text.encode())
                 except OSError:
                     pass  # the client gave up first
 
@@ -88,13 +121,49 @@ def test_a_4xx_is_a_refusal_not_a_retry(job_head: StandInJobHead) -> None:
     assert not isinstance(e.value, JobApiUnavailableError)
 
 
-def test_an_id_ray_already_has_is_taken_not_refused(job_head: StandInJobHead) -> None:
-    """What Ray's job head answers for an id it has (HTTP 400, its text): an earlier try of ours landed."""
-    job_head.answer = (400, "Job with submission_id job-1-a1 already exists. Please use a different submission_id.", 0.0)
-    _submit(RayJobRunner(job_head.url))
-    job_head.answer = (400, "Job with submission_id job-9-a1 already exists.", 0.0)  # someone else's id
-    with pytest.raises(RuntimeError, match="already exists"):
-        _submit(RayJobRunner(job_head.url))
+MINE = {"orchestrator_job": "job-1", "orchestrator_submitted_at": "1000.5"}
+
+
+def test_an_id_ray_has_from_an_earlier_try_of_ours_is_taken_not_refused(job_head: StandInJobHead) -> None:
+    """Ray answers an id it has with its "already exists" text (in an HTTP 500: not a failure that may pass): when
+    its record carries our metadata, an earlier try of this submission landed (its answer was lost), and
+    nothing is submitted twice."""
+    runner = RayJobRunner(job_head.url)
+    runner.submit("job-1-a1", "echo hi", {}, {}, {"num_gpus": 0}, MINE)
+    job_head.jobs["job-1-a1"]["status"] = "RUNNING"
+    runner.submit("job-1-a1", "echo hi", {}, {}, {"num_gpus": 0}, MINE)
+    assert job_head.posts == 2 and job_head.jobs["job-1-a1"]["status"] == "RUNNING"
+
+
+def test_an_id_ray_has_from_an_earlier_job_of_that_id_is_deleted_and_submitted_again(
+        job_head: StandInJobHead) -> None:
+    """A job id may be submitted again once the head dropped the first job of it (``ended_retention_s``): if Ray
+    still has the first one's record, "already exists" is not this submission landing. Taking it as taken ran
+    nothing and reported the old job's status as the new one's."""
+    old = {"orchestrator_job": "job-1", "orchestrator_submitted_at": "1.25"}
+    job_head.jobs["job-1-a1"] = {"type": "SUBMISSION", "submission_id": "job-1-a1", "status": "SUCCEEDED",
+                                 "entrypoint": "echo old", "metadata": old}
+    RayJobRunner(job_head.url).submit("job-1-a1", "echo new", {}, {}, {"num_gpus": 0}, MINE)
+    assert job_head.jobs["job-1-a1"]["metadata"] == MINE and job_head.jobs["job-1-a1"]["entrypoint"] == "echo new"
+    job_head.jobs["job-1-a1"].update(status="RUNNING", metadata=old)  # the earlier one still runs: refused
+    with pytest.raises(RuntimeError, match="earlier job with this id") as e:
+        RayJobRunner(job_head.url).submit("job-1-a1", "echo new", {}, {}, {"num_gpus": 0}, MINE)
+    assert not isinstance(e.value, JobApiUnavailableError)
+
+
+def test_a_delete_is_refused_while_the_job_runs_and_unavailable_when_ray_cannot_answer(
+        job_head: StandInJobHead) -> None:
+    runner = RayJobRunner(job_head.url)
+    runner.submit("job-2-a1", "echo hi", {}, {}, {"num_gpus": 0}, {})
+    with pytest.raises(RuntimeError, match="terminal") as e:
+        runner.delete("job-2-a1")
+    assert not isinstance(e.value, JobApiUnavailableError)
+    job_head.jobs["job-2-a1"]["status"] = "STOPPED"
+    runner.delete("job-2-a1")
+    assert "job-2-a1" not in job_head.jobs
+    job_head.close()
+    with pytest.raises(JobApiUnavailableError):
+        runner.delete("job-2-a1")
 
 
 def test_a_submission_that_lands_returns(job_head: StandInJobHead) -> None:

@@ -113,7 +113,7 @@ class GatedStops(AdmissionOnlyRunner):
 def test_a_stop_ray_holds_for_seconds_does_not_stop_the_heads_loop() -> None:
     # cancel_job stopped the Ray job on the head's loop: a job API without an agent held every call and cycle.
     api = GatedStops()
-    service, cluster, job, applied_on = _head_with_a_job(api, "stop_sent")
+    service, cluster, job, applied_on = _head_with_a_job(api, "chore_done")
     answered = threading.Event()
 
     async def run() -> None:
@@ -135,7 +135,7 @@ def test_a_stop_ray_holds_for_seconds_does_not_stop_the_heads_loop() -> None:
                 service.cycle()
                 assert not answered.is_set()
             assert service.get_job(other["job_id"])["state"] in ("admitted", "running")
-            assert service.take_stops() == []  # not handed out twice meanwhile
+            assert service.take_chores() == []  # not handed out twice meanwhile
             api.gate.set()
             for _ in range(200):
                 if answered.is_set():

@@ -19,6 +19,7 @@ from orchestrator.core.request import GpuRequest
 from orchestrator.control.controller import HeadController
 from orchestrator.control.jobs import JobManager
 from orchestrator.control.store import MemoryStore
+from orchestrator.core.config import RuntimeSettings
 
 from .conftest import SimAgent, FakeClock
 
@@ -30,6 +31,7 @@ class FakeRayJobs:
         self.submitted: dict[str, dict[str, Any]] = {}
         self.statuses: dict[str, str] = {}
         self.stopped: list[str] = []
+        self.deleted: list[str] = []
         self.reads: list[list[str]] = []  # one entry per batched status read
 
     def submit(self, submission_id, entrypoint, runtime_env, label_selector, handout, metadata) -> None:
@@ -49,6 +51,15 @@ class FakeRayJobs:
     def stop(self, submission_id: str) -> None:
         self.stopped.append(submission_id)
         self.statuses[submission_id] = "STOPPED"
+
+    def delete(self, submission_id: str) -> None:
+        if submission_id not in self.statuses:
+            raise RuntimeError(f"Job {submission_id} does not exist")
+        if self.statuses[submission_id] not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            raise RuntimeError(f"Job {submission_id} is not in a terminal state")
+        del self.statuses[submission_id]
+        self.submitted.pop(submission_id, None)
+        self.deleted.append(submission_id)
 
     def logs(self, submission_id: str) -> str:
         return f"logs of {submission_id}\n"
@@ -395,8 +406,9 @@ def test_a_job_whose_submission_is_with_ray_is_not_submitted_again_and_runs_on_t
 
 
 def _stops_sent(jm: JobManager) -> list[str]:
-    """What the head actor's launch does with the stops once the store holds their records: each sent, answered."""
-    return [jm.stop_sent(s, jm.send_stop(s)) for s in jm.take_stops()]
+    """What the head actor's launch does with the stops (and deletes) once the store holds their records: each
+    sent, answered."""
+    return [jm.chore_done(c, jm.send_chore(c)) for c in jm.take_chores()]
 
 
 def test_a_job_cancelled_while_its_submission_was_with_ray_has_the_ray_job_stopped(
@@ -708,13 +720,13 @@ def test_a_cancelled_jobs_ray_job_is_stopped_after_its_record_and_a_stop_ray_can
     assert jm.cancel(job)["state"] == "cancelled" and ray_jobs.stop_calls == 0  # the cancel made no call to Ray
     assert store.get(f"rgo/job/{job}")["state"] == "cancelled"
     assert "asking again in 1s" in _stops_sent(jm)[0]
-    assert jm.take_stops() == []  # not before its backoff
+    assert jm.take_chores() == []  # not before its backoff
     clock.advance(1)
     assert "asking again in 2s" in _stops_sent(jm)[0]
     clock.advance(2)
     assert _stops_sent(jm) == [f"{sub_id}: stopped in Ray"] and ray_jobs.statuses[sub_id] == "STOPPED"
     clock.advance(60)
-    assert jm.take_stops() == []  # once stopped, never asked again
+    assert jm.take_chores() == []  # once stopped, never asked again
 
 
 def test_a_stop_ray_never_takes_is_given_up_after_the_retry_window_and_said(ctl, store, agents, clock, caplog) -> None:
@@ -730,7 +742,7 @@ def test_a_stop_ray_never_takes_is_given_up_after_the_retry_window_and_said(ctl,
     for _ in range(40):
         events += _stops_sent(jm)
         clock.advance(5)
-    assert "gave up stopping it in Ray" in events[-1] and 4 <= ray_jobs.stop_calls <= 8
+    assert "gave up the stop in Ray" in events[-1] and 4 <= ray_jobs.stop_calls <= 8
     assert "it may still run" in caplog.text
 
 
@@ -748,5 +760,47 @@ def test_a_restarted_head_stops_what_the_crashed_one_may_not_have_stopped(ctl, s
     ray_jobs.stopped.clear()
     again = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
     again.restore()
-    assert sorted(again.take_stops()) == sorted([f"{victim}.a1", f"{gone}.a1"])
+    assert sorted(c.submission_id for c in again.take_chores()) == sorted([f"{victim}.a1", f"{gone}.a1"])
     assert ray_jobs.stopped == [], "the restored head stops only from its launch, after the restore is durable"
+
+
+def test_a_dropped_jobs_ray_records_are_deleted_so_its_id_runs_again(store, clock, demo) -> None:
+    # Ray never empties its job table; and a job id submitted again after the head dropped the first job of it
+    # (ended_retention_s) reused the first one's Ray submission ids: Ray said "already exists", which was taken
+    # as this submission landing, so the new job "ran" nothing and ended with the old one's status.
+    settings = RuntimeSettings(heartbeat_interval_s=1.0, agent_ttl_s=5.0, grant_ttl_s=60.0, ended_retention_s=60)
+    ctl = HeadController(settings, store, clock=clock)
+    agents = {n.name: SimAgent(ctl, demo, n.name) for n in demo.nodes}
+    for a in agents.values():
+        a.register()
+    ray_jobs = FakeRayJobs()
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+
+    def step() -> list[str]:  # what the head actor's loop does: a cycle, then the job API's calls
+        for a in agents.values():
+            a.beat()
+        report = ctl.reconcile()
+        if report.pruned_before is not None:
+            jm.prune_ended(report.pruned_before)
+        jm.reconcile()
+        for sub in jm.take_submissions()[0]:
+            jm.sent(sub, jm.send(sub))
+        return _stops_sent(jm)
+
+    jm.submit(spec("nightly"), job_id="nightly")
+    step()
+    assert jm.get("nightly")["state"] == "running"
+    ray_jobs.statuses["nightly.a1"] = "SUCCEEDED"
+    step()
+    assert jm.get("nightly")["state"] == "succeeded" and ray_jobs.deleted == []
+    events: list[str] = []
+    for _ in range(15):
+        clock.advance(5)
+        events += step()
+    assert "nightly.a1: deleted in Ray" in events and ray_jobs.deleted == ["nightly.a1"]
+    with pytest.raises(UnknownObjectError):
+        jm.get("nightly")
+    jm.submit(spec("nightly"), job_id="nightly")
+    step()
+    assert jm.get("nightly")["state"] == "running" and ray_jobs.statuses["nightly.a1"] == "RUNNING"
+    assert "nightly.a1" in ray_jobs.submitted, "the new job's driver was submitted, not taken for the old one"

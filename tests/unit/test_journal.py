@@ -331,6 +331,9 @@ class RecordingRunner:
     def stop(self, submission_id: str) -> None:
         pass
 
+    def delete(self, submission_id: str) -> None:
+        pass
+
     def logs(self, submission_id: str) -> str:
         return ""
 
