@@ -306,6 +306,9 @@ class HeadService:
     def list_jobs(self) -> list[Json]:
         return self.jobs.list()
 
+    def job_board(self, limit: int = 200) -> Json:
+        return self.jobs.board(limit)
+
     def cancel_job(self, job_id: str) -> Json:
         return self.jobs.cancel(job_id)
 

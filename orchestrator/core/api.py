@@ -84,7 +84,17 @@ class HeadApi(Protocol):
 
     def get_job(self, job_id: str) -> Json: ...
 
-    def list_jobs(self) -> list[Json]: ...
+    def list_jobs(self) -> list[Json]:
+        """Every job the head keeps (``ended_retention_s``), each in full: its cost grows with all of them."""
+        ...
+
+    def job_board(self, limit: int = 200) -> Json:
+        """What a live view of the jobs shows, in one reply that grows with ``limit``, not with the jobs kept:
+        ``counts`` over every job (``jobs``, ``waiting_for_lease``, ``ever_ran``, ``resumed_live``,
+        ``resumptions``), ``decisions`` (the latest transitions, newest first, with the head's reasons),
+        ``jobs`` (rows of the live jobs and the latest ended ones, ``limit`` (1 to 5000) in all, in submission
+        order) and ``lease_jobs`` (each live job's lease ids -> its id)."""
+        ...
 
     def cancel_job(self, job_id: str) -> Json:
         """Stop the job in any state and release its lease. Idempotent."""

@@ -1,7 +1,7 @@
 """The live dashboard: ``orchestrator dashboard`` and the page ``make demo`` serves.
 
 * :mod:`.feed` -- what the page shows, built from the head's ``status``,
-  ``list_jobs`` and ``metrics`` (pure frames, and the curves' history);
+  ``job_board`` and ``metrics`` (pure frames, and the curves' history);
 * :mod:`.app` -- the Starlette app: the page, Plotly's JavaScript from the
   ``plotly`` package, server-sent events, explain, the schemes' comparison;
 * :mod:`.server` -- a poller and uvicorn in threads, with one stop; binding and tokens;

@@ -804,3 +804,52 @@ def test_a_dropped_jobs_ray_records_are_deleted_so_its_id_runs_again(store, cloc
     step()
     assert jm.get("nightly")["state"] == "running" and ray_jobs.statuses["nightly.a1"] == "RUNNING"
     assert "nightly.a1" in ray_jobs.submitted, "the new job's driver was submitted, not taken for the old one"
+
+
+# ---- the live page's read of the jobs ---------------------------------------------------------------------------
+def test_the_job_board_agrees_with_the_full_list_and_grows_with_its_limit_not_the_jobs(
+        ctl, jm, agents, clock, ray_jobs, tmp_path) -> None:
+    # The live page read list_jobs every second: every job kept, history and lease included (8,000 jobs:
+    # ~300 ms of the head's loop and a 7 MB reply). job_board reads the same facts off the jobs themselves.
+    victim = one_victim(ctl, jm, agents, clock, tmp_path)
+    clock.advance(61)
+    cycle(ctl, jm, agents, 2)  # the victim stopped and requeued: a resumption
+    for i in range(6):
+        clock.advance(1)
+        j = jm.submit(spec(f"short{i}", priority="batch"))["job_id"]
+        if i % 2 == 0:
+            jm.cancel(j)
+    clock.advance(1)  # the oldest job's transition is the newest of all
+    oldest = next(j["job_id"] for j in jm.list() if j["state"] == "running" and j["job_id"] != victim)
+    jm.cancel(oldest)
+    jobs = jm.list()
+    live = [j["job_id"] for j in jobs if j["state"] in ("queued", "admitted", "running", "preempting")]
+    ended = [j["job_id"] for j in jobs if j["job_id"] not in live]
+    assert jm.get(victim)["attempt"] == 2 and len(ended) == 4
+    board = jm.board(limit=len(live) + 2)
+    assert board["counts"] == {
+        "jobs": len(jobs),
+        "waiting_for_lease": sum(1 for j in jobs if j["state"] == "queued" and not j["lease_id"]),
+        "ever_ran": sum(1 for j in jobs if any(h["state"] == "running" for h in j["history"])),
+        "resumed_live": sum(1 for j in jobs if j["attempt"] > 1 and j["state"] in ("queued", "admitted", "running")),
+        "resumptions": sum(j["attempt"] - 1 for j in jobs)}
+    assert board["counts"]["resumptions"] == 1 and board["counts"]["ever_ran"] >= 8
+    every = sorted(((h["at"], j["job_id"], k, {"at": h["at"], "job_id": j["job_id"], "state": h["state"],
+                                                 "reason": h["reason"]})
+                    for j in jobs for k, h in enumerate(j["history"])), key=lambda t: t[:3], reverse=True)
+    assert board["decisions"] == [d for *_, d in every[:40]]  # newest first; a job's later entry first at one time
+    assert board["decisions"][0]["job_id"] == oldest
+    assert jm.board(limit=3, decisions=5)["decisions"] == [d for *_, d in every[:5]]  # read off 5 jobs' histories
+    rows = [r["job_id"] for r in board["jobs"]]
+    assert set(live) <= set(rows) and rows == [j["job_id"] for j in jobs if j["job_id"] in rows]  # submission order
+    assert set(rows) - set(live) == set(ended[-2:])  # the latest ended fill what is left
+    row = next(r for r in board["jobs"] if r["job_id"] == victim)
+    full = jm.get(victim)
+    assert row == {k: full[k] for k in ("job_id", "name", "state", "gpu", "priority_class", "attempt")} | {
+        "preemptions": len(full["preemptions"])}
+    assert board["lease_jobs"] == {j["lease_id"]: j["job_id"] for j in jobs if j["job_id"] in live}
+    assert len(jm.board(limit=3)["jobs"]) == 3
+    for bad in (0, 5001, "10", True):
+        with pytest.raises(InvalidRequestError) as e:
+            jm.board(limit=bad)  # type: ignore[arg-type]
+        assert e.value.field == "limit"
