@@ -84,6 +84,8 @@ _RAY_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 #: again after 1, 2, 4 ... at most 30 s, for ``submit_retry_s`` (the job then fails with what Ray said).
 SUBMIT_BACKOFF_FIRST_S = 1.0
 SUBMIT_BACKOFF_MAX_S = 30.0
+#: A restarted head stops again what the crashed one may not have stopped, back this long past ``submit_retry_s``.
+RESTOP_SLACK_S = 60.0
 #: ``job_board``: the transitions it shows, and the most rows one may ask for.
 BOARD_DECISIONS = 40
 MAX_BOARD_ROWS = 5000
@@ -259,22 +261,27 @@ class JobManager:
         for job in sorted(self._jobs.values(), key=lambda j: j.submitted_at):
             self._track(job)
             self._touched.add(job.job_id)  # every restored job is looked at once
-            for sub_id in self._may_run_unwanted(job):
+            for sub_id in self._may_run_unwanted(job, since=self.clock() - self.submit_retry_s - RESTOP_SLACK_S):
                 self._stop(sub_id)
         self._ended = dict(sorted(self._ended.items(), key=lambda kv: kv[1]))  # in the order they ended
         return len(self._jobs)
 
     @staticmethod
-    def _may_run_unwanted(job: Job) -> list[str]:
+    def _may_run_unwanted(job: Job, since: float) -> list[str]:
         """The Ray submissions of a restored job that the crashed head may have meant to stop and not yet
         stopped (stops leave after the record that needs them: a crash can fall in between): a cancelled job's
         attempt, and the attempt before the current one of a job that was requeued (preempted, or its lease
-        lost). Stopping one that already ended is a no-op Ray refuses, which is dropped; earlier attempts
-        were stopped before the one before the current one was admitted."""
-        if job.state is JobState.CANCELLED and job.ray_submission_id:
+        lost) -- when that happened after ``since``. A stop is asked for ``submit_retry_s`` at most, so one
+        needed before then was taken or given up: a restart re-stops a few jobs, not a day of cancelled ones
+        (each an HTTP call, queued before the submissions). Stopping one that already ended is a no-op Ray
+        refuses, which is dropped; earlier attempts were stopped before the one before the current one was
+        admitted."""
+        if job.state is JobState.CANCELLED and job.ray_submission_id and job.history[-1].at >= since:
             return [job.ray_submission_id]
         if not job.terminal and job.attempt > 1:
-            return [attempt_id(job.job_id, job.attempt - 1)]
+            requeued = max((h.at for h in job.history if h.state is JobState.QUEUED), default=float("-inf"))
+            if requeued >= since:
+                return [attempt_id(job.job_id, job.attempt - 1)]
         return []
 
     def _commit(self, job: Job) -> Job:

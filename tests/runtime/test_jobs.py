@@ -762,6 +762,12 @@ def test_a_restarted_head_stops_what_the_crashed_one_may_not_have_stopped(ctl, s
     again.restore()
     assert sorted(c.submission_id for c in again.take_chores()) == sorted([f"{victim}.a1", f"{gone}.a1"])
     assert ray_jobs.stopped == [], "the restored head stops only from its launch, after the restore is durable"
+    # Stops are asked for submit_retry_s (300 s) at most: a restart well after that re-stops nothing (a day of
+    # cancelled jobs would otherwise be as many HTTP calls, queued before the submissions).
+    clock.advance(300 + 61)
+    later = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    later.restore()
+    assert later.take_chores() == []
 
 
 def test_a_dropped_jobs_ray_records_are_deleted_so_its_id_runs_again(store, clock, demo) -> None:
