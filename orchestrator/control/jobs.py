@@ -84,6 +84,8 @@ _RAY_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 #: again after 1, 2, 4 ... at most 30 s, for ``submit_retry_s`` (the job then fails with what Ray said).
 SUBMIT_BACKOFF_FIRST_S = 1.0
 SUBMIT_BACKOFF_MAX_S = 30.0
+#: Deletes of dropped jobs' Ray records out at a time (they wait behind nothing, and nothing waits behind more).
+DELETES_IN_FLIGHT = 2
 #: A restarted head stops again what the crashed one may not have stopped, back this long past ``submit_retry_s``.
 RESTOP_SLACK_S = 60.0
 #: ``job_board``: the transitions it shows, and the most rows one may ask for.
@@ -242,6 +244,7 @@ class JobManager:
         # record that made the call needed; one Ray's job API could not take yet waits in _chore_retry.
         self._chores: dict[Chore, None] = {}
         self._chore_retry: dict[Chore, _Retry] = {}
+        self._deleting = 0  # deletes handed out by take_chores() and not yet answered (chore_done)
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
         # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
         # do, so a cycle steps only those of a long queue (see reconcile()).
@@ -873,12 +876,17 @@ class JobManager:
 
         Invariant: a Ray job is stopped only after the record that made it unwanted (cancelled, preempted, lost)
         is in the store, so a restarted head never finds a job it believes running stopped under it; and its
-        record in Ray's job table is deleted only after the job left our store (:meth:`prune_ended`)."""
+        record in Ray's job table is deleted only after the job left our store (:meth:`prune_ended`). At most
+        :data:`DELETES_IN_FLIGHT` deletes are out at a time: a prune drops a day's worth of jobs after a long
+        outage, and their deletes must not queue ahead of the submissions on the job API's one thread."""
         now = self.clock()
         due = [c for c in self._chores if (r := self._chore_retry.get(c)) is None or r.due <= now]
-        for c in due:
+        stops = [c for c in due if c.kind is ChoreKind.STOP]
+        deletes = [c for c in due if c.kind is ChoreKind.DELETE][:max(0, DELETES_IN_FLIGHT - self._deleting)]
+        for c in stops + deletes:
             del self._chores[c]
-        return due
+        self._deleting += len(deletes)
+        return stops + deletes
 
     def send_chore(self, chore: Chore) -> Exception | None:
         """Make the call to Ray's job API; returns what it raised (None: done). Reads and changes no state of the
@@ -898,6 +906,8 @@ class JobManager:
         being the truth for it (a stop of a job that ended or that Ray never had; a delete of a job Ray no
         longer has, or that still runs because its stop was never taken)."""
         sub_id, what = chore.submission_id, chore.kind.value
+        if chore.kind is ChoreKind.DELETE:
+            self._deleting = max(0, self._deleting - 1)
         if error is None:
             self._chore_retry.pop(chore, None)
             return f"{sub_id}: {chore.kind.done} in Ray"

@@ -859,3 +859,33 @@ def test_the_job_board_agrees_with_the_full_list_and_grows_with_its_limit_not_th
         with pytest.raises(InvalidRequestError) as e:
             jm.board(limit=bad)  # type: ignore[arg-type]
         assert e.value.field == "limit"
+
+
+def test_deletes_of_dropped_jobs_trickle_two_at_a_time_and_never_hold_back_a_stop(ctl, store, agents, clock) -> None:
+    # After a long outage one prune drops a day of jobs: their deletes (HTTP calls on the job API's one thread)
+    # must not queue ahead of submissions and stops.
+    ray_jobs = FakeRayJobs()
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    ids = [jm.submit(spec(f"s{i}", priority="batch"))["job_id"] for i in range(6)]
+    cycle(ctl, jm, agents, 2)
+    for sub in jm.take_submissions()[0]:
+        jm.sent(sub, jm.send(sub))
+    for j in ids[:5]:
+        ray_jobs.statuses[f"{j}.a1"] = "SUCCEEDED"
+    cycle(ctl, jm, agents)
+    assert [jm.get(j)["state"] for j in ids] == ["succeeded"] * 5 + ["running"]
+    clock.advance(1)
+    assert sorted(jm.prune_ended(clock())) == sorted(ids[:5])
+    jm.cancel(ids[5])
+    first = jm.take_chores()
+    assert [c.kind.value for c in first] == ["stop", "delete", "delete"]
+    assert jm.take_chores() == []  # two deletes out: no third
+    jm.chore_done(first[1], jm.send_chore(first[1]))
+    (third,) = jm.take_chores()
+    assert third.kind.value == "delete"
+    for c in [first[0], first[2], third]:
+        jm.chore_done(c, jm.send_chore(c))
+    while batch := jm.take_chores():
+        for c in batch:
+            jm.chore_done(c, jm.send_chore(c))
+    assert sorted(ray_jobs.deleted) == sorted(f"{j}.a1" for j in ids[:5])
