@@ -51,6 +51,7 @@ from orchestrator.control.service import HeadService
 from orchestrator.control.store import MemoryStore
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.lease import LeaseState, key_digest
+from orchestrator.core.stats import quantile
 
 #: The request mix: (--gpu form, weight). Every node has 8 cards; one in ten has two on-demand MIG cards.
 MIX = (("1", 50), ("2", 10), ("4", 3), ("mps:25%,10GiB", 14), ("timeslice:0.5", 15), ("mig:1g.10gb", 8))
@@ -136,8 +137,7 @@ class Tally:
 
 
 def _pct(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
+    return quantile(xs, q) or 0.0
 
 
 def bring_up(config: ClusterConfig, settings: RuntimeSettings,

@@ -41,6 +41,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
+from orchestrator.core.stats import quantile
+
 #: The pipeline's stages, in order: (key, label).
 STAGES: tuple[tuple[str, str], ...] = (
     ("submit", "submit"), ("queue", "queue"), ("placement", "placement"), ("lease", "lease"),
@@ -102,16 +104,6 @@ def histogram_quantile(q: float, now: Mapping[float, float], before: Mapping[flo
             return lo_le + (le - lo_le) * ((rank - lo_count) / width if width > 0 else 1.0)
         lo_le, lo_count = le, count
     return None
-
-
-def quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    i = int(math.floor(pos))
-    j = min(i + 1, len(xs) - 1)
-    return xs[i] + (xs[j] - xs[i]) * (pos - i)
 
 
 def _has(labels: Mapping[str, str], match: Mapping[str, str]) -> bool:

@@ -44,10 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-import numpy as np
-
 from orchestrator.core.api import HeadApi
 from orchestrator.core.request import GpuRequest
+from orchestrator.core.stats import rounded_quantile as pct
 from orchestrator.rayport import ray_api
 from orchestrator.rayport.agent import process_alive
 from orchestrator.sdk.leases import LeaseHandle, lease
@@ -380,9 +379,6 @@ class ActorScenario:
         return [ray_api.agent_name(n["name"]) for n in self.head.status()["nodes"]]
 
     def _figures(self, preemptions: list[ActorPreemption], checker: DoubleUseChecker) -> dict[str, Any]:
-        def pct(xs: list[float], q: float) -> float | None:
-            return round(float(np.percentile(np.array(xs, dtype=float), q)), 3) if xs else None
-
         d2g = [p.decision_to_grant_s for p in preemptions]
         over = [p.decision_to_grant_s - (p.checkpoint_s or 0.0) for p in preemptions]
         ck = [p.checkpoint_s for p in preemptions if p.checkpoint_s is not None]
@@ -399,13 +395,13 @@ class ActorScenario:
             self.say(f"train-{r.seed}: {len(r.attempts)} attempt(s), weights {state}")
         return {
             "mode": "orchestrator", "holder": "actor", "victim": self.cfg.victim, "preemptions": len(preemptions),
-            "decision_to_grant_p50_s": pct(d2g, 50), "decision_to_grant_p99_s": pct(d2g, 99),
-            "orchestration_overhead_p50_s": pct(over, 50), "orchestration_overhead_p99_s": pct(over, 99),
-            "checkpoint_s_median": pct(ck, 50), "work_lost_steps": int(sum(lost)),
+            "decision_to_grant_p50_s": pct(d2g, 0.5), "decision_to_grant_p99_s": pct(d2g, 0.99),
+            "orchestration_overhead_p50_s": pct(over, 0.5), "orchestration_overhead_p99_s": pct(over, 0.99),
+            "checkpoint_s_median": pct(ck, 0.5), "work_lost_steps": int(sum(lost)),
             "work_lost_steps_per_preemption": round(sum(lost) / len(lost), 2) if lost else 0.0,
             "resumed_bit_identical": same,
             "revoked": sum(1 for p in preemptions if p.stopped_at is not None),
-            "revoke_after_grace_p50_s": pct(after, 50), "revoke_after_grace_p99_s": pct(after, 99),
+            "revoke_after_grace_p50_s": pct(after, 0.5), "revoke_after_grace_p99_s": pct(after, 0.99),
             "double_use_events": len(checker.events), "double_use_samples": checker.samples,
             "double_use_first": checker.events[:3],
             "wall_s": round(time.monotonic() - self.t0, 1),

@@ -43,10 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from orchestrator.core.api import HeadApi
 from orchestrator.core.request import GpuRequest
+from orchestrator.core.stats import rounded_quantile as pct
 from orchestrator.scenarios.actors import REPO, load_example
 from orchestrator.sdk.leases import GangHandle, gang_lease, lease
 
@@ -249,9 +248,6 @@ class GangScenario:
         return rnd, resumed
 
     def _figures(self, rounds: list[GangRound], final: Any, ref: Any) -> dict[str, Any]:
-        def pct(xs: list[float], q: float) -> float | None:
-            return round(float(np.percentile(np.array(xs, dtype=float), q)), 3) if xs else None
-
         import torch
 
         d2g = [r.decision_to_grant_s for r in rounds]
@@ -264,12 +260,12 @@ class GangScenario:
                  f"{'bit-identical to an undisturbed run' if same else 'DIFFERENT from an undisturbed run'}")
         return {
             "mode": "orchestrator", "holder": "gang", "gang": self.cfg.gang, "preemptions": len(rounds),
-            "decision_to_grant_p50_s": pct(d2g, 50), "decision_to_grant_p99_s": pct(d2g, 99),
-            "orchestration_overhead_p50_s": pct(over, 50), "orchestration_overhead_p99_s": pct(over, 99),
-            "checkpoint_s_median": pct(ck, 50), "work_lost_steps": int(sum(lost)),
+            "decision_to_grant_p50_s": pct(d2g, 0.5), "decision_to_grant_p99_s": pct(d2g, 0.99),
+            "orchestration_overhead_p50_s": pct(over, 0.5), "orchestration_overhead_p99_s": pct(over, 0.99),
+            "checkpoint_s_median": pct(ck, 0.5), "work_lost_steps": int(sum(lost)),
             "work_lost_steps_per_preemption": round(sum(lost) / len(lost), 2) if lost else 0.0,
             "resumed_bit_identical": bool(same), "final_step": int(final.metrics["step"]),
-            "trainer_start_s_median": pct(self.trainer_starts, 50),
+            "trainer_start_s_median": pct(self.trainer_starts, 0.5),
             "moved_nodes": sum(1 for r in rounds if sorted(map(str, r.nodes_before)) != sorted(map(str, r.nodes_after))),
             "wall_s": round(time.monotonic() - self.t0, 1),
         }

@@ -40,6 +40,7 @@ from orchestrator.core import env
 from orchestrator.core.api import HeadApi
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
+from orchestrator.core.stats import rounded_quantile as pct
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "jobs" / "train.py"
@@ -89,14 +90,11 @@ class ScenarioResult:
         over = np.array([p.decision_to_grant_s - (p.checkpoint_s or 0.0) for p in self.preemptions], dtype=float)
         lost = [p.lost_steps for p in self.preemptions if p.lost_steps is not None]
 
-        def pct(a: np.ndarray, q: float) -> float | None:
-            return round(float(np.percentile(a, q)), 3) if len(a) else None
-
         return {
             "mode": self.mode, "preemptions": len(self.preemptions),
-            "decision_to_grant_p50_s": pct(d2g, 50), "decision_to_grant_p99_s": pct(d2g, 99),
-            "orchestration_overhead_p50_s": pct(over, 50), "orchestration_overhead_p99_s": pct(over, 99),
-            "checkpoint_s_median": pct(ck, 50) if len(ck) else None,
+            "decision_to_grant_p50_s": pct(d2g, 0.5), "decision_to_grant_p99_s": pct(d2g, 0.99),
+            "orchestration_overhead_p50_s": pct(over, 0.5), "orchestration_overhead_p99_s": pct(over, 0.99),
+            "checkpoint_s_median": pct(ck, 0.5) if len(ck) else None,
             "work_lost_steps": int(sum(lost)) if lost else 0,
             "work_lost_steps_per_preemption": round(sum(lost) / len(lost), 2) if lost else 0.0,
             "resumed_bit_identical": self.digests_equal, "wall_s": round(self.wall_s, 1),
