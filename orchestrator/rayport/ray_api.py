@@ -481,14 +481,21 @@ def job_submission_client(address: str, timeout_s: float | None = JOB_API_TIMEOU
 def _transient(e: BaseException) -> bool:
     """Whether a job API failure may pass by itself: no answer (refused, reset, timed out), no job API
     address in the GCS yet, or an HTTP 5xx (Ray's "no available agent ... try again later"). A 4xx (a bad
-    runtime_env, an invalid label selector, an id that exists) is not."""
+    runtime_env, an invalid label selector) is not, nor an id that exists: Ray 2.60's job head relays its
+    agent's 400 "already exists" as a 500, which read as "try again" had a submission that landed retried until
+    its job failed."""
     import requests
 
     if isinstance(e, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError, NotConnectedError)):
         return True  # (Ray's client turns a refused version check into the builtin ConnectionError)
     if isinstance(e, requests.HTTPError):
         return e.response is not None and e.response.status_code >= 500
-    return isinstance(e, RuntimeError) and str(e).startswith("Request failed with status code 5")
+    return (isinstance(e, RuntimeError) and str(e).startswith("Request failed with status code 5")
+            and _EXISTS not in str(e))
+
+
+#: Ray's only word for a submission id it has (in its job manager's ValueError, relayed in the HTTP error's text).
+_EXISTS = "already exists"
 
 
 @contextlib.contextmanager
@@ -531,17 +538,13 @@ class RayJobRunner:
         else Ray raised is a refusal."""
         demand = gpu_demand(handout)
         try:
-            self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
-                                   entrypoint_label_selector=label_selector or None,
-                                   entrypoint_num_gpus=demand["num_gpus"] or None,
-                                   entrypoint_resources=demand.get("resources") or None, metadata=metadata)
-        except Exception as e:
-            # "already exists" is Ray's only word for it; Ray 2.60's job head relays its agent's 400 as an HTTP 500,
-            # which read as "try again" had a landed submission retried until the job failed.
-            exists = isinstance(e, RuntimeError) and f"{submission_id} already exists" in str(e)
-            if _transient(e) and not exists:
-                raise JobApiUnavailableError(submission_id, f"{type(e).__name__}: {e}") from e
-            if not exists or _again:
+            with _unavailable_if_transient(submission_id):
+                self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
+                                       entrypoint_label_selector=label_selector or None,
+                                       entrypoint_num_gpus=demand["num_gpus"] or None,
+                                       entrypoint_resources=demand.get("resources") or None, metadata=metadata)
+        except RuntimeError as e:
+            if _again or f"{submission_id} {_EXISTS}" not in str(e):
                 raise
             record = self._record(submission_id)
             if record is not None and all((record.metadata or {}).get(k) == v for k, v in metadata.items()):
