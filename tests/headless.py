@@ -222,8 +222,7 @@ class InProcessHead:
         self._record("acquire_lease", (lease_request, timeout))
         lease_request = _wire(lease_request)
         with self.lock:
-            lease_id = self.service.request_lease(lease_request)
-            self.service.grant_now()
+            lease_id = self.service.request_lease_now(lease_request)
         settled = self._settled(lease_id, timeout, key)
         with self.lock:
             return _wire(self.service.activate_settled(settled, key, holder))

@@ -247,16 +247,21 @@ class HeadService:
             time.sleep(min(0.05, self.settings.reconcile_interval_s))
         return d
 
-    def acquire_lease(self, lease_request: Mapping[str, Any], timeout: float, key: str | None = None,
-                      holder: str | None = None) -> Json:
+    def request_lease_now(self, lease_request: Mapping[str, Any]) -> str:
+        """Queue the request and try the fast grant path (:meth:`grant_now`); the lease id. What both acquires
+        begin with, here and in the head actor."""
         lease_id = self.request_lease(lease_request)
         self.grant_now()
+        return lease_id
+
+    def acquire_lease(self, lease_request: Mapping[str, Any], timeout: float, key: str | None = None,
+                      holder: str | None = None) -> Json:
+        lease_id = self.request_lease_now(lease_request)
         return self.activate_settled(self.wait_lease(lease_id, timeout, key), key, holder)
 
     def acquire_lease_now(self, lease_request: Mapping[str, Any], key: str | None = None,
                           holder: str | None = None) -> Json:
-        lease_id = self.request_lease(lease_request)
-        self.grant_now()
+        lease_id = self.request_lease_now(lease_request)
         settled = self.lease_settled(lease_id, key)
         if settled is None:  # still on its way: it stays queued for the caller to wait on (or withdraw)
             return self.get_lease(lease_id, key)
@@ -266,9 +271,15 @@ class HeadService:
         """The fast grant path (:meth:`HeadController.schedule_now`): a request alone in the queue is placed
         in the call that brought it; the next cycle does everything else (agents, jobs, metrics).
 
-        Invariant: what it did (grants, victims asked to checkpoint, its plan time) reaches the metrics with
-        the next cycle's report, as if that cycle had done it."""
-        report = self.ctl.schedule_now()
+        Invariants: what it did (grants, victims asked to checkpoint, its plan time) reaches the metrics with
+        the next cycle's report, as if that cycle had done it; its failure is logged and leaves the queue to the
+        next cycle, as a failed cycle does, so the call that queued a request (or a job) still answers with it
+        queued, never with an error for something it did."""
+        try:
+            report = self.ctl.schedule_now()
+        except Exception:
+            log.exception("fast grant path failed; the next cycle schedules the queue")
+            return ReconcileReport()
         self._fast_reports.append(report)
         return report
 

@@ -81,33 +81,27 @@ def launch_off_loop(service: HeadService, pool: Executor, loop: asyncio.Abstract
     Invariants: the service is read and changed only on ``loop``; ``pool`` runs only the call itself; on a
     one-thread ``pool`` the stops go first, so a preempted attempt is stopped before its successor starts."""
     for chore in service.take_chores():
-        fut = loop.run_in_executor(pool, service.send_chore, chore)
-        fut.add_done_callback(functools.partial(_chore_answered, service, chore, then))
+        _off_loop(pool, loop, service.send_chore, service.chore_done, chore, then)
     subs = service.take_submissions()
     for sub in subs:
-        fut = loop.run_in_executor(pool, service.send_submission, sub)
-        fut.add_done_callback(functools.partial(_submission_answered, service, sub, then))
+        _off_loop(pool, loop, service.send_submission, service.submission_sent, sub, then)
     return len(subs)
 
 
-def _chore_answered(service: HeadService, chore: Chore, then: Callable[[], None],
-                    fut: asyncio.Future[Exception | None]) -> None:
-    try:
-        error = fut.result()
-    except BaseException as e:  # the call never ran (the pool is shutting down): asked again after a backoff
-        error = JobApiUnavailableError(chore.submission_id, f"not sent: {type(e).__name__}: {e}")
-    service.chore_done(chore, error)
-    then()
+def _off_loop(pool: Executor, loop: asyncio.AbstractEventLoop, send: Callable[[Any], Exception | None],
+              apply: Callable[[Any, Exception | None], str], item: Chore | RaySubmission,
+              then: Callable[[], None]) -> None:
+    """``send(item)`` on ``pool``; its answer applied with ``apply(item, error)`` back on ``loop``, then ``then()``."""
 
+    def answered(fut: asyncio.Future[Exception | None]) -> None:
+        try:
+            error = fut.result()
+        except BaseException as e:  # the call never ran (the pool is shutting down): it is asked again later
+            error = JobApiUnavailableError(item.submission_id, f"not sent: {type(e).__name__}: {e}")
+        apply(item, error)
+        then()
 
-def _submission_answered(service: HeadService, sub: RaySubmission, then: Callable[[], None],
-                         fut: asyncio.Future[Exception | None]) -> None:
-    try:
-        error = fut.result()
-    except BaseException as e:  # the call never ran (the pool is shutting down): it may be tried again
-        error = JobApiUnavailableError(sub.submission_id, f"not sent: {type(e).__name__}: {e}")
-    service.submission_sent(sub, error)
-    then()
+    loop.run_in_executor(pool, send, item).add_done_callback(answered)
 
 
 class RayClusterPort:
@@ -254,13 +248,9 @@ class HeadActor:
         bad = answer(check_args, "acquire_lease", (lease_request, timeout, key, holder), {})
         if "error" in bad:
             return bad
-        queued = answer(self.service.request_lease, lease_request)
+        queued = answer(self.service.request_lease_now, lease_request)
         if "error" in queued:
             return queued
-        try:
-            self.service.grant_now()
-        except Exception:  # as a failed cycle: logged, and the next cycle schedules the request
-            log.exception("fast grant path failed; the next cycle schedules the request")
         self._poke()  # the cycle does the rest: agents, jobs, metrics (and the queue, if not granted now)
         settled = await self._settled(queued["ok"], timeout, key)
         if "error" in settled:

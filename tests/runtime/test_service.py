@@ -74,6 +74,29 @@ def test_a_request_alone_in_the_queue_is_granted_in_the_call_that_brought_it(tmp
         head.close()
 
 
+def test_a_failing_fast_grant_path_leaves_the_request_queued_for_the_cycle_not_an_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The head actor's waiting acquire caught a fast-path failure; submit_job and acquire_lease_now did not, so
+    # their caller got an error for a job (or lease) that had been queued. The service's fast path catches it.
+    head = InProcessHead(workdir=tmp_path)
+    try:
+        with head.lock:
+            svc = head.service
+            real = svc.ctl.schedule_now
+
+            def broken():  # a fault in the plan, once
+                svc.ctl.schedule_now = real  # type: ignore[method-assign]
+                raise RuntimeError("plan failed")
+
+            svc.ctl.schedule_now = broken  # type: ignore[method-assign]
+            d = svc.submit_job({"name": "j", "entrypoint": "true", "gpu": {"kind": "whole", "count": 1}})
+            assert d["state"] == "queued" and "fast grant path failed" in caplog.text
+            svc.cycle()
+            assert svc.get_job(d["job_id"])["state"] in ("admitted", "running")
+    finally:
+        head.close()
+
+
 def test_acquire_lease_queues_grants_and_activates_with_the_holder_in_one_call(tmp_path: Path) -> None:
     head = InProcessHead(workdir=tmp_path)
     try:
