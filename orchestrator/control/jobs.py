@@ -137,11 +137,19 @@ class Chore:
 
 @dataclass(frozen=True, slots=True)
 class _Retry:
-    """A submission Ray's job API could not take yet: since ``first``, ``tries`` times; next at ``due``."""
+    """A call Ray's job API could not take yet (a submission, a stop, a delete): since ``first``, ``tries`` times;
+    next at ``due``."""
 
     first: float
     due: float
     tries: int
+
+    @staticmethod
+    def after(prev: "_Retry | None", now: float) -> "_Retry":
+        """The retry after one more failure at ``now``: due 1, 2, 4 ... at most 30 s later, counted from the first."""
+        first, tries = (prev.first, prev.tries) if prev is not None else (now, 0)
+        return _Retry(first=first, due=now + min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_FIRST_S * 2 ** tries),
+                      tries=tries + 1)
 
 
 class JobRunner(Protocol):
@@ -716,17 +724,16 @@ class JobManager:
         sent again, under the same submission id, after a backoff; after ``submit_retry_s`` of failures it
         fails with what Ray said and frees its lease(s). The job's ``message`` says where it stands."""
         now, sub_id = self.clock(), job.ray_submission_id or ""
-        retry = self._retry.get(sub_id) or _Retry(first=now, due=now, tries=0)
-        first, tries = retry.first, retry.tries
-        if now - first >= self.submit_retry_s:
-            why = f"Ray's job API did not take {sub_id} in {now - first:.0f}s of trying: {e.detail}"
+        retry = _Retry.after(self._retry.get(sub_id), now)
+        if now - retry.first >= self.submit_retry_s:
+            why = f"Ray's job API did not take {sub_id} in {now - retry.first:.0f}s of trying: {e.detail}"
             self._release_lease(job, why)
             self._commit(job.transition(JobState.FAILED, now=now, reason=why, message=why))
             return f"{job.job_id}: {why}"
-        wait = min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_FIRST_S * 2 ** tries)
-        self._retry[sub_id] = _Retry(first=first, due=now + wait, tries=tries + 1)
-        msg = f"{e}; submitting it again in {wait:g}s (try {tries + 1}, failing after {self.submit_retry_s:g}s)"
-        if tries == 0:
+        self._retry[sub_id] = retry
+        msg = (f"{e}; submitting it again in {retry.due - now:g}s (try {retry.tries}, failing after "
+               f"{self.submit_retry_s:g}s)")
+        if retry.tries == 1:
             log.warning("%s: %s", job.job_id, msg)
         self._commit(replace(job, message=msg))
         return f"{job.job_id}: {msg}"
@@ -915,18 +922,17 @@ class JobManager:
             self._chore_retry.pop(chore, None)
             return f"{sub_id}: not {chore.kind.done}, Ray says {type(error).__name__}: {error}"
         now = self.clock()
-        retry = self._chore_retry.get(chore) or _Retry(first=now, due=now, tries=0)
+        retry = _Retry.after(self._chore_retry.get(chore), now)
         if now - retry.first >= self.submit_retry_s:
             self._chore_retry.pop(chore, None)
             log.error("Ray's job API did not take the %s of %s in %.0fs of trying: %s%s", what, sub_id,
                       now - retry.first, error, "; it may still run" if chore.kind is ChoreKind.STOP else "")
             return f"{sub_id}: gave up the {what} in Ray: {error}"
-        wait = min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_FIRST_S * 2 ** retry.tries)
-        self._chore_retry[chore] = _Retry(first=retry.first, due=now + wait, tries=retry.tries + 1)
+        self._chore_retry[chore] = retry
         self._chores[chore] = None
-        if retry.tries == 0:
-            log.warning("%s of %s in Ray: %s; asking again in %gs", what, sub_id, error, wait)
-        return f"{sub_id}: {what} not taken ({error}); asking again in {wait:g}s"
+        if retry.tries == 1:
+            log.warning("%s of %s in Ray: %s; asking again in %gs", what, sub_id, error, retry.due - now)
+        return f"{sub_id}: {what} not taken ({error}); asking again in {retry.due - now:g}s"
 
     @staticmethod
     def _owner_job(owner: str) -> str:
