@@ -21,9 +21,9 @@ from orchestrator.core.config import DEMO_CONFIG, RuntimeSettings, load_config
 from orchestrator.rayport.head import launch_off_loop
 
 
-class GatedJobApi(AdmissionOnlyRunner):
-    """Ray's job API stood in for: ``submit`` blocks until ``gate`` is set, and records the thread it ran on
-    (the rest is :class:`AdmissionOnlyRunner`'s)."""
+class Gated(AdmissionOnlyRunner):
+    """Ray's job API stood in for: the call a subclass holds blocks until ``gate`` is set, and records the thread it
+    ran on (the rest is :class:`AdmissionOnlyRunner`'s)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -31,11 +31,52 @@ class GatedJobApi(AdmissionOnlyRunner):
         self.entered = threading.Event()
         self.threads: list[str] = []
 
-    def submit(self, submission_id: str, *args: Any) -> None:
+    def _hold(self) -> None:
         self.threads.append(threading.current_thread().name)
         self.entered.set()
-        assert self.gate.wait(10), "the test never let the submission go"
+        assert self.gate.wait(10), "the test never let the call go"
+
+
+class GatedJobApi(Gated):
+    """``submit`` is held."""
+
+    def submit(self, submission_id: str, *args: Any) -> None:
+        self._hold()
         super().submit(submission_id, *args)
+
+
+class GatedStops(Gated):
+    """``stop`` is held; a submitted job runs until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: list[str] = []
+
+    def status(self, submission_id: str) -> str | None:
+        return "RUNNING" if submission_id in self._known else None
+
+    def stop(self, submission_id: str) -> None:
+        self._hold()
+        self.stopped.append(submission_id)
+
+
+async def _while_held(api: Gated, service: HeadService, cluster: SimulatedCluster, answered: threading.Event,
+                      check: Any) -> None:
+    """Once ``api`` holds its call: the loop goes on (agents beat, cycles run, ``check()`` holds) and the answer
+    has not come; then let the call go and wait for the answer to be applied."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, api.entered.wait, 5)
+    for _ in range(5):
+        await asyncio.sleep(0.02)
+        cluster.beat(service)
+        service.cycle()
+        check()
+        assert not answered.is_set()
+    api.gate.set()
+    for _ in range(200):
+        if answered.is_set():
+            break
+        await asyncio.sleep(0.01)
 
 
 def _head_with_a_job(api: AdmissionOnlyRunner, applied: str) -> tuple[HeadService, SimulatedCluster, str, list[str]]:
@@ -71,43 +112,18 @@ def test_a_submission_ray_holds_for_seconds_does_not_stop_the_heads_loop() -> No
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(1, thread_name_prefix="rgo-job-api") as pool:
             assert launch_off_loop(service, pool, loop, answered.set) == 1
-            await loop.run_in_executor(None, api.entered.wait, 5)
-            # Ray holds the submission: the loop goes on -- calls are answered, cycles run.
-            for _ in range(5):
-                await asyncio.sleep(0.02)
-                cluster.beat(service)
-                service.cycle()
-                assert service.get_job(job)["state"] == "admitted" and not answered.is_set()
-            assert launch_off_loop(service, pool, loop, answered.set) == 0  # not taken twice meanwhile
-            api.gate.set()
-            for _ in range(200):
-                if answered.is_set():
-                    break
-                await asyncio.sleep(0.01)
+
+            def meanwhile() -> None:  # Ray holds the submission: calls are answered, nothing is taken twice
+                assert service.get_job(job)["state"] == "admitted"
+                assert launch_off_loop(service, pool, loop, answered.set) == 0
+
+            await _while_held(api, service, cluster, answered, meanwhile)
 
     asyncio.run(run())
     assert answered.is_set()
     assert api.threads == ["rgo-job-api_0"] and applied_on == ["MainThread"]
     d = service.get_job(job)
     assert d["state"] == "running" and d["lease"]["state"] == "active"
-
-
-class GatedStops(AdmissionOnlyRunner):
-    """Ray's job API stood in for: ``stop`` blocks until ``gate`` is set, and records the thread it ran on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-        self.stops: list[tuple[str, str]] = []
-
-    def status(self, submission_id: str) -> str | None:
-        return "RUNNING" if submission_id in self._known else None  # a job that runs until stopped
-
-    def stop(self, submission_id: str) -> None:
-        self.entered.set()
-        assert self.gate.wait(10), "the test never let the stop go"
-        self.stops.append((submission_id, threading.current_thread().name))
 
 
 def test_a_stop_ray_holds_for_seconds_does_not_stop_the_heads_loop() -> None:
@@ -126,22 +142,14 @@ def test_a_stop_ray_holds_for_seconds_does_not_stop_the_heads_loop() -> None:
                 await asyncio.sleep(0.01)
             assert service.cancel_job(job)["state"] == "cancelled" and not api.entered.is_set()
             launch_off_loop(service, pool, loop, answered.set)
-            await loop.run_in_executor(None, api.entered.wait, 5)
-            # Ray holds the stop: the loop goes on -- calls are answered, cycles run, the freed card is granted.
             other = service.submit_job({"name": "u", "entrypoint": "true", "gpu": {"kind": "whole", "count": 1}})
-            for _ in range(5):
-                await asyncio.sleep(0.02)
-                cluster.beat(service)
-                service.cycle()
-                assert not answered.is_set()
-            assert service.get_job(other["job_id"])["state"] in ("admitted", "running")
-            assert service.take_chores() == []  # not handed out twice meanwhile
-            api.gate.set()
-            for _ in range(200):
-                if answered.is_set():
-                    break
-                await asyncio.sleep(0.01)
+
+            def meanwhile() -> None:  # Ray holds the stop: calls are answered, a new job is admitted
+                assert service.get_job(other["job_id"])["state"] in ("admitted", "running")
+                assert service.take_chores() == []  # not handed out twice
+
+            await _while_held(api, service, cluster, answered, meanwhile)
 
     asyncio.run(run())
     assert answered.is_set()
-    assert api.stops == [(f"{job}.a1", "rgo-job-api_0")] and applied_on == ["MainThread"]
+    assert api.stopped == [f"{job}.a1"] and api.threads == ["rgo-job-api_0"] and applied_on == ["MainThread"]
