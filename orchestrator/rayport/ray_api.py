@@ -509,6 +509,14 @@ def _unavailable_if_transient(submission_id: str) -> Iterator[None]:
         raise
 
 
+#: How long after an earlier job of a submission id ended Ray's job API may take the id again. Ray's job manager
+#: watches each job's supervisor actor until it has died (a ping each second); a job put under the id before that
+#: watcher has seen its old supervisor die is marked FAILED by it ("Job supervisor actor died"), and the new job's
+#: own watcher is never started (one per id). Measured on a loaded 2-core machine: a reuse right after the end failed
+#: every time. A job the head dropped ended ``ended_retention_s`` (>= 60 s) ago, so this waits only on a reuse
+#: sooner than any retention allows.
+ID_REUSE_QUIET_S = 10.0
+
 #: The longest the head's loop waits for one status read (a GCS that is away: the last answers stand).
 STATUS_READ_TIMEOUT_S = 5.0
 
@@ -534,8 +542,9 @@ class RayJobRunner:
         taken when Ray's record of it carries our ``metadata`` (an earlier try of this submission landed);
         a record of another job under the id (one that had the same job id, dropped by the head before its
         record left Ray's table) is deleted and the submission made again, or refused while that job still
-        runs. :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything
-        else Ray raised is a refusal."""
+        runs, or put off (:class:`JobApiUnavailableError`) while it ended under :data:`ID_REUSE_QUIET_S` ago.
+        :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything else Ray
+        raised is a refusal."""
         demand = gpu_demand(handout)
         try:
             with _unavailable_if_transient(submission_id):
@@ -549,6 +558,9 @@ class RayJobRunner:
             record = self._record(submission_id)
             if record is not None and all((record.metadata or {}).get(k) == v for k, v in metadata.items()):
                 return  # an earlier try of ours landed
+            if record is not None and record.end_time and time.time() - record.end_time / 1000 < ID_REUSE_QUIET_S:
+                raise JobApiUnavailableError(submission_id, f"Ray's job manager may still watch the earlier job under "
+                                             f"this id (it ended under {ID_REUSE_QUIET_S:.0f} s ago)")
             if record is not None:
                 try:
                     self.delete(submission_id)  # refused while that job is not over

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import pytest
 
 from orchestrator.core.ids import attempt_id
-from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.errors import InvalidRequestError, JobApiUnavailableError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.rayport.loopback import LOOPBACK_SITE
@@ -113,7 +113,8 @@ def test_a_job_of_each_gpu_kind_runs_on_its_lease(client: Any, head: Any) -> Non
 def test_ray_takes_an_id_again_only_for_the_same_job_and_deletes_a_dropped_ones_record(head: Any) -> None:
     """Against Ray's real job API: a submission id Ray has is taken when its record carries our metadata (a
     retry whose first answer was lost), and is Ray's record of an earlier job of the same id (dropped by the
-    head) otherwise: deleted, then submitted again; ``delete`` empties Ray's table of it."""
+    head) otherwise: deleted once Ray's job manager has let go of it, then submitted again; ``delete`` empties
+    Ray's table of it."""
     from orchestrator.rayport import ray_api
 
     runner, sid = ray_api.RayJobRunner(), "reused-id.a1"
@@ -131,7 +132,18 @@ def test_ray_takes_an_id_again_only_for_the_same_job_and_deletes_a_dropped_ones_
     assert ended() == "SUCCEEDED"
     runner.submit(sid, "echo first", {}, {}, {"num_gpus": 0}, first)  # a retry of the same submission: taken
     assert runner.client.get_job_info(sid).metadata == first
-    runner.submit(sid, "echo second", {}, {}, {"num_gpus": 0}, second)  # another job of that id: it runs
+    # Another job of that id: put off while Ray's job manager may still watch the first one (taken at once, a
+    # loaded machine's job manager marked it FAILED every time), then the first is deleted and it runs.
+    with pytest.raises(JobApiUnavailableError, match="may still watch the earlier job"):
+        runner.submit(sid, "echo second", {}, {}, {"num_gpus": 0}, second)
+    deadline = time.monotonic() + 60
+    while True:  # as the job layer does: the same submission again, after a backoff
+        try:
+            runner.submit(sid, "echo second", {}, {}, {"num_gpus": 0}, second)
+            break
+        except JobApiUnavailableError:
+            assert time.monotonic() < deadline
+            time.sleep(1)
     assert runner.client.get_job_info(sid).metadata == second and ended() == "SUCCEEDED"
     assert "second" in runner.client.get_job_logs(sid)
     runner.delete(sid)

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from orchestrator.core.errors import JobApiUnavailableError
+from orchestrator.rayport import ray_api
 from orchestrator.rayport.ray_api import RayJobRunner
 
 
@@ -142,10 +143,15 @@ def test_an_id_ray_has_from_an_earlier_job_of_that_id_is_deleted_and_submitted_a
     nothing and reported the old job's status as the new one's."""
     old = {"orchestrator_job": "job-1", "orchestrator_submitted_at": "1.25"}
     job_head.jobs["job-1-a1"] = {"type": "SUBMISSION", "submission_id": "job-1-a1", "status": "SUCCEEDED",
-                                 "entrypoint": "echo old", "metadata": old}
+                                 "entrypoint": "echo old", "metadata": old, "end_time": int(time.time() * 1000) - 2000}
+    # Ended 2 s ago: Ray's job manager may still watch it, and would fail a job put under its id now. Put off.
+    with pytest.raises(JobApiUnavailableError, match="may still watch the earlier job"):
+        RayJobRunner(job_head.url).submit("job-1-a1", "echo new", {}, {}, {"num_gpus": 0}, MINE)
+    assert job_head.jobs["job-1-a1"]["metadata"] == old  # not deleted
+    job_head.jobs["job-1-a1"]["end_time"] -= int(ray_api.ID_REUSE_QUIET_S * 1000)
     RayJobRunner(job_head.url).submit("job-1-a1", "echo new", {}, {}, {"num_gpus": 0}, MINE)
     assert job_head.jobs["job-1-a1"]["metadata"] == MINE and job_head.jobs["job-1-a1"]["entrypoint"] == "echo new"
-    job_head.jobs["job-1-a1"].update(status="RUNNING", metadata=old)  # the earlier one still runs: refused
+    job_head.jobs["job-1-a1"].update(status="RUNNING", metadata=old, end_time=None)  # the earlier one runs: refused
     with pytest.raises(RuntimeError, match="earlier job with this id") as e:
         RayJobRunner(job_head.url).submit("job-1-a1", "echo new", {}, {}, {"num_gpus": 0}, MINE)
     assert not isinstance(e.value, JobApiUnavailableError)
