@@ -536,8 +536,7 @@ class RayJobRunner:
         return self._client
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               label_selector: dict[str, str], handout: Mapping[str, Any], metadata: dict[str, str],
-               _again: bool = False) -> None:
+               label_selector: dict[str, str], handout: Mapping[str, Any], metadata: dict[str, str]) -> None:
         """:meth:`orchestrator.control.jobs.JobRunner.submit`: Ray's "already exists" for the id returns as
         taken when Ray's record of it carries our ``metadata`` (an earlier try of this submission landed);
         a record of another job under the id (one that had the same job id, dropped by the head before its
@@ -546,30 +545,41 @@ class RayJobRunner:
         :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything else Ray
         raised is a refusal."""
         demand = gpu_demand(handout)
-        try:
+
+        def put() -> None:
             with _unavailable_if_transient(submission_id):
                 self.client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
                                        entrypoint_label_selector=label_selector or None,
                                        entrypoint_num_gpus=demand["num_gpus"] or None,
                                        entrypoint_resources=demand.get("resources") or None, metadata=metadata)
+
+        try:
+            put()
+            return
         except RuntimeError as e:
-            if _again or f"{submission_id} {_EXISTS}" not in str(e):
+            if f"{submission_id} {_EXISTS}" not in str(e):
                 raise
-            record = self._record(submission_id)
-            if record is not None and all((record.metadata or {}).get(k) == v for k, v in metadata.items()):
+        record = self._record(submission_id)
+        if record is not None:
+            if all((record.metadata or {}).get(k) == v for k, v in metadata.items()):
                 return  # an earlier try of ours landed
-            if record is not None and record.end_time and time.time() - record.end_time / 1000 < ID_REUSE_QUIET_S:
-                raise JobApiUnavailableError(submission_id, f"Ray's job manager may still watch the earlier job under "
-                                             f"this id (it ended under {ID_REUSE_QUIET_S:.0f} s ago)")
-            if record is not None:
-                try:
-                    self.delete(submission_id)  # refused while that job is not over
-                except JobApiUnavailableError:
-                    raise
-                except Exception as d:
-                    raise RuntimeError(f"Ray holds a job of an earlier job with this id under {submission_id} and "
-                                       f"could not delete it: {d}") from d
-            self.submit(submission_id, entrypoint, runtime_env, label_selector, handout, metadata, _again=True)
+            self._clear_earlier(submission_id, record)
+        put()  # once: an "already exists" now is a refusal
+
+    def _clear_earlier(self, submission_id: str, record: Any) -> None:
+        """Delete ``record``, Ray's record of an earlier job under ``submission_id``, so the id can be taken again:
+        put off (:class:`JobApiUnavailableError`) while that job ended under :data:`ID_REUSE_QUIET_S` ago; a
+        refusal (``RuntimeError``) where Ray will not delete it (that job still runs)."""
+        if record.end_time and time.time() - record.end_time / 1000 < ID_REUSE_QUIET_S:
+            raise JobApiUnavailableError(submission_id, f"Ray's job manager may still watch the earlier job under "
+                                         f"this id (it ended under {ID_REUSE_QUIET_S:.0f} s ago)")
+        try:
+            self.delete(submission_id)  # refused while that job is not over
+        except JobApiUnavailableError:
+            raise
+        except Exception as d:
+            raise RuntimeError(f"Ray holds a job of an earlier job with this id under {submission_id} and could "
+                               f"not delete it: {d}") from d
 
     def status(self, submission_id: str) -> str | None:
         try:
