@@ -56,7 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
-from orchestrator.core.stats import quantile
+from orchestrator.core.stats import rounded_quantile
 
 NAMESPACE = "rgo-load"
 NOOP = "rgo-load-noop"
@@ -197,17 +197,17 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     out = {"jobs": jobs, "clients": clients, "threads": threads, "share": share, "load_wall_s": round(wall, 2)}
     out.update(account_jobs(submitted, mine, jobs))
     replies = [x for r in results for x in r["reply_ms"]]
-    out["submit_reply_p50_ms"] = _r(quantile(replies, 0.5))
-    out["submit_reply_p99_ms"] = _r(quantile(replies, 0.99))
+    out["submit_reply_p50_ms"] = rounded_quantile(replies, 0.5)
+    out["submit_reply_p99_ms"] = rounded_quantile(replies, 0.99)
     out["submit_reply_max_ms"] = _r(max(replies, default=None))
     batches = sum(r["batches"] for r in results)
     out["calls_per_batch"] = round(len(replies) / batches, 2) if batches else None
-    out["bare_actor_call_p50_ms"] = round(quantile(bare, 0.5) or 0, 3)
-    out["bare_actor_call_p99_ms"] = round(quantile(bare, 0.99) or 0, 3)
-    out["head_ping_p50_ms"] = _r(quantile(head_ping, 0.5))
+    out["bare_actor_call_p50_ms"] = rounded_quantile(bare, 0.5) or 0.0
+    out["bare_actor_call_p99_ms"] = rounded_quantile(bare, 0.99) or 0.0
+    out["head_ping_p50_ms"] = rounded_quantile(head_ping, 0.5)
     loaded = [x for r in results for x in r["noop_ms"]]
-    out["bare_actor_call_loaded_p50_ms"] = _r(quantile(loaded, 0.5))
-    out["bare_actor_call_loaded_p99_ms"] = _r(quantile(loaded, 0.99))
+    out["bare_actor_call_loaded_p50_ms"] = rounded_quantile(loaded, 0.5)
+    out["bare_actor_call_loaded_p99_ms"] = rounded_quantile(loaded, 0.99)
     ray_api.kill(noop)
     if leases:
         out["leases"] = account_leases([x for r in results for x in r["leases"]], head, leases)
@@ -234,7 +234,7 @@ def account_jobs(submitted: list[tuple[str, float]], seen: list[dict[str, Any]],
     span = (max(at for _, at in admitted) - min(t0 for t0, _ in admitted)) if admitted else 0.0
     return {"lost": lost, "duplicated": duplicated, "admitted": len(admitted),
             "grants_per_s": round(len(admitted) / span, 1) if span > 0 else None,
-            "grant_p50_ms": _r(quantile(lat, 0.5)), "grant_p99_ms": _r(quantile(lat, 0.99))}
+            "grant_p50_ms": rounded_quantile(lat, 0.5), "grant_p99_ms": rounded_quantile(lat, 0.99)}
 
 
 def account_leases(took: list[tuple[str, float, float]], head: Any, asked: int) -> dict[str, Any]:
@@ -250,7 +250,7 @@ def account_leases(took: list[tuple[str, float, float]], head: Any, asked: int) 
     span = (max(at + s for _, s, at in took) - min(at for _, _, at in took)) if took else 0.0
     return {"leases": asked, "lost": lost, "duplicated": duplicated,
             "grants_per_s": round(len(took) / span, 1) if span > 0 else None,
-            "grant_p50_ms": _r(quantile(lat, 0.5)), "grant_p99_ms": _r(quantile(lat, 0.99))}
+            "grant_p50_ms": rounded_quantile(lat, 0.5), "grant_p99_ms": rounded_quantile(lat, 0.99)}
 
 
 def _r(x: float | None) -> float | None:

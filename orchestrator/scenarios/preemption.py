@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-import numpy as np
-
 from orchestrator.core import env
 from orchestrator.core.api import HeadApi
 from orchestrator.core.job import JobSpec
@@ -85,16 +83,16 @@ class ScenarioResult:
     training_jobs: dict[str, str] = field(default_factory=dict)
 
     def figures(self) -> dict[str, Any]:
-        d2g = np.array([p.decision_to_grant_s for p in self.preemptions], dtype=float)
-        ck = np.array([p.checkpoint_s for p in self.preemptions if p.checkpoint_s is not None], dtype=float)
-        over = np.array([p.decision_to_grant_s - (p.checkpoint_s or 0.0) for p in self.preemptions], dtype=float)
+        d2g = [p.decision_to_grant_s for p in self.preemptions]
+        ck = [p.checkpoint_s for p in self.preemptions if p.checkpoint_s is not None]
+        over = [p.decision_to_grant_s - (p.checkpoint_s or 0.0) for p in self.preemptions]
         lost = [p.lost_steps for p in self.preemptions if p.lost_steps is not None]
 
         return {
             "mode": self.mode, "preemptions": len(self.preemptions),
             "decision_to_grant_p50_s": pct(d2g, 0.5), "decision_to_grant_p99_s": pct(d2g, 0.99),
             "orchestration_overhead_p50_s": pct(over, 0.5), "orchestration_overhead_p99_s": pct(over, 0.99),
-            "checkpoint_s_median": pct(ck, 0.5) if len(ck) else None,
+            "checkpoint_s_median": pct(ck, 0.5),
             "work_lost_steps": int(sum(lost)) if lost else 0,
             "work_lost_steps_per_preemption": round(sum(lost) / len(lost), 2) if lost else 0.0,
             "resumed_bit_identical": self.digests_equal, "wall_s": round(self.wall_s, 1),
