@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, Awaitable, Callable
 
 from headless import SimulatedCluster
 
@@ -58,6 +58,21 @@ class GatedStops(Gated):
     def stop(self, submission_id: str) -> None:
         self._hold()
         self.stopped.append(submission_id)
+
+
+#: The head actor's one job-API thread, as the stand-in records it.
+JOB_API_THREAD = "rgo-job-api_0"
+
+
+def _on_the_heads_loop(scenario: Callable[[asyncio.AbstractEventLoop, Executor], Awaitable[None]]) -> None:
+    """``scenario(loop, pool)`` on a real asyncio loop with a one-thread ``pool`` for Ray's job API, as the head
+    actor runs :func:`launch_off_loop`."""
+
+    async def run() -> None:
+        with ThreadPoolExecutor(1, thread_name_prefix=JOB_API_THREAD.removesuffix("_0")) as pool:
+            await scenario(asyncio.get_running_loop(), pool)
+
+    asyncio.run(run())
 
 
 async def _while_held(api: Gated, service: HeadService, cluster: SimulatedCluster, answered: threading.Event,
@@ -108,20 +123,18 @@ def test_a_submission_ray_holds_for_seconds_does_not_stop_the_heads_loop() -> No
     service, cluster, job, applied_on = _head_with_a_job(api, "submission_sent")
     answered = threading.Event()
 
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        with ThreadPoolExecutor(1, thread_name_prefix="rgo-job-api") as pool:
-            assert launch_off_loop(service, pool, loop, answered.set) == 1
+    async def scenario(loop: asyncio.AbstractEventLoop, pool: Executor) -> None:
+        assert launch_off_loop(service, pool, loop, answered.set) == 1
 
-            def meanwhile() -> None:  # Ray holds the submission: calls are answered, nothing is taken twice
-                assert service.get_job(job)["state"] == "admitted"
-                assert launch_off_loop(service, pool, loop, answered.set) == 0
+        def meanwhile() -> None:  # Ray holds the submission: calls are answered, nothing is taken twice
+            assert service.get_job(job)["state"] == "admitted"
+            assert launch_off_loop(service, pool, loop, answered.set) == 0
 
-            await _while_held(api, service, cluster, answered, meanwhile)
+        await _while_held(api, service, cluster, answered, meanwhile)
 
-    asyncio.run(run())
+    _on_the_heads_loop(scenario)
     assert answered.is_set()
-    assert api.threads == ["rgo-job-api_0"] and applied_on == ["MainThread"]
+    assert api.threads == [JOB_API_THREAD] and applied_on == ["MainThread"]
     d = service.get_job(job)
     assert d["state"] == "running" and d["lease"]["state"] == "active"
 
@@ -132,24 +145,22 @@ def test_a_stop_ray_holds_for_seconds_does_not_stop_the_heads_loop() -> None:
     service, cluster, job, applied_on = _head_with_a_job(api, "chore_done")
     answered = threading.Event()
 
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        with ThreadPoolExecutor(1, thread_name_prefix="rgo-job-api") as pool:
-            launch_off_loop(service, pool, loop, lambda: None)
-            for _ in range(100):  # the submission's answer comes back on the loop
-                if service.get_job(job)["state"] == "running":
-                    break
-                await asyncio.sleep(0.01)
-            assert service.cancel_job(job)["state"] == "cancelled" and not api.entered.is_set()
-            launch_off_loop(service, pool, loop, answered.set)
-            other = service.submit_job({"name": "u", "entrypoint": "true", "gpu": {"kind": "whole", "count": 1}})
+    async def scenario(loop: asyncio.AbstractEventLoop, pool: Executor) -> None:
+        launch_off_loop(service, pool, loop, lambda: None)
+        for _ in range(100):  # the submission's answer comes back on the loop
+            if service.get_job(job)["state"] == "running":
+                break
+            await asyncio.sleep(0.01)
+        assert service.cancel_job(job)["state"] == "cancelled" and not api.entered.is_set()
+        launch_off_loop(service, pool, loop, answered.set)
+        other = service.submit_job({"name": "u", "entrypoint": "true", "gpu": {"kind": "whole", "count": 1}})
 
-            def meanwhile() -> None:  # Ray holds the stop: calls are answered, a new job is admitted
-                assert service.get_job(other["job_id"])["state"] in ("admitted", "running")
-                assert service.take_chores() == []  # not handed out twice
+        def meanwhile() -> None:  # Ray holds the stop: calls are answered, a new job is admitted
+            assert service.get_job(other["job_id"])["state"] in ("admitted", "running")
+            assert service.take_chores() == []  # not handed out twice
 
-            await _while_held(api, service, cluster, answered, meanwhile)
+        await _while_held(api, service, cluster, answered, meanwhile)
 
-    asyncio.run(run())
+    _on_the_heads_loop(scenario)
     assert answered.is_set()
-    assert api.stopped == [f"{job}.a1"] and api.threads == ["rgo-job-api_0"] and applied_on == ["MainThread"]
+    assert api.stopped == [f"{job}.a1"] and api.threads == [JOB_API_THREAD] and applied_on == ["MainThread"]

@@ -405,10 +405,15 @@ def test_a_job_whose_submission_is_with_ray_is_not_submitted_again_and_runs_on_t
     assert d["state"] == "running" and d["lease"]["state"] == "active"
 
 
-def _stops_sent(jm: JobManager) -> list[str]:
-    """What the head actor's launch does with the stops (and deletes) once the store holds their records: each
-    sent, answered."""
+def _chores_sent(jm: JobManager) -> list[str]:
+    """What the head actor's launch does with the stops and deletes once the store holds their records: each
+    sent, answered (``rayport.head.launch_off_loop``, here on one thread)."""
     return [jm.chore_done(c, jm.send_chore(c)) for c in jm.take_chores()]
+
+
+def _submissions_sent(jm: JobManager) -> list[str]:
+    """The same for the submissions due."""
+    return [jm.sent(sub, jm.send(sub)) for sub in jm.take_submissions()[0]]
 
 
 def test_a_job_cancelled_while_its_submission_was_with_ray_has_the_ray_job_stopped(
@@ -417,7 +422,7 @@ def test_a_job_cancelled_while_its_submission_was_with_ray_has_the_ray_job_stopp
     jm.cancel(job)
     jm.sent(sub, jm.send(sub))  # Ray took it after all
     assert ray_jobs.statuses[sub.submission_id] == "RUNNING", "stopped once the store holds the cancellation"
-    assert _stops_sent(jm) == [f"{sub.submission_id}: stopped in Ray"]
+    assert _chores_sent(jm) == [f"{sub.submission_id}: stopped in Ray"]
     d = jm.get(job)
     assert d["state"] == "cancelled" and d["lease"]["state"] == "released"
     assert ray_jobs.statuses[sub.submission_id] == "STOPPED"
@@ -434,7 +439,7 @@ def test_a_job_whose_node_was_lost_while_its_submission_was_with_ray_is_stopped_
                 a.beat()
         ctl.reconcile()
     jm.sent(sub, jm.send(sub))
-    _stops_sent(jm)
+    _chores_sent(jm)
     assert sub.submission_id in ray_jobs.stopped, "a Ray job on devices the job no longer holds must not run"
     jm.reconcile()
     d = jm.get(job)
@@ -713,18 +718,17 @@ def test_a_cancelled_jobs_ray_job_is_stopped_after_its_record_and_a_stop_ray_can
     jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
     job = jm.submit(spec("t"))["job_id"]
     cycle(ctl, jm, agents, 2)
-    for sub in jm.take_submissions()[0]:
-        jm.sent(sub, jm.send(sub))
+    _submissions_sent(jm)
     sub_id = jm.get(job)["ray_submission_id"]
     assert jm.get(job)["state"] == "running"
     assert jm.cancel(job)["state"] == "cancelled" and ray_jobs.stop_calls == 0  # the cancel made no call to Ray
     assert store.get(f"rgo/job/{job}")["state"] == "cancelled"
-    assert "asking again in 1s" in _stops_sent(jm)[0]
+    assert "asking again in 1s" in _chores_sent(jm)[0]
     assert jm.take_chores() == []  # not before its backoff
     clock.advance(1)
-    assert "asking again in 2s" in _stops_sent(jm)[0]
+    assert "asking again in 2s" in _chores_sent(jm)[0]
     clock.advance(2)
-    assert _stops_sent(jm) == [f"{sub_id}: stopped in Ray"] and ray_jobs.statuses[sub_id] == "STOPPED"
+    assert _chores_sent(jm) == [f"{sub_id}: stopped in Ray"] and ray_jobs.statuses[sub_id] == "STOPPED"
     clock.advance(60)
     assert jm.take_chores() == []  # once stopped, never asked again
 
@@ -735,12 +739,11 @@ def test_a_stop_ray_never_takes_is_given_up_after_the_retry_window_and_said(ctl,
                     submit_retry_s=60)
     job = jm.submit(spec("t"))["job_id"]
     cycle(ctl, jm, agents, 2)
-    for sub in jm.take_submissions()[0]:
-        jm.sent(sub, jm.send(sub))
+    _submissions_sent(jm)
     jm.cancel(job)
     events: list[str] = []
     for _ in range(40):
-        events += _stops_sent(jm)
+        events += _chores_sent(jm)
         clock.advance(5)
     assert "gave up the stop in Ray" in events[-1] and 4 <= ray_jobs.stop_calls <= 8
     assert "it may still run" in caplog.text
@@ -789,9 +792,8 @@ def test_a_dropped_jobs_ray_records_are_deleted_so_its_id_runs_again(store, cloc
         if report.pruned_before is not None:
             jm.prune_ended(report.pruned_before)
         jm.reconcile()
-        for sub in jm.take_submissions()[0]:
-            jm.sent(sub, jm.send(sub))
-        return _stops_sent(jm)
+        _submissions_sent(jm)
+        return _chores_sent(jm)
 
     jm.submit(spec("nightly"), job_id="nightly")
     step()
@@ -868,8 +870,7 @@ def test_deletes_of_dropped_jobs_trickle_two_at_a_time_and_never_hold_back_a_sto
     jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
     ids = [jm.submit(spec(f"s{i}", priority="batch"))["job_id"] for i in range(6)]
     cycle(ctl, jm, agents, 2)
-    for sub in jm.take_submissions()[0]:
-        jm.sent(sub, jm.send(sub))
+    _submissions_sent(jm)
     for j in ids[:5]:
         ray_jobs.statuses[f"{j}.a1"] = "SUCCEEDED"
     cycle(ctl, jm, agents)
@@ -885,7 +886,6 @@ def test_deletes_of_dropped_jobs_trickle_two_at_a_time_and_never_hold_back_a_sto
     assert third.kind.value == "delete"
     for c in [first[0], first[2], third]:
         jm.chore_done(c, jm.send_chore(c))
-    while batch := jm.take_chores():
-        for c in batch:
-            jm.chore_done(c, jm.send_chore(c))
+    while _chores_sent(jm):
+        pass
     assert sorted(ray_jobs.deleted) == sorted(f"{j}.a1" for j in ids[:5])
