@@ -377,15 +377,17 @@ class HeadController:
                 self._free(e)
                 report.expired_leases.append(e.lease_id)
 
-    def schedule_now(self) -> ReconcileReport:
-        """The fast grant path: schedule at once, outside a cycle, when the queue holds exactly one request.
+    def schedule_now(self, most: int = 1) -> ReconcileReport:
+        """The fast grant path: schedule at once, outside a cycle, when the queue holds at least one request
+        and at most ``most`` (one; or the requests of the calls a client sent together, which are planned
+        together).
 
         A request that finds nothing else waiting is placed in the call that brought it, instead of a
         cycle later. The same plan a cycle makes (:meth:`_schedule`, time windows applied first); with
-        more than one request waiting the next cycle schedules them together, so a burst costs one plan
+        more requests waiting the next cycle schedules them together, so a burst costs one plan
         per cycle rather than one per request over the whole queue."""
         report = ReconcileReport()
-        if self.ledger.count(LeaseState.PENDING) == 1:
+        if 1 <= self.ledger.count(LeaseState.PENDING) <= most:
             self._apply_window()
             now = self.clock()
             self._last_schedule = now

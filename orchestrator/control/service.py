@@ -24,7 +24,9 @@ Invariants:
   actor answers it from :meth:`lease_settled` on its event loop instead;
 * the one exception to "only a cycle moves the state on": :meth:`grant_now`,
   the fast grant path of ``acquire_lease``, schedules a request that is alone
-  in the queue in the call that brought it (the same plan a cycle would make);
+  in the queue in the call that brought it (the same plan a cycle would make),
+  or the requests of calls a client sent together (:meth:`begin`): one plan for
+  them all, in the scheduler's order, each call answered after it;
 * with ``launch_in_cycle=False`` (the head actor, whose store commits in groups:
   :mod:`orchestrator.control.journal`) a cycle admits jobs but starts none:
   :meth:`take_submissions`, :meth:`send_submission` and :meth:`submission_sent` submit them to Ray
@@ -80,6 +82,17 @@ class ClusterPort(Protocol):
     def holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]: ...
 
     def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Begun:
+    """A call of :data:`HeadService.PLANNED` with its request queued and not yet planned (:meth:`HeadService.begin`).
+
+    ``queued``: whether it queued a request for the fast grant path (a known job's resubmission queues none);
+    ``finish``: its answer, given the report of the plan that ran after it (:meth:`HeadService.grant_now`)."""
+
+    queued: bool
+    finish: Callable[[ReconcileReport], Json]
 
 
 class HeadService:
@@ -261,22 +274,50 @@ class HeadService:
 
     def acquire_lease_now(self, lease_request: Mapping[str, Any], key: str | None = None,
                           holder: str | None = None) -> Json:
-        lease_id = self.request_lease_now(lease_request)
-        settled = self.lease_settled(lease_id, key)
-        if settled is None:  # still on its way: it stays queued for the caller to wait on (or withdraw)
-            return self.get_lease(lease_id, key)
-        return self.activate_settled(settled, key, holder)
+        return self._planned(self._begin_acquire_lease_now(lease_request, key, holder))
 
-    def grant_now(self) -> ReconcileReport:
+    def _begin_acquire_lease_now(self, lease_request: Mapping[str, Any], key: str | None = None,
+                                 holder: str | None = None) -> Begun:
+        lease_id = self.request_lease(lease_request)
+
+        def finish(_: ReconcileReport) -> Json:
+            settled = self.lease_settled(lease_id, key)
+            if settled is None:  # still on its way: it stays queued for the caller to wait on (or withdraw)
+                return self.get_lease(lease_id, key)
+            return self.activate_settled(settled, key, holder)
+        return Begun(True, finish)
+
+    #: The calls that queue a request and answer with what the fast grant path made of it: a client's calls of
+    #: these sent together (``HeadActor.call_many``) are begun one by one and planned once (:meth:`begin`).
+    PLANNED = frozenset({"submit_job", "acquire_lease_now"})
+
+    def begin(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Begun:
+        """The first half of ``name(*args, **kwargs)``, one of :data:`PLANNED`: its checks and its request queued,
+        without the fast grant path. Calls begun together are then planned together, by one :meth:`grant_now`
+        whose ``most`` is how many of them queued a request, and each is answered by its ``finish`` with that
+        plan's report: one plan, in the scheduler's order (priority, then submission), where one call after
+        another planned each request alone in the order the calls came. A refusal is raised here, as the whole
+        call would raise it. Arguments are checked as for the call itself (:func:`.edge.check_args`)."""
+        if name not in self.PLANNED:
+            raise InvalidRequestError("method", name, " | ".join(sorted(self.PLANNED)))
+        edge.check_args(name, tuple(args), kwargs)
+        return getattr(self, f"_begin_{name}")(*args, **kwargs)
+
+    def _planned(self, begun: Begun) -> Json:
+        """A call of :data:`PLANNED` made alone: begun, planned (when it queued a request), finished."""
+        return begun.finish(self.grant_now() if begun.queued else ReconcileReport())
+
+    def grant_now(self, most: int = 1) -> ReconcileReport:
         """The fast grant path (:meth:`HeadController.schedule_now`): a request alone in the queue is placed
-        in the call that brought it; the next cycle does everything else (agents, jobs, metrics).
+        in the call that brought it, and the requests of calls begun together (:meth:`begin`; ``most`` of them)
+        in one plan after them; the next cycle does everything else (agents, jobs, metrics).
 
         Invariants: what it did (grants, victims asked to checkpoint, its plan time) reaches the metrics with
         the next cycle's report, as if that cycle had done it; its failure is logged and leaves the queue to the
         next cycle, as a failed cycle does, so the call that queued a request (or a job) still answers with it
         queued, never with an error for something it did."""
         try:
-            report = self.ctl.schedule_now()
+            report = self.ctl.schedule_now(most)
         except Exception:
             log.exception("fast grant path failed; the next cycle schedules the queue")
             return ReconcileReport()
@@ -305,11 +346,17 @@ class HeadService:
 
     # ---- jobs ----------------------------------------------------------------------------------
     def submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Json:
+        return self._planned(self._begin_submit_job(spec, job_id))
+
+    def _begin_submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Begun:
         d = self.jobs.submit(JobSpec.parse(spec), job_id)
-        if d["state"] == "queued" and self.grant_now().granted:  # the fast grant path, as for a lease
-            self.jobs.advance(d["job_id"])
-            d = self.jobs.get(d["job_id"])
-        return d
+
+        def finish(report: ReconcileReport) -> Json:
+            if not report.granted:
+                return d
+            self.jobs.advance(d["job_id"])  # admitted in the call that submitted it when its lease was granted
+            return self.jobs.get(d["job_id"])
+        return Begun(d["state"] == "queued", finish)
 
     def get_job(self, job_id: str) -> Json:
         return self.jobs.get(job_id)

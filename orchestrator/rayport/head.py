@@ -53,7 +53,8 @@ from orchestrator.control.edge import check_args, check_batch
 from orchestrator.control.journal import Journal
 from orchestrator.control.jobs import AdmissionOnlyRunner, Chore, RaySubmission
 from orchestrator.control.nodes import RayNodeInfo
-from orchestrator.control.service import HeadService
+from orchestrator.control.controller import ReconcileReport
+from orchestrator.control.service import Begun, HeadService
 from orchestrator.core import env
 from orchestrator.core.api import HEAD_METHODS, HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
@@ -260,26 +261,40 @@ class HeadActor:
     async def call_many(self, calls: Any) -> dict[str, Any]:
         """Calls of :data:`~orchestrator.core.api.BATCHED` methods that a client's threads made at once, in one Ray
         call (:mod:`.coalesce`): ``calls`` is a list of ``[method, args, kwargs]``; the answer, ``{"ok": [...]}``, holds
-        each one's own envelope, in order, exactly as its own call would have answered it.
+        each one's own envelope, in order, as its own call would have answered it.
 
         Invariants: the calls are carried out in order, each on its own (one's error is its own answer, never the
-        others'); the loop is woken once if any of them would have woken it; and, as for every call, no answer
-        leaves before the group commit holding what all of them changed is in the GCS."""
+        others'), except that the requests the calls of :data:`HeadService.PLANNED` queue are planned together,
+        once, after all of them (:meth:`HeadService.begin`), and those calls are answered after that plan; the
+        loop is woken once if any of them would have woken it; and, as for every call, no answer leaves before
+        the group commit holding what all of them changed is in the GCS."""
         checked = answer(check_batch, calls)
         if "error" in checked:
             return checked
-        replies = [self._answer_call(name, args, kwargs) for name, args, kwargs in checked["ok"]]
+        replies = self._answer_together(checked["ok"])
         if any(name in WAKES for name, _, _ in checked["ok"]):
             self._poke()
         await self.commit.durable()
         return {"ok": replies}
 
-    def _answer_call(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """``HeadService.<name>`` in the wire envelope, alone or in a batch: a typed error as the caller's answer,
-        and a fault of the head's (any other exception) logged and answered as an ``OrchestratorError``, so that
-        it is this call's answer, never a batch's nor an untyped ``RayTaskError``."""
+    def _answer_together(self, calls: Sequence[tuple[str, Sequence[Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
+        """Each call's envelope: a call of :data:`HeadService.PLANNED` begun (:meth:`HeadService.begin`), any other
+        carried out, in order; then one fast grant path for the requests the begun ones queued, and each of those
+        finished with its report."""
+        begun = [self._answer_call(name, self.service.begin, name, args, kwargs) if name in HeadService.PLANNED
+                 else self._answer_call(name, getattr(self.service, name), *args, **kwargs)
+                 for name, args, kwargs in calls]
+        queued = sum(1 for b in begun if isinstance(b.get("ok"), Begun) and b["ok"].queued)
+        report = self.service.grant_now(queued) if queued else ReconcileReport()
+        return [self._answer_call(name, b["ok"].finish, report) if isinstance(b.get("ok"), Begun) else b
+                for (name, _, _), b in zip(calls, begun)]
+
+    def _answer_call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """``fn`` (``HeadService.<name>``, or a half of it) in the wire envelope, alone or in a batch: a typed error
+        as the caller's answer, and a fault of the head's (any other exception) logged and answered as an
+        ``OrchestratorError``, so that it is this call's answer, never a batch's nor an untyped ``RayTaskError``."""
         try:
-            return answer(getattr(self.service, name), *args, **kwargs)
+            return answer(fn, *args, **kwargs)
         except Exception as e:
             log.exception("%s failed in the head", name)
             return {"error": encode(OrchestratorError(f"the head failed on {name}: {type(e).__name__}: {e}"))}
@@ -300,7 +315,7 @@ def _forward(name: str) -> Callable[..., Any]:
 
     @functools.wraps(declared)
     async def method(self: HeadActor, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        reply = self._answer_call(name, args, kwargs)
+        reply = self._answer_call(name, getattr(self.service, name), *args, **kwargs)
         if name in WAKES:
             self._poke()
         await self.commit.durable()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from headless import InProcessHead
@@ -134,6 +135,55 @@ def test_acquire_lease_now_grants_and_activates_what_fits_and_leaves_the_rest_qu
             svc.release("now", got["fencing_token"])
             assert svc.cycle().granted == ["later"]
             assert svc.get_lease("later")["state"] == "granted"  # activated by whoever waited for it
+    finally:
+        head.close()
+
+
+def test_calls_begun_together_are_planned_once_in_priority_order_and_each_answered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The head's call_many begins a client's submissions one by one and plans what they queued once: one plan for
+    # the batch (not one per submission), in the scheduler's order, each call answered from it.
+    from orchestrator.control.controller import HeadController
+    from orchestrator.control.service import HeadService
+
+    plans: list[int] = []
+    real_plan = HeadController._plan
+
+    def counted(self: HeadController, pending: Any, now: float) -> Any:
+        plans.append(len(pending))
+        return real_plan(self, pending, now)
+
+    monkeypatch.setattr(HeadController, "_plan", counted)
+    both = {"kind": "whole", "count": 2, "models": ["H100-80GB"]}  # all of h100-0: one of them fits
+    head = InProcessHead(workdir=tmp_path)
+    try:
+        with head.lock:  # no background cycle in between
+            svc = head.service
+            calls = [("submit_job", [{"name": "low", "entrypoint": "true", "gpu": both, "priority": "batch"}, "low-1"]),
+                     ("acquire_lease_now", [{"lease_id": "small", "request": "timeslice:0.25",
+                                             "requester_digest": key_digest("k")}, "k", "holder-actor"]),
+                     ("submit_job", [{"name": "high", "entrypoint": "true", "gpu": both, "priority": "inference"},
+                                     "high-1"])]
+            begun = [svc.begin(name, args, {}) for name, args in calls]
+            assert plans == [] and [b.queued for b in begun] == [True, True, True]
+            assert svc.get_job("low-1")["state"] == "queued"  # begun: queued, not yet planned
+            report = svc.grant_now(sum(b.queued for b in begun))
+            assert plans == [3]  # one plan over the three requests
+            low, small, high = (b.finish(report) for b in begun)
+            assert high["state"] in ("admitted", "running") and low["state"] == "queued", (high, low)
+            assert low["lease"]["why_pending"]  # the plan said why it waits
+            assert small["state"] == "active" and small["holder"] == "holder-actor" and small["fencing_token"]
+            # A known job begun again queues nothing; a refusal is raised by begin, naming its field; only the
+            # planned calls may be begun.
+            assert not svc.begin("submit_job", calls[2][1], {}).queued
+            with pytest.raises(InvalidRequestError) as e:
+                svc.begin("submit_job", [{"name": "x", "entrypoint": "true", "gpu": {"kind": "timeslice",
+                                                                                     "fraction": 7}}], {})
+            assert "fraction" in e.value.field
+            with pytest.raises(InvalidRequestError) as e:
+                svc.begin("release", ["small"], {})
+            assert e.value.field == "method" and "submit_job" in str(e.value)
+            assert HeadService.PLANNED == {"submit_job", "acquire_lease_now"}
     finally:
         head.close()
 
