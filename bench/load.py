@@ -9,7 +9,7 @@ launcher's watchdog, when this process is SIGKILLed).
 
 * ``--jobs N``: ``--clients`` processes (spawned, each one Ray driver with ``--threads`` threads; each
   connects and calls the head once, then all start together at a barrier) submit N jobs between them,
-  each with its own id (``load-c<client>-<i>``), through ``HeadApi.submit_job``. A
+  each with its own id (``load-<run>-c<client>-<i>``, ``<run>`` new in every run), through ``HeadApi.submit_job``. A
   job asks for a time-slice small enough that the cluster holds every job at once (:func:`share_for`;
   ``--share`` sets it); its entrypoint is ``true``. The head runs with
   ``settings.job_runner: none``: an admitted job is handed to a runner that starts **no** Ray driver and
@@ -18,6 +18,12 @@ launcher's watchdog, when this process is SIGKILLed).
   job's **grant latency** is the head's ADMITTED time (its history) minus the client's clock just before
   the submit call (one host, one clock). ``grants_per_s`` is jobs admitted / (last admission - first
   submit).
+* ``--rate R``: the jobs arrive on a schedule (open loop), R a second from all clients together, evenly
+  spaced, instead of as fast as the threads can send them; a job's latency counts from when it was due, so
+  a send that comes late (every thread busy) counts against the head. What a grant costs at a given load,
+  where the default (closed loop, ``--threads`` calls in flight per client) measures the most the head
+  takes, and a latency that is mostly the queue those calls make (Little's law: in flight / throughput).
+  The leases are not paced.
 * ``--leases N``: the same processes take N SDK leases with ``orchestrator.lease()`` (the same share)
   (fate-shared with the driver's holder actor), each released at once. A lease's grant latency is the
   client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
@@ -50,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import secrets
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,11 +93,16 @@ class Noop:
 
 
 # ---- one client process ------------------------------------------------------------------------
-def client(address: str, index: int, jobs: int, leases: int, threads: int, share: float,
-           start: Any, again: Any) -> dict[str, Any]:
+def client(address: str, tag: str, index: int, jobs: int, leases: int, threads: int, share: float,
+           start: Any, again: Any, rate: float | None = None, clients: int = 1) -> dict[str, Any]:
     """Submit ``jobs`` jobs, then take ``leases`` leases, from ``threads`` threads; what each took. Every
     client connects and calls the head once, then waits at ``start`` (a barrier) so that all submit at once;
-    then, all together again (``again``), as many no-op calls to the bench's no-op actor as it sent jobs."""
+    then, all together again (``again``), as many no-op calls to the bench's no-op actor as it sent jobs.
+
+    With a ``rate`` the jobs arrive on a schedule instead of as fast as the threads can send them: the
+    ``clients`` together submit ``rate`` a second, evenly spaced, this client's ``i``-th job due at
+    ``(i * clients + index) / rate`` seconds after the start, and its latency counts from when it was due,
+    so a late send (a busy thread, a slow head) counts against the head, not for it."""
     from orchestrator.rayport import ray_api
     from orchestrator.rayport.client import HeadClient
     from orchestrator.sdk.leases import lease
@@ -100,15 +112,19 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int, share
     head.ping()
     gpu = {"kind": "timeslice", "fraction": share}
     if leases:  # this driver's holder actor, made before the start (Ray makes actors at 1-3 a second here)
-        with lease(gpu, priority="batch", lease_id=f"load-l{index}-warm", namespace=NAMESPACE, timeout=120):
+        with lease(gpu, priority="batch", lease_id=f"{tag}-l{index}-warm", namespace=NAMESPACE, timeout=120):
             pass
     start.wait(300)
+    begin = time.time()
     out: dict[str, Any] = {"jobs": [], "leases": [], "errors": [], "noop_ms": [], "reply_ms": []}
     noop = ray_api.get_actor(NOOP, NAMESPACE)
 
     def submit(i: int) -> None:
-        job_id = f"load-c{index}-{i}"
+        job_id = f"{tag}-c{index}-{i}"
         t0 = time.time()
+        if rate:  # its arrival: when it is due, however late a thread comes to send it
+            t0 = begin + (i * clients + index) / rate
+            time.sleep(max(0.0, t0 - time.time()))
         try:
             head.submit_job({"name": "load", "entrypoint": "true", "gpu": gpu, "priority": "batch"}, job_id)
             out["reply_ms"].append((time.time() - t0) * 1000)
@@ -117,7 +133,7 @@ def client(address: str, index: int, jobs: int, leases: int, threads: int, share
             out["errors"].append(f"{job_id}: {type(e).__name__}: {e}")
 
     def take(i: int) -> None:
-        lid = f"load-l{index}-{i}"
+        lid = f"{tag}-l{index}-{i}"
         at, t0 = time.time(), time.perf_counter()
         try:
             with lease(gpu, priority="batch", lease_id=lid, namespace=NAMESPACE, timeout=120):
@@ -168,7 +184,8 @@ def split(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
 
-def run(address: str, jobs: int, leases: int, clients: int, threads: int, share: float) -> dict[str, Any]:
+def run(address: str, jobs: int, leases: int, clients: int, threads: int, share: float,
+        rate: float | None = None) -> dict[str, Any]:
     from orchestrator.rayport import ray_api
     from orchestrator.rayport.client import HeadClient
 
@@ -177,11 +194,13 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     bare = bare_call_ms(lambda: ray_api.get(noop.ping.remote(), timeout=60))
     head = HeadClient(NAMESPACE)
     head_ping = bare_call_ms(head.ping)
+    tag = f"load-{secrets.token_hex(3)}"  # this run's ids: a cluster may hold an earlier run's jobs and leases
     ctx = mp.get_context("spawn")  # Ray drivers do not survive fork
     with ctx.Manager() as manager, ctx.Pool(clients) as pool:
         start, again = manager.Barrier(clients + 1), manager.Barrier(clients)
-        pending = pool.starmap_async(client, [(address, i, j, le, threads, share, start, again) for i, (j, le)
-                                              in enumerate(zip(split(jobs, clients), split(leases, clients)))])
+        args = [(address, tag, i, j, le, threads, share, start, again, rate, clients)
+                for i, (j, le) in enumerate(zip(split(jobs, clients), split(leases, clients)))]
+        pending = pool.starmap_async(client, args)
         start.wait(300)  # every client connected: they submit from now on
         t0 = time.time()
         results = pending.get()
@@ -190,11 +209,12 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     errors = [e for r in results for e in r["errors"]]
     deadline = time.monotonic() + 120
     while True:  # every job admitted and finished (the runner reports success at the next status read)
-        mine = [j for j in head.list_jobs() if j["job_id"].startswith("load-c")]
+        mine = [j for j in head.list_jobs() if j["job_id"].startswith(f"{tag}-")]
         if all(j["state"] in ("succeeded", "failed", "cancelled") for j in mine) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    out = {"jobs": jobs, "clients": clients, "threads": threads, "share": share, "load_wall_s": round(wall, 2)}
+    out = {"jobs": jobs, "clients": clients, "threads": threads, "share": share, "rate": rate,
+           "load_wall_s": round(wall, 2)}
     out.update(account_jobs(submitted, mine, jobs))
     replies = [x for r in results for x in r["reply_ms"]]
     out["submit_reply_p50_ms"] = rounded_quantile(replies, 0.5)
@@ -263,17 +283,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--leases", type=int, default=0, help="SDK leases to take as well (0: none)")
     p.add_argument("--clients", type=int, default=8, help="client processes")
     p.add_argument("--threads", type=int, default=16, help="threads per client")
+    p.add_argument("--rate", type=float, default=None,
+                   help="jobs a second the clients submit together, on a schedule (open loop); "
+                        "default: as fast as their threads can")
     p.add_argument("--share", type=float, default=None,
                    help="time-slice fraction each job and lease asks for (default: see share_for)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    if a.rate is not None and a.rate <= 0:
+        p.error(f"--rate must be above 0 (jobs a second), not {a.rate:g}")
     from orchestrator.deploy.local import scratch_cluster
 
     say = lambda m: print(f"[load] {m}", file=sys.stderr)  # noqa: E731
     cfg = config()
     share = a.share if a.share is not None else share_for(cfg, max(a.jobs, a.leases))
     with scratch_cluster(cfg, "rgo-load-", progress=say) as state:
-        out = run(state.address, a.jobs, a.leases, a.clients, a.threads, share)
+        out = run(state.address, a.jobs, a.leases, a.clients, a.threads, share, a.rate)
     if a.json:
         print(json.dumps(out))
     else:
