@@ -261,8 +261,8 @@ class HeadService:
         return d
 
     def request_lease_now(self, lease_request: Mapping[str, Any]) -> str:
-        """Queue the request and try the fast grant path (:meth:`grant_now`); the lease id. What both acquires
-        begin with, here and in the head actor."""
+        """Queue the request and try the fast grant path (:meth:`grant_now`); the lease id. What the waiting
+        ``acquire_lease`` begins with, here and in the head actor (``acquire_lease_now`` is :meth:`begin`'s)."""
         lease_id = self.request_lease(lease_request)
         self.grant_now()
         return lease_id
