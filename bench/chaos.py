@@ -49,6 +49,7 @@ from orchestrator.control.invariants import History, Violation, disagreements, d
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
 from orchestrator.core.errors import OrchestratorError, UnknownObjectError
 from orchestrator.core.job import JobSpec
+from orchestrator.core.jsonout import stdout_to_stderr
 from orchestrator.core.lease import key_digest
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.statefile import State
@@ -423,26 +424,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-settle-s", type=float, default=90.0, help="the same after a kill (and for nodes to return)")
     p.add_argument("--state-dir", default=None, help="default: a fresh /tmp/rgo-chaos-* directory")
     a = p.parse_args(argv)
-    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    state_dir = a.state_dir = a.state_dir or tempfile.mkdtemp(prefix="rgo-chaos-", dir="/tmp")
-    try:
-        out = run(a)
-    except (KeyboardInterrupt, Stop) as e:
-        signum = e.args[0] if isinstance(e, Stop) else signal.SIGINT
-        _log(f"stopped by {signal.Signals(signum).name}; stopping the cluster")
-        return 128 + signum
-    finally:
-        from orchestrator.rayport import ray_api
-
+    with stdout_to_stderr():  # stdout is the JSON's: Ray's driver prints a killed raylet's last words there
+        old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        state_dir = a.state_dir = a.state_dir or tempfile.mkdtemp(prefix="rgo-chaos-", dir="/tmp")
         try:
-            ray_api.disconnect()
-        except Exception:
-            pass
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let our own down finish
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        down(Path(state_dir), progress=_log)
-        for sig, h in old.items():
-            signal.signal(sig, h)
+            out = run(a)
+        except (KeyboardInterrupt, Stop) as e:
+            signum = e.args[0] if isinstance(e, Stop) else signal.SIGINT
+            _log(f"stopped by {signal.Signals(signum).name}; stopping the cluster")
+            return 128 + signum
+        finally:
+            from orchestrator.rayport import ray_api
+
+            try:
+                ray_api.disconnect()
+            except Exception:
+                pass
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let our own down finish
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            down(Path(state_dir), progress=_log)
+            for sig, h in old.items():
+                signal.signal(sig, h)
     print(json.dumps(out) if a.json else json.dumps(out, indent=2))
     ok = out["leases_lost"] == out["double_grants"] == out["invariant_violations"] == 0 and out["error"] is None
     return 0 if ok else 1

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from orchestrator.core.config import DEMO_CONFIG, load_config
+from orchestrator.core.jsonout import stdout_to_stderr
 
 NAMESPACE = "rgo-jobstatus"
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda m: print(f"[jobstatus] {m}", file=sys.stderr)  # noqa: E731
     cfg = load_config(DEMO_CONFIG)
     cfg = cfg.model_copy(update={"settings": cfg.settings.model_copy(update={"namespace": NAMESPACE})})
-    with scratch_cluster(cfg, "rgo-jobstatus-", progress=say) as state:
+    with stdout_to_stderr(), scratch_cluster(cfg, "rgo-jobstatus-", progress=say) as state:  # stdout: the rows
         rows = run(state.address, sorted(a.history), a.active, a.reads)
     if a.json:
         print(json.dumps(rows))

@@ -63,6 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
+from orchestrator.core.jsonout import stdout_to_stderr
 from orchestrator.core.stats import rounded_quantile
 
 NAMESPACE = "rgo-load"
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda m: print(f"[load] {m}", file=sys.stderr)  # noqa: E731
     cfg = config()
     share = a.share if a.share is not None else share_for(cfg, max(a.jobs, a.leases))
-    with scratch_cluster(cfg, "rgo-load-", progress=say) as state:
+    with stdout_to_stderr(), scratch_cluster(cfg, "rgo-load-", progress=say) as state:  # stdout: the figures'
         out = run(state.address, a.jobs, a.leases, a.clients, a.threads, share, a.rate)
     if a.json:
         print(json.dumps(out))

@@ -11,33 +11,13 @@ Exit codes: 0 done; 1 a replay failed; 2 bad input (names the field).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import typer
 
-
-@contextlib.contextmanager
-def _stdout_to_stderr(active: bool) -> Iterator[None]:
-    """With ``--json``, stdout carries the JSON object alone: while the day runs, file descriptor 1 points at
-    stderr, so what Ray prints from its own threads and processes (``(raylet) Task ... failed`` as Serve is
-    torn down) lands among the progress lines, not in front of the object."""
-    if not active:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+from orchestrator.core.jsonout import stdout_to_stderr
 
 
 def run_command(*, load_curve: Path | None, day_seconds: float, schemes: str, config: Path | None,
@@ -58,7 +38,7 @@ def run_command(*, load_curve: Path | None, day_seconds: float, schemes: str, co
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     day = sc.DayConfig(day_s=day_seconds, curve=curve)
-    with _stdout_to_stderr(as_json):
+    with stdout_to_stderr(as_json):
         figures = sc.run_colocation(day, cc.service, say, schemes=names, state_dir=state_dir,
                                     keep=state_dir is not None, out_dir=None if headless else out)
     if as_json:

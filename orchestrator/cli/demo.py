@@ -26,6 +26,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.core.jsonout import stdout_to_stderr
+
 app = typer.Typer()
 
 
@@ -234,7 +236,9 @@ def demo(
 
     interrupt_on_stop_signals()  # every `finally` below runs on SIGTERM and SIGHUP too
     try:
-        with console.status("running the scenario (Ctrl-C stops everything it started)") as line:
+        # With --json stdout is the figures' alone: Ray prints what its threads and processes hear there.
+        with stdout_to_stderr(as_json), \
+                console.status("running the scenario (Ctrl-C stops everything it started)") as line:
             figures = run_scenario(rounds, mode, steps, step_delay, say, state_dir=state_dir,
                                    keep=state_dir is not None, dashboard_port=None if headless else port,
                                    out_dir=None if headless else out,
