@@ -19,8 +19,8 @@ launcher's watchdog, when this process is SIGKILLed).
   the submit call (one host, one clock). ``grants_per_s`` is jobs admitted / (last admission - first
   submit).
 * ``--rate R``: the jobs arrive on a schedule (open loop), R a second from all clients together, evenly
-  spaced, instead of as fast as the threads can send them; a job's latency counts from when it was due, so
-  a send that comes late (every thread busy) counts against the head. What a grant costs at a given load,
+  spaced, instead of as fast as the threads can send them; a job's latency counts from when it was due if
+  every thread was busy then, so a send that comes late counts against the head (else from its send). What a grant costs at a given load,
   where the default (closed loop, ``--threads`` calls in flight per client) measures the most the head
   takes, and a latency that is mostly the queue those calls make (Little's law: in flight / throughput).
   The leases are not paced.
@@ -28,6 +28,9 @@ launcher's watchdog, when this process is SIGKILLed).
   (fate-shared with the driver's holder actor), each released at once. A lease's grant latency is the
   client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
   call). Each client takes one lease before the start, not counted, which makes its holder actor.
+* ``call_to_queued_p50_ms`` and ``queued_to_admitted_p50_ms``: a job's grant latency in two legs, split
+  at the head's QUEUED record of it (its history): the call's way in (the client's own queue of calls,
+  Ray, the head's mailbox, the checks), then the head's queue and plan.
 * ``submit_reply_p50_ms`` (``_p99_ms``, ``_max_ms``): the client's whole ``submit_job`` call (the grant,
   the group commit that makes it durable, the reply), what a caller waits for; a stall shows in the max.
 * ``calls_per_batch``: submissions per Ray call to the head. A client's threads' calls made while one
@@ -102,8 +105,9 @@ def client(address: str, tag: str, index: int, jobs: int, leases: int, threads: 
 
     With a ``rate`` the jobs arrive on a schedule instead of as fast as the threads can send them: the
     ``clients`` together submit ``rate`` a second, evenly spaced, this client's ``i``-th job due at
-    ``(i * clients + index) / rate`` seconds after the start, and its latency counts from when it was due,
-    so a late send (a busy thread, a slow head) counts against the head, not for it."""
+    ``(i * clients + index) / rate`` seconds after the start. Its latency counts from when it was due when
+    every thread was busy past that time (a slow head), so the wait counts against the head, not for it;
+    from when it was sent otherwise (a sleep wakes up to a millisecond late on this VM, not the head's doing)."""
     from orchestrator.rayport import ray_api
     from orchestrator.rayport.client import HeadClient
     from orchestrator.sdk.leases import lease
@@ -124,8 +128,12 @@ def client(address: str, tag: str, index: int, jobs: int, leases: int, threads: 
         job_id = f"{tag}-c{index}-{i}"
         t0 = time.time()
         if rate:  # its arrival: when it is due, however late a thread comes to send it
-            t0 = begin + (i * clients + index) / rate
-            time.sleep(max(0.0, t0 - time.time()))
+            due = begin + (i * clients + index) / rate
+            if t0 < due:
+                time.sleep(due - t0)
+                t0 = time.time()  # sent when due: a sleep's own overshoot is not the head's
+            else:
+                t0 = due  # every thread was busy past its time: the wait counts against the head
         try:
             head.submit_job({"name": "load", "entrypoint": "true", "gpu": gpu, "priority": "batch"}, job_id)
             out["reply_ms"].append((time.time() - t0) * 1000)
@@ -248,14 +256,20 @@ def account_jobs(submitted: list[tuple[str, float]], seen: list[dict[str, Any]],
                   + sum(1 for jid in by_id if jid not in sent))
     admitted = []
     for jid, t0 in sent.items():
-        at = next((h["at"] for h in views.get(jid, {}).get("history", []) if h["state"] == "admitted"), None)
+        history = views.get(jid, {}).get("history", [])
+        queued = next((h["at"] for h in history if h["state"] == "queued"), None)
+        at = next((h["at"] for h in history if h["state"] == "admitted"), None)
         if at is not None:
-            admitted.append((t0, at))
-    lat = [(at - t0) * 1000 for t0, at in admitted]
-    span = (max(at for _, at in admitted) - min(t0 for t0, _ in admitted)) if admitted else 0.0
+            admitted.append((t0, queued if queued is not None else t0, at))
+    lat = [(at - t0) * 1000 for t0, _, at in admitted]
+    span = (max(at for _, _, at in admitted) - min(t0 for t0, _, _ in admitted)) if admitted else 0.0
     return {"lost": lost, "duplicated": duplicated, "admitted": len(admitted),
             "grants_per_s": round(len(admitted) / span, 1) if span > 0 else None,
-            "grant_p50_ms": rounded_quantile(lat, 0.5), "grant_p99_ms": rounded_quantile(lat, 0.99)}
+            "grant_p50_ms": rounded_quantile(lat, 0.5), "grant_p99_ms": rounded_quantile(lat, 0.99),
+            # the grant in two legs: to the head's record of the job (the client's queue, Ray, the head's
+            # mailbox, the checks), then to its admission (the head's queue and plan)
+            "call_to_queued_p50_ms": rounded_quantile([(q - t0) * 1000 for t0, q, _ in admitted], 0.5),
+            "queued_to_admitted_p50_ms": rounded_quantile([(at - q) * 1000 for _, q, at in admitted], 0.5)}
 
 
 def account_leases(took: list[tuple[str, float, float]], head: Any, asked: int) -> dict[str, Any]:

@@ -57,12 +57,15 @@ def test_jobs_paced_at_a_rate_arrive_on_their_schedule_and_are_all_accounted_for
 
 def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:
     # The bench's own check must be able to fail: a job never admitted, one run twice, one nobody sent.
-    seen = [{"job_id": "a", "state": "succeeded", "attempt": 1, "history": [{"state": "admitted", "at": 2.0}]},
+    seen = [{"job_id": "a", "state": "succeeded", "attempt": 1,
+             "history": [{"state": "queued", "at": 1.25}, {"state": "admitted", "at": 2.0}]},
             {"job_id": "b", "state": "queued", "attempt": 1, "history": []},
             {"job_id": "c", "state": "succeeded", "attempt": 2, "history": [{"state": "admitted", "at": 3.0}]},
             {"job_id": "x", "state": "succeeded", "attempt": 1, "history": []}]
     got = load.account_jobs([("a", 1.0), ("b", 1.0), ("c", 1.0)], seen, 3)
     assert (got["lost"], got["duplicated"], got["admitted"]) == (1, 2, 2)
+    # the grant's two legs, split at the head's QUEUED record (c has none: its way in counts as none)
+    assert (got["call_to_queued_p50_ms"], got["queued_to_admitted_p50_ms"]) == (125.0, 1375.0), got
 
 
 def test_submissions_from_many_threads_share_calls_and_each_gets_its_own_answer(address: str) -> None:
