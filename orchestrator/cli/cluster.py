@@ -17,6 +17,7 @@ import typer
 
 from orchestrator.cli.options import ConnectTimeout
 from orchestrator.core.errors import OrchestratorError, exit_code
+from orchestrator.core.jsonout import stdout_to_stderr
 
 app = typer.Typer(help="Start, stop and inspect the orchestrator on a Ray cluster.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -104,11 +105,12 @@ def status(
     sd = _state_dir(state_dir)
     state = launcher.load_state(sd)
     try:
-        conn = open_connection(address, namespace=namespace, state_dir=sd, connect_timeout_s=connect_timeout_s)
-        try:
-            data = conn.head.status()
-        finally:
-            conn.close()
+        with stdout_to_stderr(as_json):  # stdout is the JSON's: what Ray's driver prints while connected is not
+            conn = open_connection(address, namespace=namespace, state_dir=sd, connect_timeout_s=connect_timeout_s)
+            try:
+                data = conn.head.status()
+            finally:
+                conn.close()
     except OrchestratorError as e:
         raise _fail(e, as_json) from None
     if state is not None:

@@ -33,6 +33,7 @@ import typer
 
 from orchestrator.cli.options import ConnectTimeout, connect_timeout
 from orchestrator.core.errors import EXIT_FAILED, InvalidRequestError, OrchestratorError, UnknownObjectError, exit_code
+from orchestrator.core.jsonout import stdout_to_stderr
 
 EXIT_CODES = ("Exit codes: 0 ok; 1 operation failed or timed out, or the job failed; 2 bad input (names the "
               "field and what is allowed); 3 orchestrator not reachable.")
@@ -70,7 +71,10 @@ def _errors(as_json: bool) -> Iterator[None]:
 @contextmanager
 def _client(address: Optional[str], namespace: Optional[str], state_dir: Optional[Path], as_json: bool,
             connect_timeout_s: Optional[float] = None) -> Iterator[Any]:
-    with _errors(as_json):
+    """A client of the head for one command. With ``--json`` stdout is the JSON's alone: while connected, what
+    Ray's driver prints there (a raylet that died, a worker killed) goes to stderr, so a command prints its
+    JSON after the block (:mod:`orchestrator.core.jsonout`); an error's JSON is printed after it too."""
+    with _errors(as_json), stdout_to_stderr(as_json):
         with connect_timeout(connect_timeout_s):
             client = make_client(address, namespace, state_dir)
         try:
@@ -187,18 +191,18 @@ def submit(
         if not as_json:
             _progress(f"submitted {handle.job_id} ({spec.name}): {spec.describe_gpu()}, "
                       f"priority {handle.info.get('priority_class')}, queue {spec.queue}")
-        if not wait:
-            if as_json:
-                _print_json(handle.info)
-            else:
-                typer.echo(handle.job_id)
-            return
         t0 = time.monotonic()
 
         def changed(d: dict[str, Any]) -> None:
             _progress(f"{time.monotonic() - t0:6.1f}s {d['job_id']}: {d['state']} -- {_why(handle, d)}")
 
-        final = handle.wait(timeout, on_change=changed)
+        final = handle.wait(timeout, on_change=changed) if wait else handle.info
+    if not wait:
+        if as_json:
+            _print_json(final)
+        else:
+            typer.echo(handle.job_id)
+        return
     if as_json:
         _print_json(final)
     else:
@@ -240,19 +244,19 @@ def logs(job_id: JobId, follow: Annotated[bool, typer.Option("--follow", "-f", h
     with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
         handle = _job(client, job_id)
         text = handle.logs()
-        if as_json:
-            _print_json({"job_id": job_id, "state": handle.state, "logs": text})
-            return
-        typer.echo(text, nl=False)
-        while follow and handle.status()["state"] not in TERMINAL_STATES:
-            time.sleep(1.0)
-            more = handle.logs()
-            typer.echo(more[len(text):] if more.startswith(text) else more, nl=False)
-            text = more
-        if follow:
-            rest = handle.logs()
-            typer.echo(rest[len(text):] if rest.startswith(text) else "", nl=False)
-            _progress(f"{job_id}: {handle.state}")
+        if not as_json:
+            typer.echo(text, nl=False)
+            while follow and handle.status()["state"] not in TERMINAL_STATES:
+                time.sleep(1.0)
+                more = handle.logs()
+                typer.echo(more[len(text):] if more.startswith(text) else more, nl=False)
+                text = more
+            if follow:
+                rest = handle.logs()
+                typer.echo(rest[len(text):] if rest.startswith(text) else "", nl=False)
+                _progress(f"{job_id}: {handle.state}")
+    if as_json:
+        _print_json({"job_id": job_id, "state": handle.state, "logs": text})
 
 
 @app.command(epilog=EXIT_CODES)

@@ -229,6 +229,29 @@ def test_the_cli_submits_waits_and_reads_back(head: Any, ray_cluster: Any) -> No
     assert r.returncode == 2 and "no such job" in r.stderr and job_id in r.stderr
 
 
+def test_a_json_command_prints_only_its_json_while_ray_prints_the_clusters_errors(head: Any, ray_cluster: Any) -> None:
+    # Every driver prints the cluster's error messages (a raylet that died, a worker killed) to its stdout from a
+    # thread of Ray's own. `submit --wait --json` is connected for the job's whole run: what Ray prints meanwhile
+    # goes to stderr, and stdout stays the one JSON object. The messages are published here as Ray's raylets
+    # publish theirs, to every driver.
+    import ray
+
+    from ray._private.utils import publish_error_to_driver
+
+    cmd = [sys.executable, "-m", "orchestrator.cli.jobs", "submit", "--namespace", SETTINGS.namespace, "--gpu",
+           "timeslice:0.1", "--name", "cli-quiet", "--wait", "--json", "--address", ray_cluster.address, "--",
+           "sleep", "4"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    gcs = ray._private.worker.global_worker.gcs_client
+    while proc.poll() is None:
+        publish_error_to_driver("rgo_test", "a raylet died (published by the test)", gcs)
+        time.sleep(0.25)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert json.loads(out)["state"] == "succeeded", out[:500]
+    assert "a raylet died (published by the test)" in err  # Ray did print it: on stderr
+
+
 def test_orchestrator_lease_inside_this_driver(head: Any) -> None:
     import ray
 
