@@ -297,15 +297,22 @@ class HeadService:
         whose ``most`` is how many of them queued a request, and each is answered by its ``finish`` with that
         plan's report: one plan, in the scheduler's order (priority, then submission), where one call after
         another planned each request alone in the order the calls came. A refusal is raised here, as the whole
-        call would raise it. Arguments are checked as for the call itself (:func:`.edge.check_args`)."""
+        call would raise it. Arguments are checked as for the call itself (:func:`.edge.check_args`). The plan:
+        :meth:`plan_begun`."""
         if name not in self.PLANNED:
             raise InvalidRequestError("method", name, " | ".join(sorted(self.PLANNED)))
         edge.check_args(name, tuple(args), kwargs)
         return getattr(self, f"_begin_{name}")(*args, **kwargs)
 
+    def plan_begun(self, begun: Sequence[Begun]) -> ReconcileReport:
+        """One fast grant path for the requests that the calls ``begun`` together queued; when none queued one,
+        no plan and an empty report. Each call is then answered by its ``finish`` with this report."""
+        queued = sum(1 for b in begun if b.queued)
+        return self.grant_now(queued) if queued else ReconcileReport()
+
     def _planned(self, begun: Begun) -> Json:
-        """A call of :data:`PLANNED` made alone: begun, planned (when it queued a request), finished."""
-        return begun.finish(self.grant_now() if begun.queued else ReconcileReport())
+        """A call of :data:`PLANNED` made alone: begun, planned, finished."""
+        return begun.finish(self.plan_begun([begun]))
 
     def grant_now(self, most: int = 1) -> ReconcileReport:
         """The fast grant path (:meth:`HeadController.schedule_now`): a request alone in the queue is placed

@@ -53,7 +53,6 @@ from orchestrator.control.edge import check_args, check_batch
 from orchestrator.control.journal import Journal
 from orchestrator.control.jobs import AdmissionOnlyRunner, Chore, RaySubmission
 from orchestrator.control.nodes import RayNodeInfo
-from orchestrator.control.controller import ReconcileReport
 from orchestrator.control.service import Begun, HeadService
 from orchestrator.core import env
 from orchestrator.core.api import HEAD_METHODS, HeadApi
@@ -284,8 +283,7 @@ class HeadActor:
         begun = [self._answer_call(name, self.service.begin, name, args, kwargs) if name in HeadService.PLANNED
                  else self._answer_call(name, getattr(self.service, name), *args, **kwargs)
                  for name, args, kwargs in calls]
-        queued = sum(1 for b in begun if isinstance(b.get("ok"), Begun) and b["ok"].queued)
-        report = self.service.grant_now(queued) if queued else ReconcileReport()
+        report = self.service.plan_begun([b["ok"] for b in begun if isinstance(b.get("ok"), Begun)])
         return [self._answer_call(name, b["ok"].finish, report) if isinstance(b.get("ok"), Begun) else b
                 for (name, _, _), b in zip(calls, begun)]
 

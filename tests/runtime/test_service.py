@@ -167,7 +167,7 @@ def test_calls_begun_together_are_planned_once_in_priority_order_and_each_answer
             begun = [svc.begin(name, args, {}) for name, args in calls]
             assert plans == [] and [b.queued for b in begun] == [True, True, True]
             assert svc.get_job("low-1")["state"] == "queued"  # begun: queued, not yet planned
-            report = svc.grant_now(sum(b.queued for b in begun))
+            report = svc.plan_begun(begun)
             assert plans == [3]  # one plan over the three requests
             low, small, high = (b.finish(report) for b in begun)
             assert high["state"] in ("admitted", "running") and low["state"] == "queued", (high, low)
