@@ -191,26 +191,25 @@ def submit(
         if not as_json:
             _progress(f"submitted {handle.job_id} ({spec.name}): {spec.describe_gpu()}, "
                       f"priority {handle.info.get('priority_class')}, queue {spec.queue}")
-        t0 = time.monotonic()
-
-        def changed(d: dict[str, Any]) -> None:
-            _progress(f"{time.monotonic() - t0:6.1f}s {d['job_id']}: {d['state']} -- {_why(handle, d)}")
-
-        final = handle.wait(timeout, on_change=changed) if wait else handle.info
-    if not wait:
-        if as_json:
-            _print_json(final)
-        else:
-            typer.echo(handle.job_id)
-        return
+        final = handle.wait(timeout, on_change=_reporter(handle)) if wait else handle.info
     if as_json:
         _print_json(final)
     else:
-        typer.echo(f"{final['job_id']}: {final['state']}")
-    if final["state"] != "succeeded":
+        typer.echo(f"{final['job_id']}: {final['state']}" if wait else handle.job_id)
+    if wait and final["state"] != "succeeded":
         if not as_json:
             typer.echo(f"see `orchestrator logs {final['job_id']}` and `orchestrator explain {final['job_id']}`", err=True)
         raise typer.Exit(EXIT_FAILED)
+
+
+def _reporter(handle: Any) -> Callable[[dict[str, Any]], None]:
+    """``submit --wait``'s progress: each change of the job's state on stderr, with the time since the wait began
+    and why it stands there."""
+    t0 = time.monotonic()
+
+    def changed(d: dict[str, Any]) -> None:
+        _progress(f"{time.monotonic() - t0:6.1f}s {d['job_id']}: {d['state']} -- {_why(handle, d)}")
+    return changed
 
 
 def _why(handle: Any, d: dict[str, Any]) -> str:
