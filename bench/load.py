@@ -20,17 +20,17 @@ launcher's watchdog, when this process is SIGKILLed).
   submit).
 * ``--rate R``: the jobs arrive on a schedule (open loop), R a second from all clients together, evenly
   spaced, instead of as fast as the threads can send them; a job's latency counts from when it was due if
-  every thread was busy then, so a send that comes late counts against the head (else from its send). What a grant costs at a given load,
-  where the default (closed loop, ``--threads`` calls in flight per client) measures the most the head
-  takes, and a latency that is mostly the queue those calls make (Little's law: in flight / throughput).
-  The leases are not paced.
+  every thread was busy then, so a send that comes late counts against the head (else from its send).
+  What a grant costs at a given load, where the default (closed loop, ``--threads`` calls in flight per
+  client) measures the most the head takes, and a latency that is mostly the queue those calls make
+  (Little's law: in flight / throughput). The leases are not paced.
 * ``--leases N``: the same processes take N SDK leases with ``orchestrator.lease()`` (the same share)
   (fate-shared with the driver's holder actor), each released at once. A lease's grant latency is the
   client's time from the ``lease()`` call to the yielded handle (request, grant, activation: one head
   call). Each client takes one lease before the start, not counted, which makes its holder actor.
 * ``call_to_queued_p50_ms`` and ``queued_to_admitted_p50_ms``: a job's grant latency in two legs, split
   at the head's QUEUED record of it (its history): the call's way in (the client's own queue of calls,
-  Ray, the head's mailbox, the checks), then the head's queue and plan.
+  Ray, the head's mailbox, the checks), then the head's queue and plan; over the jobs that have both.
 * ``submit_reply_p50_ms`` (``_p99_ms``, ``_max_ms``): the client's whole ``submit_job`` call (the grant,
   the group commit that makes it durable, the reply), what a caller waits for; a stall shows in the max.
 * ``calls_per_batch``: submissions per Ray call to the head. A client's threads' calls made while one
@@ -254,22 +254,24 @@ def account_jobs(submitted: list[tuple[str, float]], seen: list[dict[str, Any]],
     lost = asked - len(sent) + sum(1 for jid in sent if jid not in views or views[jid]["state"] != "succeeded")
     duplicated = (sum(n - 1 for n in by_id.values()) + sum(1 for j in seen if j["attempt"] != 1)
                   + sum(1 for jid in by_id if jid not in sent))
-    admitted = []
+    admitted, legs = [], []
     for jid, t0 in sent.items():
         history = views.get(jid, {}).get("history", [])
         queued = next((h["at"] for h in history if h["state"] == "queued"), None)
         at = next((h["at"] for h in history if h["state"] == "admitted"), None)
         if at is not None:
-            admitted.append((t0, queued if queued is not None else t0, at))
-    lat = [(at - t0) * 1000 for t0, _, at in admitted]
-    span = (max(at for _, _, at in admitted) - min(t0 for t0, _, _ in admitted)) if admitted else 0.0
+            admitted.append((t0, at))
+            if queued is not None:
+                legs.append(((queued - t0) * 1000, (at - queued) * 1000))
+    lat = [(at - t0) * 1000 for t0, at in admitted]
+    span = (max(at for _, at in admitted) - min(t0 for t0, _ in admitted)) if admitted else 0.0
     return {"lost": lost, "duplicated": duplicated, "admitted": len(admitted),
             "grants_per_s": round(len(admitted) / span, 1) if span > 0 else None,
             "grant_p50_ms": rounded_quantile(lat, 0.5), "grant_p99_ms": rounded_quantile(lat, 0.99),
             # the grant in two legs: to the head's record of the job (the client's queue, Ray, the head's
             # mailbox, the checks), then to its admission (the head's queue and plan)
-            "call_to_queued_p50_ms": rounded_quantile([(q - t0) * 1000 for t0, q, _ in admitted], 0.5),
-            "queued_to_admitted_p50_ms": rounded_quantile([(at - q) * 1000 for _, q, at in admitted], 0.5)}
+            "call_to_queued_p50_ms": rounded_quantile([way_in for way_in, _ in legs], 0.5),
+            "queued_to_admitted_p50_ms": rounded_quantile([planned for _, planned in legs], 0.5)}
 
 
 def account_leases(took: list[tuple[str, float, float]], head: Any, asked: int) -> dict[str, Any]:
