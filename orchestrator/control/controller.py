@@ -31,7 +31,10 @@ victims past their grace deadline; (4b) move MIG repartitions on (:mod:`.reparti
 apply, uncordon); (5) schedule the queue over the snapshot (:meth:`_plan`, the
 one call site of :func:`orchestrator.scheduling.cycle.schedule`) and grant what fits; (6) ask for
 an agent on every live Ray node without one; (7) every 10 s, prune leases ended
-``ended_retention_s`` ago, from the store first, keeping one while its retry lives.
+``ended_retention_s`` ago, from the store first, keeping one while its retry lives; (8) bring the
+placement engine's node totals of the requests placed since the last cycle up to date with the
+snapshot (:func:`orchestrator.scheduling.engine.warm`), so that the next call that asks alike is
+placed without recomputing them (the cycle runs while the call that woke it waits for its commit).
 
 Time windows: step 5 schedules with the quotas of the window in force at the injected
 ``day_clock``'s time of day (:func:`orchestrator.scheduling.windows.effective_config`,
@@ -60,6 +63,7 @@ from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
+from orchestrator.scheduling.engine import warm
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.repartition import MigSlot, MigTarget, RepartitionPlan, must_move, plan_repartition
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
@@ -306,6 +310,7 @@ class HeadController:
         if now - self._last_prune >= 10.0:      # 7, every 10 s: nothing here is urgent
             self._last_prune = now
             self._prune_ended(now, report)
+        warm(self._snapshot, self.policy)       # 8
         return report
 
     def _prune_ended(self, now: float, report: ReconcileReport) -> None:
@@ -692,6 +697,8 @@ def _stale_gangs(snap: ClusterSnapshot, plan: Plan, ledger: Ledger) -> set[str]:
     """Gangs of the plan some worker of which no longer fits ``snap`` (a stale plan): none of their
     workers is granted this cycle, so no gang is ever granted in part."""
     stale: set[str] = set()
+    if not any(ledger.get(g.item_id).spec.gang is not None for g in plan.grants):
+        return stale  # only a gang can be stale in part
     for g in plan.grants:  # in plan order, as the grant loop applies them
         spec = ledger.get(g.item_id).spec.gang
         try:

@@ -269,14 +269,18 @@ class _NodeTotals:
     the state's best score plus the policy's node-wide term, INF where the node fails a node-wide
     check or its state has no slot; ``feasible`` (N,) the nodes that have a slot; ``memo`` the
     per-candidate terms ``node_score`` kept in its :class:`NodeContext` memo, per node, for
-    the winner's ``explain``."""
+    the winner's ``explain``; ``request`` and ``alt`` what they are the totals of, and ``placed``
+    whether a placement read them since the last :func:`warm` (which then brings them up to date)."""
 
     gstate: np.ndarray
     cpu_used: np.ndarray
     mem_used: np.ndarray
     total: np.ndarray
     feasible: np.ndarray
+    request: GpuRequest
+    alt: Alternative
     memo: dict[str, np.ndarray] = field(default_factory=dict)
+    placed: bool = True
 
 
 # How many requests' node totals a snapshot family keeps (least recently used go first); a
@@ -284,8 +288,28 @@ class _NodeTotals:
 _NODE_TOTALS_KEPT = 64
 
 
+def warm(snapshot: ClusterSnapshot, policy: PlacementPolicy, most: int = 4) -> int:
+    """Bring the node totals of the requests placed under ``policy`` since the last call (the most recent
+    ``most`` of them) up to date with ``snapshot``, scoring the states its nodes are in that are new; returns
+    how many were brought up to date.
+
+    For idle time (the head calls it at the end of each cycle): the next placement of such a request on
+    ``snapshot`` then finds its totals ready instead of recomputing them for the nodes the last placements
+    changed -- the larger part of a lone placement's work (docs/load.md). Pure in the sense of
+    :func:`place`: it fills the snapshot family's caches exactly as that placement would have, so it never
+    changes an answer; it only moves the work. A request not placed since the last call is left alone, so the
+    work it does is bounded by what the placements since then did."""
+    kept = snapshot.static.cache(("engine", "node_totals"), OrderedDict)
+    recent = [e for (pkey, _, _), e in reversed(kept.items()) if e.placed and pkey == policy.key][:most]
+    for e in reversed(recent):  # oldest first: the least recently used order stays as the placements left it
+        table = snapshot.static.cache(("engine", policy.key, alt_key(e.alt)), _StateTable)
+        _node_totals(snapshot, e.request, e.alt, policy, table, placing=False)
+        e.placed = False
+    return len(recent)
+
+
 def _node_totals(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: PlacementPolicy,
-                 table: _StateTable) -> _NodeTotals:
+                 table: _StateTable, placing: bool = True) -> _NodeTotals:
     """The request's :class:`_NodeTotals` on ``snap``.
 
     A node's total is a pure function of that node's GPU state, free CPU and free memory (and
@@ -301,12 +325,14 @@ def _node_totals(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, polic
     e = kept.get(key)
     if e is None:
         nodes = None
-        e = _NodeTotals(snap.gstate, snap.cpu_used, snap.mem_used, np.full(st.n, INF), np.zeros(st.n, dtype=bool))
+        e = _NodeTotals(snap.gstate, snap.cpu_used, snap.mem_used, np.full(st.n, INF), np.zeros(st.n, dtype=bool),
+                        req, alt)
         kept[key] = e
         if len(kept) > _NODE_TOTALS_KEPT:
             kept.popitem(last=False)
     else:
         kept.move_to_end(key)
+        e.placed = e.placed or placing
         if e.gstate is snap.gstate and e.cpu_used is snap.cpu_used and e.mem_used is snap.mem_used:
             return e
         nodes = np.flatnonzero((snap.gstate != e.gstate) | (snap.cpu_used != e.cpu_used) | (snap.mem_used != e.mem_used))

@@ -103,6 +103,30 @@ def test_release_frees_capacity_for_the_queue(ctl: HeadController, agents: dict[
     assert ctl.get_lease(waiting, KEY)["state"] == "granted"
 
 
+def test_a_cycle_readies_the_next_lone_grant_of_a_request_alike(ctl: HeadController, agents: dict[str, SimAgent],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 8: the cycle brings the placement engine's totals of what was placed since the last cycle up to
+    date with the snapshot (engine.warm), so the next lone request alike is placed on the fast grant path
+    without computing any node's score again."""
+    scored: list[int] = []
+    policy_cls = type(ctl.policy)
+    node_score = policy_cls.node_score
+
+    def spy(self: Any, snap: Any, nodes: Any, *args: Any) -> Any:
+        scored.append(len(nodes))
+        return node_score(self, snap, nodes, *args)
+
+    monkeypatch.setattr(policy_cls, "node_score", spy)
+    ctl.request_lease(_req("first", "1"))
+    assert ctl.schedule_now().granted == ["first"]
+    ctl.reconcile()
+    scored.clear()
+    ctl.request_lease(_req("second", "1"))
+    assert ctl.schedule_now().granted == ["second"]
+    assert scored == [], "the grant recomputed what the cycle should have readied"
+    assert _granted(ctl, "second")["allocation"] != _granted(ctl, "first")["allocation"]
+
+
 def test_every_kind_of_share_gets_its_env(ctl: HeadController, agents: dict[str, SimAgent]) -> None:
     for lid, gpu in (("w", "1"), ("m", "mig:3g.40gb"), ("p", "mps:30%,20GiB"), ("t", "timeslice:0.25")):
         ctl.request_lease(_req(lid, gpu))

@@ -9,7 +9,7 @@ from orchestrator.core.allocation import Allocation
 from orchestrator.core.priorities import POLICY_NAMES
 from orchestrator.core.reasons import Cause
 from orchestrator.core.request import GpuRequest, ShareKind
-from orchestrator.scheduling.engine import Placement, Unschedulable, place
+from orchestrator.scheduling.engine import Placement, Unschedulable, place, warm
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 
@@ -167,3 +167,35 @@ def test_health_change_steers_new_work_away() -> None:
     s = s.apply(p.allocation)
     res = place(s, GpuRequest.whole(1), get_policy("bestfit"))
     assert isinstance(res, Unschedulable) and "all GPUs unhealthy" in res.message
+
+
+def test_warm_readies_what_was_placed_since_and_nothing_else(monkeypatch) -> None:
+    """engine.warm (the head's step 8) does for the requests placed since its last call the work the next
+    placement of each would do on this snapshot, so that placement does none; it leaves the others alone."""
+    policy = get_policy("default")
+    scored: list[int] = []
+    node_score = type(policy).node_score
+
+    def spy(self, snap, nodes, *args):  # how many nodes' node-wide term each call computes
+        scored.append(len(nodes))
+        return node_score(self, snap, nodes, *args)
+
+    monkeypatch.setattr(type(policy), "node_score", spy)
+    s = ClusterSnapshot.build([NodeSpec(f"n{i}", "A100-80GB", 4) for i in range(3)])
+    small, whole = GpuRequest.timeslice(0.25), GpuRequest.whole(1)
+    s = s.apply(ok(place(s, small, policy)).allocation)
+    ok(place(s, whole, policy))
+    s = s.apply(ok(place(s, small, policy)).allocation)  # the whole request's totals are now one node behind
+    assert warm(s, policy) == 2
+    scored.clear()
+    assert warm(s, policy) == 0, "nothing was placed since the last warm"
+    first = ok(place(s, small, policy))
+    ok(place(s, whole, policy))
+    assert scored == [], "the warmed totals were recomputed by the placement"
+    s2 = s.apply(first.allocation)
+    assert warm(s2, policy, most=1) == 1, "at most ``most``, the most recent first (the whole card)"
+    scored.clear()
+    ok(place(s2, whole, policy))
+    assert scored == []
+    ok(place(s2, small, policy))
+    assert scored == [1], "the request warm left alone is brought up to date by its placement: one node changed"

@@ -41,7 +41,7 @@ from orchestrator.core.allocation import Allocation
 from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, gpu_model
 from orchestrator.core.priorities import POLICY_NAMES
 from orchestrator.core.request import Alternative, GpuRequest, ShareKind, resolve
-from orchestrator.scheduling.engine import Placement, Unschedulable, place
+from orchestrator.scheduling.engine import Placement, Unschedulable, place, warm
 from orchestrator.scheduling.gpufit import GPU_FIELDS
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, Mode, NodeSpec
@@ -249,8 +249,9 @@ def _answer(res: Placement | Unschedulable) -> dict:
 
 
 # As OPS, but a request is an index into a small pool (so the same request comes back on later
-# snapshots), and "again" asks an earlier snapshot once more.
-POOL_OPS = st.lists(st.tuples(st.sampled_from(("place", "place", "place", "release", "health", "again")),
+# snapshots), "again" asks an earlier snapshot once more, and "warm" brings the kept totals up to
+# date with the current snapshot as the head does between calls (engine.warm).
+POOL_OPS = st.lists(st.tuples(st.sampled_from(("place", "place", "place", "release", "health", "again", "warm")),
                               st.integers(0, 2), st.integers(0, 10**6), st.booleans()), min_size=2, max_size=25)
 
 
@@ -262,6 +263,12 @@ POOL_OPS = st.lists(st.tuples(st.sampled_from(("place", "place", "place", "relea
          pool=[GpuRequest.whole(0, cpu_milli=4000), GpuRequest.timeslice(0.5, cpu_milli=4000)],
          ops=[("place", 1, 0, True), ("again", 1, 1, True), ("place", 0, 0, True), ("place", 1, 0, True)],
          policy="bestfit")
+# Totals warmed on a snapshot the next placement does not use (a release came between), then an old one.
+@example(cluster=([NodeSpec("n0", "T4", 2, cpu_milli=8000), NodeSpec("n1", "A100-80GB", 2, cpu_milli=8000)], 1000),
+         pool=[GpuRequest.timeslice(0.25, cpu_milli=1000), GpuRequest.whole(1)],
+         ops=[("place", 0, 0, True), ("warm", 0, 0, True), ("place", 0, 0, True), ("release", 1, 0, True),
+              ("place", 1, 0, True), ("warm", 1, 0, True), ("place", 0, 0, True), ("again", 0, 1, True)],
+         policy="default")
 def test_kept_totals_never_change_an_answer(cluster, pool, ops, policy) -> None:
     run = Replay(*cluster, policy)
     seen = [(run.snap, run.rebuilt())]
@@ -271,6 +278,9 @@ def test_kept_totals_never_change_an_answer(cluster, pool, ops, policy) -> None:
             old, fresh = seen[pick % len(seen)]
             assert _answer(place(old, req, run.policy)) == _answer(place(fresh, req, run.policy)), \
                 f"{req.describe()} on an earlier snapshot"
+            continue
+        if op == "warm":
+            warm(run.snap, run.policy, most=1 + pick % 3)
             continue
         fresh, rng = run.rebuilt(), copy.deepcopy(run.rng)
         res = run.step(op, req, pick, healthy)
