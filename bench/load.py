@@ -39,8 +39,10 @@ launcher's watchdog, when this process is SIGKILLed).
   process while the cluster is idle, in the same run. ``head_ping_p50_ms``: the head's own ``ping``,
   called the same way (the head is an asyncio actor: a call to it costs more than one to a plain actor).
   ``bare_actor_call_loaded_p50_ms`` (and p99): the same no-op actor called by the same clients and
-  threads, all at once, as many times as they sent jobs: what Ray alone gives that many callers (the
-  floor under the grant latency at that concurrency).
+  threads, all at once, as many times as they sent jobs, and with ``--rate`` on the jobs' schedule: what
+  Ray alone gives that many callers at that pace (the floor under the grant latency there; a caller
+  that waits between calls is answered slower than one in a tight loop, as the processes on both ends
+  go idle); ``bare_actor_call_loaded_wall_s`` how long those calls took, the slowest client's.
 
 **Accounting.** Afterwards this process reads every job once (``list_jobs``) and every lease
 (``get_lease``): ``lost`` counts submitted ids that did not end succeeded (jobs) / released (leases),
@@ -101,7 +103,8 @@ def client(address: str, tag: str, index: int, jobs: int, leases: int, threads: 
            start: Any, again: Any, rate: float | None = None, clients: int = 1) -> dict[str, Any]:
     """Submit ``jobs`` jobs, then take ``leases`` leases, from ``threads`` threads; what each took. Every
     client connects and calls the head once, then waits at ``start`` (a barrier) so that all submit at once;
-    then, all together again (``again``), as many no-op calls to the bench's no-op actor as it sent jobs.
+    then, all together again (``again``), as many no-op calls to the bench's no-op actor as it sent jobs (on
+    the same schedule as the jobs when they had one).
 
     With a ``rate`` the jobs arrive on a schedule instead of as fast as the threads can send them: the
     ``clients`` together submit ``rate`` a second, evenly spaced, this client's ``i``-th job due at
@@ -124,16 +127,22 @@ def client(address: str, tag: str, index: int, jobs: int, leases: int, threads: 
     out: dict[str, Any] = {"jobs": [], "leases": [], "errors": [], "noop_ms": [], "reply_ms": []}
     noop = ray_api.get_actor(NOOP, NAMESPACE)
 
-    def submit(i: int) -> None:
-        job_id = f"{tag}-c{index}-{i}"
+    def arrival(i: int, since: float) -> float:
+        """When call ``i`` counts from: now, or with a ``rate`` when it is due after ``since``, however late a
+        thread comes to send it (after sleeping until then if early)."""
         t0 = time.time()
-        if rate:  # its arrival: when it is due, however late a thread comes to send it
-            due = begin + (i * clients + index) / rate
+        if rate:
+            due = since + (i * clients + index) / rate
             if t0 < due:
                 time.sleep(due - t0)
                 t0 = time.time()  # sent when due: a sleep's own overshoot is not the head's
             else:
-                t0 = due  # every thread was busy past its time: the wait counts against the head
+                t0 = due  # every thread was busy past its time: the wait counts against the callee
+        return t0
+
+    def submit(i: int) -> None:
+        job_id = f"{tag}-c{index}-{i}"
+        t0 = arrival(i, begin)
         try:
             head.submit_job({"name": "load", "entrypoint": "true", "gpu": gpu, "priority": "batch"}, job_id)
             out["reply_ms"].append((time.time() - t0) * 1000)
@@ -151,17 +160,19 @@ def client(address: str, tag: str, index: int, jobs: int, leases: int, threads: 
         except Exception as e:
             out["errors"].append(f"{lid}: {type(e).__name__}: {e}")
 
-    def poke(_: int) -> None:
-        t0 = time.perf_counter()
+    def poke(i: int) -> None:  # on the jobs' schedule, if they had one (a paced caller wakes up slower)
+        t0 = arrival(i, pokes_begin)
         ray_api.get(noop.ping.remote(), timeout=60)
-        out["noop_ms"].append((time.perf_counter() - t0) * 1000)
+        out["noop_ms"].append((time.time() - t0) * 1000)
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(submit, range(jobs)))
         if leases:
             list(pool.map(take, range(leases)))
         again.wait(300)
+        pokes_begin = time.time()
         list(pool.map(poke, range(jobs)))
+        out["noop_wall_s"] = time.time() - pokes_begin
     out["batches"] = head.batched.sends  # the Ray calls that carried this client's submissions
     ray_api.disconnect()
     return out
@@ -237,6 +248,7 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     loaded = [x for r in results for x in r["noop_ms"]]
     out["bare_actor_call_loaded_p50_ms"] = rounded_quantile(loaded, 0.5)
     out["bare_actor_call_loaded_p99_ms"] = rounded_quantile(loaded, 0.99)
+    out["bare_actor_call_loaded_wall_s"] = round(max(r["noop_wall_s"] for r in results), 3)
     ray_api.kill(noop)
     if leases:
         out["leases"] = account_leases([x for r in results for x in r["leases"]], head, leases)

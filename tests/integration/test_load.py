@@ -53,6 +53,8 @@ def test_jobs_paced_at_a_rate_arrive_on_their_schedule_and_are_all_accounted_for
     assert out["errors"] == [] and (out["lost"], out["duplicated"], out["admitted"]) == (0, 0, 20), out
     assert out["rate"] == 50.0 and out["grants_per_s"] <= 50 * 1.1, out
     assert out["load_wall_s"] >= 19 / 50, out
+    # the no-op calls that say what Ray alone gives those callers go on the same schedule
+    assert out["bare_actor_call_loaded_wall_s"] >= 19 / 50, out
 
 
 def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:
