@@ -697,10 +697,10 @@ def _stale_gangs(snap: ClusterSnapshot, plan: Plan, ledger: Ledger) -> set[str]:
     """Gangs of the plan some worker of which no longer fits ``snap`` (a stale plan): none of their
     workers is granted this cycle, so no gang is ever granted in part."""
     stale: set[str] = set()
-    if not any(ledger.get(g.item_id).spec.gang is not None for g in plan.grants):
-        return stale  # only a gang can be stale in part
-    for g in plan.grants:  # in plan order, as the grant loop applies them
-        spec = ledger.get(g.item_id).spec.gang
+    gangs = [ledger.get(g.item_id).spec.gang for g in plan.grants]
+    if not any(gangs):
+        return stale  # only a gang can be granted in part: without one no grant needs applying here
+    for g, spec in zip(plan.grants, gangs):  # in plan order, as the grant loop applies them
         try:
             snap = snap.apply(g.placement.allocation)
         except CapacityError:

@@ -303,13 +303,13 @@ def warm(snapshot: ClusterSnapshot, policy: PlacementPolicy, most: int = 4) -> i
     recent = [e for (pkey, _, _), e in reversed(kept.items()) if e.placed and pkey == policy.key][:most]
     for e in reversed(recent):  # oldest first: the least recently used order stays as the placements left it
         table = snapshot.static.cache(("engine", policy.key, alt_key(e.alt)), _StateTable)
-        _node_totals(snapshot, e.request, e.alt, policy, table, placing=False)
-        e.placed = False
+        _node_totals(snapshot, e.request, e.alt, policy, table)
+        e.placed = False  # as a placement would have left them, but not read by one since
     return len(recent)
 
 
 def _node_totals(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: PlacementPolicy,
-                 table: _StateTable, placing: bool = True) -> _NodeTotals:
+                 table: _StateTable) -> _NodeTotals:
     """The request's :class:`_NodeTotals` on ``snap``.
 
     A node's total is a pure function of that node's GPU state, free CPU and free memory (and
@@ -332,7 +332,7 @@ def _node_totals(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, polic
             kept.popitem(last=False)
     else:
         kept.move_to_end(key)
-        e.placed = e.placed or placing
+        e.placed = True
         if e.gstate is snap.gstate and e.cpu_used is snap.cpu_used and e.mem_used is snap.mem_used:
             return e
         nodes = np.flatnonzero((snap.gstate != e.gstate) | (snap.cpu_used != e.cpu_used) | (snap.mem_used != e.mem_used))
