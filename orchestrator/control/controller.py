@@ -382,6 +382,11 @@ class HeadController:
                 self._free(e)
                 report.expired_leases.append(e.lease_id)
 
+    def may_schedule(self) -> bool:
+        """Whether a cycle now could grant something: a request waits and the queue may have become schedulable
+        since the last plan (a request, freed devices, a node). Otherwise the next tick's cycle is as good."""
+        return self._dirty and self.ledger.count(LeaseState.PENDING) > 0
+
     def schedule_now(self, most: int = 1) -> ReconcileReport:
         """The fast grant path: schedule at once, outside a cycle, when the queue holds at least one request
         and at most ``most`` (one; or the requests of the calls a client sent together, which are planned

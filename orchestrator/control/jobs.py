@@ -875,6 +875,14 @@ class JobManager:
             self._chores[chore] = None
 
     # ---- stopping and deleting Ray jobs off the head's loop --------------------------------------
+    def launch_due(self) -> bool:
+        """Whether :meth:`take_submissions` or :meth:`take_chores` would hand anything out now: what the head's
+        loop makes durable and hands Ray's job API (nothing else it writes needs a flush of its own)."""
+        if self._ready:
+            return True
+        now = self.clock()
+        return any((r := self._chore_retry.get(c)) is None or r.due <= now for c in self._chores)
+
     def take_chores(self) -> list[Chore]:
         """The calls to Ray's job API due now other than submissions (``launch_in_step=False``), each handed out
         once: those asked for since the last call, and those whose retry is due. Call once the store holds what

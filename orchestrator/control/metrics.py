@@ -152,6 +152,8 @@ class HeadMetrics:
         self.placement = Histogram("orchestrator_placement_seconds", "One scheduling pass (placement and planning)",
                                    registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                         0.5, 1, 2.5))
+        self.cycles = Counter("orchestrator_reconcile_cycles", "Reconcile cycles the head ran (on its timer, or woken "
+                              "by a call or an answer that left it work)", registry=r)
         self.commits = Counter("orchestrator_state_commits", "Batches of hard state written to the GCS (group commit)",
                                registry=r)
         self.commit_records = Counter("orchestrator_state_commit_records", "Records in the batches written", registry=r)
@@ -202,6 +204,7 @@ class HeadMetrics:
         ``measured``: per node, GPU index -> utilisation the agent measured (NVML); GPUs
         without a measurement use the workload model.
         """
+        self.cycles.inc()
         now = ctl.clock()
         if now - self._gauges_at >= self.gauges_every_s:
             self._gauges_at = now

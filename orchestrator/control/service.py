@@ -196,6 +196,16 @@ class HeadService:
         log.info("%s", event)
         return event
 
+    def launch_due(self) -> bool:
+        """Whether a submission or another call to Ray's job API is due (:meth:`JobManager.launch_due`)."""
+        return self.jobs.launch_due()
+
+    def loop_due(self) -> bool:
+        """Whether the head's loop has work now rather than at its next tick: something to hand Ray's job API, or a
+        queue that may have become schedulable (:meth:`HeadController.may_schedule`). An answer from the job API
+        that changed nothing else (a job now running) leaves the loop asleep."""
+        return self.jobs.launch_due() or self.ctl.may_schedule()
+
     def take_chores(self) -> list[Chore]:
         """The Ray jobs to stop or delete now (:meth:`JobManager.take_chores`); call once the store holds what was
         written."""

@@ -17,8 +17,9 @@ loop:
   be written, the batch is retried with back-off and replies wait (the client's call timeout
   bounds them; its retry is idempotent);
 * a reconcile loop: every ``reconcile_interval_s``, or at once after a call
-  that may make the queue schedulable (:data:`WAKES`), it runs one
-  :meth:`HeadService.cycle`;
+  that may make the queue schedulable (:data:`WAKES`) or a job API answer that leaves
+  work (:meth:`HeadService.loop_due`), it runs one :meth:`HeadService.cycle`, and flushes
+  only when a job is due to start or stop, or no call woke it (:meth:`HeadActor._loop`);
 * ``wait_lease`` and ``acquire_lease``, which wait on the event loop without
   blocking other calls and without polling: each waiter is a future that the
   loop resolves after the cycle (or the fast grant path) that settled its lease.
@@ -168,21 +169,38 @@ class HeadActor:
         self._told = set().union(*work.values()) if work else set()
 
     async def _loop(self) -> None:
+        """Cycle, wake agents and waiters; then, if a job is due to start or stop, or no call woke the loop,
+        flush and hand the job API what is due.
+
+        Invariant: nothing goes to Ray's job API before the batch that made it due is in the GCS. What a cycle
+        wrote otherwise (a job now running, a lease renewed or expired) needs no flush of its own: it rides
+        with the next caller's batch (every reply waits for everything changed before it), or, with no caller
+        for a whole interval, with the timer's flush. One GCS write a lone submission instead of two."""
+        idle = True  # woken by the timer, not by a call whose reply will flush what this cycle writes
         while True:
             t0 = time.monotonic()
             self.service.cycle_safely()
             self._wake_agents()
             self._notify()
-            await self.commit.durable()  # what the cycle admitted is in the GCS: now start it
-            launch_off_loop(self.service, self._job_api, self._home, self._poke)
+            if idle or self.service.launch_due():
+                await self.commit.durable()  # what the cycle admitted is in the GCS: now start it
+                launch_off_loop(self.service, self._job_api, self._home, self._answered)
             took = time.monotonic() - t0
             if took > 1.0:  # the loop that hears heartbeats was busy this long
                 log.warning("head: one cycle took %.1fs", took)
             try:
                 await asyncio.wait_for(self._wake.wait(), self.service.settings.reconcile_interval_s)
+                idle = False
             except asyncio.TimeoutError:
-                pass
+                idle = True
             self._wake.clear()
+
+    def _answered(self) -> None:
+        """After the job API's answer was applied: wake the loop only if it has work now
+        (:meth:`HeadService.loop_due`). A submission Ray took leaves it asleep: the cycle it woke after every
+        job did nothing but delay the next caller's call and reply (one caller: grant p50 -25%, docs/load.md)."""
+        if self.service.loop_due():
+            self._poke()
 
     def _notify(self) -> None:
         """Resolve the waiters of every lease that has settled (handed out, or ended for good)."""

@@ -10,10 +10,14 @@ import os
 import shutil
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+from orchestrator.deploy.local import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # spawned clients import it by name too
 import load  # noqa: E402
@@ -23,14 +27,21 @@ from tests.integration.heads import until  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
+#: The head's /metrics, on loopback (the bench's own config serves none).
+METRICS_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def address() -> Iterator[str]:
     from orchestrator.deploy import local
 
     saved = dict(os.environ)
     state_dir = Path(tempfile.mkdtemp(prefix="rgo-load-it-", dir="/tmp"))
+    cfg = load.config()
+    cfg = cfg.model_copy(update={"settings": cfg.settings.model_copy(
+        update={"metrics_port": METRICS_PORT, "metrics_host": "127.0.0.1"})})
     try:
-        yield local.up_local(load.config(), state_dir, progress=lambda m: None).address
+        yield local.up_local(cfg, state_dir, progress=lambda m: None).address
     finally:
         local.down(state_dir, progress=lambda m: None)
         os.environ.clear()
@@ -55,6 +66,33 @@ def test_jobs_paced_at_a_rate_arrive_on_their_schedule_and_are_all_accounted_for
     assert out["load_wall_s"] >= 19 / 50, out
     # the no-op calls that say what Ray alone gives those callers go on the same schedule
     assert out["bare_actor_call_loaded_wall_s"] >= 19 / 50, out
+
+
+def _counted() -> tuple[float, float]:
+    """The head's GCS writes and reconcile cycles so far (``orchestrator_state_commits_total``,
+    ``orchestrator_reconcile_cycles_total``), read over HTTP."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("orchestrator_")}
+    return value["orchestrator_state_commits_total"], value["orchestrator_reconcile_cycles_total"]
+
+
+def test_a_lone_callers_job_costs_the_head_one_gcs_write_and_one_cycle(address: str) -> None:
+    # The head's loop flushed after every cycle and ran one after every job API answer: a lone submission was
+    # two GCS writes (its admission, then Ray's answer: running) and two cycles, and the second of each delayed
+    # the caller's next call and reply. What a cycle writes now rides with the next caller's batch, and an
+    # answer that leaves no work wakes nobody. The rest: heartbeats, status reads, the timer's ticks.
+    jobs = 60
+    writes, cycles = _counted()
+    t0 = time.monotonic()
+    out: dict[str, Any] = load.run(address, jobs=jobs, leases=0, clients=1, threads=1, share=0.05)
+    wall, cfg = time.monotonic() - t0, load.config()
+    ticks = wall / cfg.settings.reconcile_interval_s  # at most; the timer ticks only while no call comes
+    beats = wall / cfg.settings.heartbeat_interval_s * len(cfg.nodes)  # each heartbeat wakes the loop
+    assert out["errors"] == [] and (out["lost"], out["duplicated"], out["admitted"]) == (0, 0, jobs), out
+    writes, cycles = (after - before for after, before in zip(_counted(), (writes, cycles)))
+    print(f"{jobs} jobs: {writes} writes, {cycles} cycles, {ticks:.0f} ticks, {beats:.0f} heartbeats")
+    assert jobs <= writes <= jobs * 1.2 + beats, (writes, beats)
+    assert jobs <= cycles <= jobs * 1.2 + ticks + beats, (cycles, ticks, beats)
 
 
 def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:

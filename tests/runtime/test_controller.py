@@ -98,10 +98,13 @@ def test_release_frees_capacity_for_the_queue(ctl: HeadController, agents: dict[
     waiting = next(i for i, s in states.items() if s == "pending")
     assert ctl.get_lease(waiting, KEY)["why_pending"]
     assert ctl.status()["queue"][0]["why_pending"]
+    assert not ctl.may_schedule()  # planned and nothing changed since: a cycle now would grant nothing
     holder = next(i for i, s in states.items() if s == "granted")
     ctl.release(holder, ctl.get_lease(holder, KEY)["fencing_token"])
+    assert ctl.may_schedule()  # freed devices, a request waiting: the head's loop is woken for it
     ctl.reconcile()
     assert ctl.get_lease(waiting, KEY)["state"] == "granted"
+    assert not ctl.may_schedule()  # nothing waits
 
 
 def test_a_cycle_readies_the_next_lone_grant_of_a_request_alike(ctl: HeadController, agents: dict[str, SimAgent],

@@ -388,8 +388,10 @@ def _admitted_and_taken(ctl, store, agents, clock, ray_jobs) -> tuple[JobManager
     job = jm.submit(spec("t"))["job_id"]
     cycle(ctl, jm, agents, 2)
     assert jm.get(job)["state"] == "admitted"
+    assert jm.launch_due()  # its submission waits for the head's flush, then the job API
     subs, _ = jm.take_submissions()
     (sub,) = subs
+    assert not jm.launch_due()  # handed out once
     return jm, job, sub
 
 
@@ -403,6 +405,7 @@ def test_a_job_whose_submission_is_with_ray_is_not_submitted_again_and_runs_on_t
     jm.sent(sub, answer)
     d = jm.get(job)
     assert d["state"] == "running" and d["lease"]["state"] == "active"
+    assert not jm.launch_due()  # a job Ray took leaves nothing for the job API: the head needs no flush for it
 
 
 def _chores_sent(jm: JobManager) -> list[str]:
@@ -422,7 +425,9 @@ def test_a_job_cancelled_while_its_submission_was_with_ray_has_the_ray_job_stopp
     jm.cancel(job)
     jm.sent(sub, jm.send(sub))  # Ray took it after all
     assert ray_jobs.statuses[sub.submission_id] == "RUNNING", "stopped once the store holds the cancellation"
+    assert jm.launch_due()  # the stop is due: the head flushes, then sends it
     assert _chores_sent(jm) == [f"{sub.submission_id}: stopped in Ray"]
+    assert not jm.launch_due()
     d = jm.get(job)
     assert d["state"] == "cancelled" and d["lease"]["state"] == "released"
     assert ray_jobs.statuses[sub.submission_id] == "STOPPED"
