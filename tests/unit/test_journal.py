@@ -404,6 +404,33 @@ def test_a_job_cancelled_between_admission_and_launch_is_not_started() -> None:
     assert head.get_job("job-a")["state"] == "cancelled"
 
 
+def test_a_head_that_dies_before_a_jobs_running_record_is_written_restores_it_admitted_and_runs_it_once() -> None:
+    # The head actor's loop no longer flushes what the job API's answer wrote (the job running, its lease active):
+    # it rides with the next caller's batch or the timer's tick. A head that dies in between must neither lose
+    # the job nor start a second one: it restores the job admitted and sends the same submission again, which
+    # Ray's job API answers as taken (RayJobRunner.submit: the id exists with our metadata).
+    from orchestrator.control.service import HeadService
+
+    head, j, runner = _head_over_journal(launch_in_cycle=False)
+    spec = {"name": "t", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}, "priority": "batch"}
+    head.submit_job(spec, "job-a")
+    commit(j)  # the reply's batch: the admission
+    launch(head)
+    assert head.get_job("job-a")["state"] == "running"
+    assert Journal.load(j.table).get("jt/job/job-a")["state"] == "admitted"  # what a restart reads now
+
+    again = Journal.load(j.table)
+    rerun = RecordingRunner(again, "jt")
+    restarted = HeadService(head.settings, head.cluster, again, rerun, head.port, clock=head.clock, status_poll_s=0.0,
+                            launch_in_cycle=False)
+    restarted.cycle()
+    commit(again)
+    launch(restarted)
+    assert list(rerun.submitted) == list(runner.submitted) == ["job-a.a1"]  # one Ray job, asked for twice
+    d = restarted.get_job("job-a")
+    assert (d["state"], d["attempt"], d["lease"]["state"]) == ("running", 1, "active")
+
+
 async def _write_one_by_one(j: Journal, gc: Any, n: int, *, keys: int, within_s: float | None = None,
                             until: Any = None) -> None:
     """``n`` changes over ``keys`` keys, each waited for (``within_s``) before the next; stop early once
