@@ -33,8 +33,8 @@ that answers reads from memory and turns writes into *batches*:
   later segments (numbered after it, replayed over it): one snapshot at a time
   (:meth:`Journal.segment_acked` .. :meth:`Journal.snapshot_written` / :meth:`Journal.snapshot_failed`).
   Only once the manifest is written are the segments it covers and the older snapshots deleted
-  (:func:`drop_covered`: thousands of deletes after a long run held every reply for most of a second
-  when replies waited for them); a crash before the manifest restores from the previous manifest and
+  (:func:`drop_covered`, by key prefix: a few dozen deletes, where one a segment were thousands after a
+  long run, and held every reply for most of a second when replies waited for them); a crash before the manifest restores from the previous manifest and
   the segments still there, one after it ignores what is left to delete.
   So the table holds O(live state + ``min_compact_bytes``), and each record is rewritten a constant
   number of times per compaction cycle on average.
@@ -197,14 +197,23 @@ def write_snapshot(table: KvTable, snap: Snapshot) -> None:
     table.put(MANIFEST_KEY, snap.manifest)
 
 
+def covering_prefixes(upto: int) -> list[str]:
+    """Key prefixes that together match exactly the segments numbered 0 to ``upto``: at each digit of ``upto``
+    (zero-padded as :func:`segment_key` pads it), ``upto``'s digits before it followed by each smaller digit,
+    then ``upto``'s own key. At most nine a digit (109); a few dozen in practice."""
+    digits = segment_key(upto)[len(SEGMENT_PREFIX):]
+    lower = [f"{SEGMENT_PREFIX}{digits[:i]}{d}" for i, top in enumerate(digits) for d in range(int(top))]
+    return lower + [segment_key(upto)]
+
+
 def drop_covered(table: KvTable, snap: Snapshot) -> None:
-    """Delete what the manifest of ``snap`` (written) covers: the segments up to it, older snapshots'
-    chunks, an earlier head's one-key-per-record layout. One delete per segment: thousands after a long
-    run, so the head does it after acknowledging the batch, not before. Leftovers of an interrupted call
-    are ignored by :meth:`Journal.load` and deleted by the next one."""
-    for key in table.keys(SEGMENT_PREFIX):
-        if _seq_of(key) <= snap.upto:
-            table.delete(key)
+    """Delete what the manifest of ``snap`` (written) covers: the segments up to it (by the prefixes of
+    :func:`covering_prefixes`: one delete per segment was thousands of GCS calls after a long run), older
+    snapshots' chunks, an earlier head's one-key-per-record layout. The head does it after acknowledging the
+    batch, not before. Leftovers of an interrupted call are ignored by :meth:`Journal.load` and deleted by the
+    next one."""
+    for prefix in covering_prefixes(snap.upto):
+        table.delete_prefix(prefix)
     mine = snap.prefix
     for older in {k[:len(mine)] for k in table.keys(SNAPSHOT_PREFIX)} - {mine}:
         table.delete_prefix(older)

@@ -13,11 +13,11 @@ import threading
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.control.journal import (MANIFEST_KEY, SEGMENT_PREFIX, SNAPSHOT_PREFIX, CorruptJournalError, Journal,
-                                          MemoryKv, write_batch)
+                                          MemoryKv, covering_prefixes, segment_key, write_batch)
 
 
 class Crash(Exception):
@@ -155,6 +155,53 @@ def test_compaction_keeps_the_table_small_and_restores_exactly() -> None:
     gens = {k.split("/")[1] for k in table.keys(SNAPSHOT_PREFIX)}
     assert len(gens) == 1  # older snapshots deleted once a newer manifest was written
     assert state(Journal.load(table, min_compact_bytes=2_000)) == model
+
+
+@settings(max_examples=300, deadline=None)
+@given(upto=st.integers(0, 10**9), near=st.lists(st.integers(-1200, 1200), max_size=30),
+       far=st.lists(st.integers(0, 10**10), max_size=30))
+@example(upto=0, near=[0, 1], far=[])
+@example(upto=999, near=[0, 1, -1], far=[1000, 10**10])
+@example(upto=1000, near=[0, 1, -1], far=[999, 10**10])
+def test_the_covering_prefixes_match_exactly_the_segments_up_to_the_snapshot(upto: int, near: list[int],
+                                                                             far: list[int]) -> None:
+    # A compaction deleted its covered segments one call each (thousands of GCS calls after a long run); it
+    # deletes them by these prefixes now, so one that matched a later segment would lose a durable batch.
+    prefixes = covering_prefixes(upto)
+    assert len(prefixes) <= 9 * 12 + 1 and len(prefixes) <= sum(map(int, str(upto))) + 1
+    for seq in {upto + d for d in near if upto + d >= 0} | set(far) | {upto}:
+        assert any(segment_key(seq).startswith(p) for p in prefixes) == (seq <= upto), (seq, upto)
+
+
+def test_a_compaction_deletes_its_segments_in_a_few_calls() -> None:
+    class Counting(MemoryKv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.deletes = 0
+
+        def delete(self, key: str) -> None:
+            self.deletes += 1
+            super().delete(key)
+
+        def delete_prefix(self, prefix: str) -> int:
+            self.deletes += 1
+            return super().delete_prefix(prefix)
+
+    table = Counting()
+    j = Journal(table, min_compact_bytes=50_000)
+    for i in range(3_000):
+        j.put(f"k{i % 7}", {"i": i, "pad": "x" * 40})
+        b = j.take()
+        assert b is not None
+        write_batch(table, b)
+        j.acked(b)
+        if b.snapshot is not None:
+            snap = b.snapshot
+            assert not [k for k in table.keys(SEGMENT_PREFIX) if int(k[len(SEGMENT_PREFIX):]) <= snap.upto]
+            assert table.keys(SEGMENT_PREFIX) == [segment_key(s) for s in range(snap.upto + 1, i + 2)], snap.upto
+    assert table.get(MANIFEST_KEY) is not None
+    assert table.deletes < 3_000 / 10, table.deletes  # one a segment was ~3,000
+    assert state(Journal.load(table)) == state(j)
 
 
 def test_a_crash_at_any_operation_of_a_compacting_write_restores_a_batch_boundary() -> None:
@@ -488,8 +535,9 @@ def test_a_snapshot_holds_the_table_as_taken_and_is_encoded_by_the_writer_not_th
 
 
 def test_replies_after_a_compaction_do_not_wait_for_the_deletion_of_what_it_covers() -> None:
-    """The deletes a compaction leaves (one per covered segment: thousands after a long run) run after the
-    batch is acknowledged: a reply waits for the manifest, not for them; a restart meanwhile ignores them."""
+    """The deletes a compaction leaves (a few dozen prefixes; one per covered segment, thousands after a long run,
+    before) run after the batch is acknowledged: a reply waits for the manifest, not for them; a restart meanwhile
+    ignores them."""
     from orchestrator.rayport.store import GroupCommit
 
     class SlowDeletes(Flaky):
@@ -500,6 +548,10 @@ def test_replies_after_a_compaction_do_not_wait_for_the_deletion_of_what_it_cove
         def delete(self, key: str) -> None:
             assert self.go.wait(30), "deletes never released"
             super().delete(key)
+
+        def delete_prefix(self, prefix: str) -> int:
+            assert self.go.wait(30), "deletes never released"
+            return super().delete_prefix(prefix)
 
     table = SlowDeletes()
     j = Journal(table, min_compact_bytes=400)
