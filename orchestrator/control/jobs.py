@@ -878,10 +878,16 @@ class JobManager:
     def launch_due(self) -> bool:
         """Whether :meth:`take_submissions` or :meth:`take_chores` would hand anything out now: what the head's
         loop makes durable and hands Ray's job API (nothing else it writes needs a flush of its own)."""
-        if self._ready:
-            return True
+        return bool(self._ready) or bool(self._due_chores())
+
+    def _due_chores(self) -> list[Chore]:
+        """What :meth:`take_chores` hands out now: the stops due, then the deletes due, at most
+        :data:`DELETES_IN_FLIGHT` out at a time (the one selection both read)."""
         now = self.clock()
-        return any((r := self._chore_retry.get(c)) is None or r.due <= now for c in self._chores)
+        due = [c for c in self._chores if (r := self._chore_retry.get(c)) is None or r.due <= now]
+        stops = [c for c in due if c.kind is ChoreKind.STOP]
+        deletes = [c for c in due if c.kind is ChoreKind.DELETE][:max(0, DELETES_IN_FLIGHT - self._deleting)]
+        return stops + deletes
 
     def take_chores(self) -> list[Chore]:
         """The calls to Ray's job API due now other than submissions (``launch_in_step=False``), each handed out
@@ -894,14 +900,11 @@ class JobManager:
         record in Ray's job table is deleted only after the job left our store (:meth:`prune_ended`). At most
         :data:`DELETES_IN_FLIGHT` deletes are out at a time: a prune drops a day's worth of jobs after a long
         outage, and their deletes must not queue ahead of the submissions on the job API's one thread."""
-        now = self.clock()
-        due = [c for c in self._chores if (r := self._chore_retry.get(c)) is None or r.due <= now]
-        stops = [c for c in due if c.kind is ChoreKind.STOP]
-        deletes = [c for c in due if c.kind is ChoreKind.DELETE][:max(0, DELETES_IN_FLIGHT - self._deleting)]
-        for c in stops + deletes:
+        chores = self._due_chores()
+        for c in chores:
             del self._chores[c]
-        self._deleting += len(deletes)
-        return stops + deletes
+        self._deleting += sum(1 for c in chores if c.kind is ChoreKind.DELETE)
+        return chores
 
     def send_chore(self, chore: Chore) -> Exception | None:
         """Make the call to Ray's job API; returns what it raised (None: done). Reads and changes no state of the

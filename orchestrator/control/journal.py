@@ -33,9 +33,10 @@ that answers reads from memory and turns writes into *batches*:
   later segments (numbered after it, replayed over it): one snapshot at a time
   (:meth:`Journal.segment_acked` .. :meth:`Journal.snapshot_written` / :meth:`Journal.snapshot_failed`).
   Only once the manifest is written are the segments it covers and the older snapshots deleted
-  (:func:`drop_covered`, by key prefix: a few dozen deletes, where one a segment were thousands after a
-  long run, and held every reply for most of a second when replies waited for them); a crash before the manifest restores from the previous manifest and
-  the segments still there, one after it ignores what is left to delete.
+  (:func:`drop_covered`, by key prefix: a few dozen deletes; one per segment was thousands after a long
+  run, and held every reply for most of a second when replies waited for them); a crash before the
+  manifest restores from the previous manifest and the segments still there, one after it ignores what
+  is left to delete.
   So the table holds O(live state + ``min_compact_bytes``), and each record is rewritten a constant
   number of times per compaction cycle on average.
 * **Upgrade.** A table written by an earlier head (one key per record, no manifest) is read as the

@@ -198,7 +198,7 @@ class HeadActor:
     def _answered(self) -> None:
         """After the job API's answer was applied: wake the loop only if it has work now
         (:meth:`HeadService.loop_due`). A submission Ray took leaves it asleep: the cycle it woke after every
-        job did nothing but delay the next caller's call and reply (one caller: grant p50 -25%, docs/load.md)."""
+        job did nothing but delay the next caller's call and reply (docs/load.md, the grant path)."""
         if self.service.loop_due():
             self._poke()
 

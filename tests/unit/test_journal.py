@@ -31,6 +31,7 @@ class Flaky(MemoryKv):
         super().__init__()
         self.fail_after: int | None = None
         self.ops = 0
+        self.deletes = 0  # delete and delete_prefix calls
         self.async_puts = 0
         self.threads: set[str] = set()
 
@@ -52,10 +53,12 @@ class Flaky(MemoryKv):
 
     def delete(self, key: str) -> None:
         self._tick()
+        self.deletes += 1
         super().delete(key)
 
     def delete_prefix(self, prefix: str) -> int:
         self._tick()
+        self.deletes += 1
         return super().delete_prefix(prefix)
 
 
@@ -174,20 +177,7 @@ def test_the_covering_prefixes_match_exactly_the_segments_up_to_the_snapshot(upt
 
 
 def test_a_compaction_deletes_its_segments_in_a_few_calls() -> None:
-    class Counting(MemoryKv):
-        def __init__(self) -> None:
-            super().__init__()
-            self.deletes = 0
-
-        def delete(self, key: str) -> None:
-            self.deletes += 1
-            super().delete(key)
-
-        def delete_prefix(self, prefix: str) -> int:
-            self.deletes += 1
-            return super().delete_prefix(prefix)
-
-    table = Counting()
+    table = Flaky()
     j = Journal(table, min_compact_bytes=50_000)
     for i in range(3_000):
         j.put(f"k{i % 7}", {"i": i, "pad": "x" * 40})
