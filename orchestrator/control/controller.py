@@ -186,6 +186,13 @@ class HeadController:
 
     def activate(self, lease_id: str, token: int, holder: str | None = None,
                  workload: str | None = None) -> dict[str, Any]:
+        """The holder started using its lease: ACTIVE (idempotent); the lease's public view, the token shown."""
+        return self.activated(lease_id, token, holder, workload).to_dict(reveal=True)
+
+    def activated(self, lease_id: str, token: int, holder: str | None = None,
+                  workload: str | None = None) -> LedgerEntry:
+        """:meth:`activate`, answering the lease's entry instead of its public view (for the job layer, which reads
+        none of it: building the view cost as much as the change)."""
         e = self.ledger.get(lease_id)
         self._check_token(e, token)
         if workload is not None:
@@ -193,23 +200,32 @@ class HeadController:
         if e.lease.state is LeaseState.ACTIVE:
             if (holder and e.holder != holder) or (workload and e.workload != workload):
                 self.ledger.commit([replace(e, holder=holder or e.holder, workload=workload or e.workload)])
-            return self.ledger.get(lease_id).to_dict(reveal=True)
+            return self.ledger.get(lease_id)
         new = replace(e, lease=e.lease.transition(LeaseState.ACTIVE, now=self.clock(),
                                                   reason=f"activated by {holder or workload or 'its holder'}"),
                       holder=holder, workload=workload or e.workload)
         self.ledger.commit([new])
-        return new.to_dict(reveal=True)
+        return new
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> dict[str, Any]:
+        """End the lease as RELEASED and free its devices (idempotent: an ended lease is answered as it is); its
+        public view, the token shown only to a caller that sent it."""
         e = self.ledger.get(lease_id)
         if e.lease.terminal:
             return e.to_dict()
+        return self.released(lease_id, token, reason).to_dict(reveal=token is not None)
+
+    def released(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> LedgerEntry:
+        """:meth:`release`, answering the lease's entry instead of its public view (for the job layer)."""
+        e = self.ledger.get(lease_id)
+        if e.lease.terminal:
+            return e
         if e.lease.state is not LeaseState.PENDING:
             self._check_token(e, token)
         new = self._end(e, LeaseState.RELEASED, reason)
         self.ledger.commit([new])
         self._free(e)
-        return new.to_dict(reveal=token is not None)
+        return new
 
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str,
                        inventory: NodeInventory | Mapping[str, Any]) -> dict[str, Any]:
@@ -409,20 +425,24 @@ class HeadController:
         pending = self.ledger.in_state(LeaseState.PENDING)
         if not pending:
             return
+        snap = self._snapshot
         started = time.perf_counter()
-        plan = self._plan(pending, now)
+        plan = self._plan(snap, pending, now)
         report.plan_seconds = time.perf_counter() - started
         grants: list[LedgerEntry] = []
-        snap = self._snapshot
         stale_gangs = _stale_gangs(snap, plan, self.ledger)  # a gang is granted whole or not at all
+        # Every grant taken, in plan order, on the snapshot it was planned on: the plan's own end state,
+        # not each allocation applied a second time.
+        whole = plan.after is not None and not stale_gangs
         for g in plan.grants:
             e = self.ledger.get(g.item_id)
             if e.spec.gang is not None and e.spec.gang.gang_id in stale_gangs:
                 continue
-            try:
-                snap = snap.apply(g.placement.allocation)
-            except CapacityError:
-                continue  # a stale plan; the next cycle plans again
+            if not whole:
+                try:
+                    snap = snap.apply(g.placement.allocation)
+                except CapacityError:
+                    continue  # a stale plan; the next cycle plans again
             self.ledger.fencing += 1
             lease = e.lease.grant(g.placement.allocation, self.ledger.fencing, now=now, reason=str(g.reason))
             rec = self.nodes.records[g.placement.allocation.node_name]
@@ -430,15 +450,16 @@ class HeadController:
         if grants:
             self.ledger.put_meta()  # the counter first: a restore never reissues a token
             self.ledger.commit(grants)
-            self._snap = snap
+            self._snap = plan.after if whole else snap
             report.granted.extend(g.lease_id for g in grants)
         for w in plan.waiting:
             self.ledger.soft(self.ledger.get(w.item_id), why_pending=str(w.reason), waiting=w)
         if plan.preemptions:
             self._start_preemptions(plan, now, report)
 
-    def _plan(self, pending: Sequence[LedgerEntry], now: float) -> Plan:
-        """The one call site of the scheduler (``orchestrator.scheduling.cycle.schedule``)."""
+    def _plan(self, snap: ClusterSnapshot, pending: Sequence[LedgerEntry], now: float) -> Plan:
+        """The one call site of the scheduler (``orchestrator.scheduling.cycle.schedule``): ``pending`` planned on
+        ``snap``."""
         checkpointing = self.ledger.in_state(LeaseState.CHECKPOINTING)
         nominated = self.ledger.nominated()
         items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at,
@@ -446,7 +467,7 @@ class HeadController:
                  for e in pending]
         in_flight = frozenset(e.lease_id for e in checkpointing)
         window = self.window() if self.sched_config.windows else None
-        return schedule(self._snapshot, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
+        return schedule(snap, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
                         now, self.policy, in_flight=in_flight, window=window, usage=self.ledger.queue_usage())
 
     # ---- time windows ----------------------------------------------------------------------------

@@ -710,7 +710,7 @@ class JobManager:
         assert a is not None
         members = [e for e in self._leases(job) if e is not None]
         for e in members:
-            self.ctl.activate(e.lease_id, e.lease.fencing_token, None, f"job:{sub.submission_id}")
+            self.ctl.activated(e.lease_id, e.lease.fencing_token, None, f"job:{sub.submission_id}")
         where = a.node_name if len(members) == 1 else f"{a.node_name} (driver; gang of {len(members)} on " \
             f"{','.join(sorted({e.lease.allocation.node_name for e in members if e.lease.allocation}))})"
         retried = {"message": ""} if sub.submission_id in self._retry else {}  # the retry's note is over
@@ -786,8 +786,8 @@ class JobManager:
     def _release_lease(self, job: Job, reason: str) -> None:
         for lease in self._leases(job):
             if lease and not lease.lease.terminal:
-                self.ctl.release(lease.lease_id,
-                                 lease.lease.fencing_token if lease.state is not LeaseState.PENDING else None, reason)
+                self.ctl.released(lease.lease_id,
+                                  lease.lease.fencing_token if lease.state is not LeaseState.PENDING else None, reason)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _job(self, job_id: str) -> Job:

@@ -137,13 +137,13 @@ def test_a_stale_plan_grants_no_worker_of_a_gang_whose_worker_no_longer_fits(ctl
     workers no longer fits is named, so none of its workers is granted; a plan without a gang names none."""
     for i in range(2):
         ctl.request_lease(_req(f"g-w{i}", "2", gang={"gang_id": "g", "index": i, "size": 2}))
-    plan = ctl._plan(ctl.ledger.in_state(LeaseState.PENDING), ctl.clock())
+    plan = ctl._plan(ctl.snapshot(), ctl.ledger.in_state(LeaseState.PENDING), ctl.clock())
     assert sorted(g.item_id for g in plan.grants) == ["g-w0", "g-w1"]
     changed = ctl.snapshot().apply(plan.grants[1].placement.allocation)  # worker 1's cards, taken meanwhile
     assert _stale_gangs(changed, plan, ctl.ledger) == {"g"}
     assert _stale_gangs(ctl.snapshot(), plan, ctl.ledger) == set(), "the plan's own snapshot: nothing stale"
     ctl.request_lease(_req("solo", "2"))
-    solo = Plan(grants=tuple(g for g in ctl._plan(ctl.ledger.in_state(LeaseState.PENDING), ctl.clock()).grants
+    solo = Plan(grants=tuple(g for g in ctl._plan(ctl.snapshot(), ctl.ledger.in_state(LeaseState.PENDING), ctl.clock()).grants
                              if g.item_id == "solo"))
     assert len(solo.grants) == 1 and _stale_gangs(changed.apply(solo.grants[0].placement.allocation), solo,
                                                   ctl.ledger) == set()

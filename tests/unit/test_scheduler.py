@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import QueueConfig, SchedulerConfig
 from orchestrator.core.reasons import Cause
@@ -174,3 +177,31 @@ def test_equal_requests_that_wait_cost_one_placement_and_one_preemption_plan_per
     plan = schedule(s, infs, leases, CFG, now=100, policy=POLICY)
     assert calls == {"place": 2, "plan": 2}
     assert sorted(p.victim.lease_id for p in plan.preemptions) == ["t0", "t1"]  # two victims, not one twice
+
+
+_SHAPES = [GpuRequest.whole(1), GpuRequest.whole(2), GpuRequest.timeslice(0.25), GpuRequest.mps(30),
+           GpuRequest.mig("3g.40gb"), GpuRequest.mig("1g.10gb")]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_SHAPES) - 1), st.sampled_from(["training", "batch", "inference"])),
+                min_size=1, max_size=14),
+       st.booleans())
+def test_a_plans_end_state_is_its_grants_applied_in_order(asks: list[tuple[int, str]], with_gang: bool) -> None:
+    """``Plan.after`` (what the controller takes instead of applying every grant again) is the snapshot the plan
+    was made on with each grant's allocation applied, in plan order, gang workers included."""
+    from orchestrator.core.request import GangMember, GangRequest
+
+    base = ClusterSnapshot.build([NodeSpec("n0", "A100-80GB", 2), NodeSpec("n1", "H100-80GB", 4)])
+    pending = [item(f"r{k}", _SHAPES[s], cls, t=float(k)) for k, (s, cls) in enumerate(asks)]
+    if with_gang:
+        gang = GangRequest.parse("2x1")
+        pending += [PendingItem(f"g-w{i}", gang.worker, CFG.classes["training"].priority, "training", 0.5 + i * 1e-6,
+                                gang=GangMember.of(gang, "g", i)) for i in range(2)]
+    plan = schedule(base, pending, [], CFG, now=100.0, policy=get_policy("default"))
+    again = base
+    for g in plan.grants:
+        again = again.apply(g.placement.allocation)
+    assert plan.after is not None and plan.after.same_state(again)
+    assert usage(plan.after) == usage(again)
+    assert plan.grants or plan.after.same_state(base)
