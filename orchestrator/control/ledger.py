@@ -44,6 +44,7 @@ from orchestrator.control.handout import Handout
 from orchestrator.control.store import StateStore
 from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
+from orchestrator.core.changefeed import ChangeFeed
 from orchestrator.core.errors import UnknownObjectError
 from orchestrator.core.lease import HOLDING_STATES, LEASE_TRANSITIONS, REDACTED, Lease, LeaseRequest, LeaseState
 from orchestrator.core.statemachine import Transition
@@ -171,7 +172,7 @@ class Ledger:
         self._occupying: set[str] = set()
         self._usage: dict[str, int] = {}  # queue -> GPUs its holding leases hold, in preemption.USAGE_UNITS
         self._on_node: dict[str, set[str]] = {}
-        self._node_versions: dict[str, int] = {}  # bumped whenever an occupying lease of the node changes
+        self._node_feed: ChangeFeed[str] = ChangeFeed()  # the nodes an occupying lease of which came, went or changed
         self._victims: dict[str, set[str]] = {}  # a request's id -> the leases preempted (or being) for it
         self._nominating: dict[str, set[str]] = {}  # the same, of those still on their way out (see nominated)
         self._ended: list[tuple[float, int, str]] = []  # heap: (ended at, position, id) of ended entries
@@ -377,11 +378,25 @@ class Ledger:
         return [entries[i] for i in self._occupying]
 
     def _bump(self, node: str) -> None:
-        self._node_versions[node] = self._node_versions.get(node, 0) + 1
+        self._node_feed.changed(node)
 
     def node_version(self, node: str) -> int:
-        """A number that changes whenever an occupying lease on ``node`` comes, goes or changes."""
-        return self._node_versions.get(node, 0)
+        """A number that changes whenever an occupying lease on ``node`` comes, goes or changes (it only grows)."""
+        return self._node_feed.version(node)
+
+    @property
+    def node_changes(self) -> int:
+        """How many such changes there have been: a mark for :meth:`nodes_changed_since`."""
+        return self._node_feed.count
+
+    def nodes_changed_since(self, mark: int) -> list[str]:
+        """The nodes an occupying lease of which came, went or changed since :attr:`node_changes` was ``mark``,
+        newest first (:class:`~orchestrator.core.changefeed.ChangeFeed`: costs what changed, not the nodes)."""
+        return self._node_feed.since(mark)
+
+    def node_occupied(self, node: str) -> bool:
+        """Whether some occupying lease is on ``node`` (one node of :meth:`nodes_occupied`)."""
+        return node in self._on_node
 
     def nodes_occupied(self) -> set[str]:
         """The nodes some occupying lease is on."""

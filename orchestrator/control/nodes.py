@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from orchestrator.control.store import StateStore
+from orchestrator.core.changefeed import ChangeFeed
 from orchestrator.core.inventory import NodeInventory
 
 
@@ -84,6 +85,7 @@ class NodeRegistry:
         self.starts: dict[str, float] = {}
         self.measured: dict[str, dict[int, float]] = {}  # soft: per node, GPU index -> NVML utilisation
         self._names: list[str] | None = None  # every record's name, sorted (registered() reads it)
+        self._feed: ChangeFeed[str] = ChangeFeed()  # the nodes whose record was committed or restored (changed_since)
 
     def measure(self, name: str, utilization: Mapping[str, float] | None) -> None:
         """The utilisation an agent measured per GPU in its last heartbeat (clamped to 0..1); none: forget."""
@@ -99,6 +101,7 @@ class NodeRegistry:
                 rec = NodeRecord.from_json(d, seen_at=now)
                 self.records[rec.name] = rec
                 self._names = None
+                self._feed.changed(rec.name)
 
     def commit(self, rec: NodeRecord) -> None:
         """Write ``rec`` to the store, then make it current."""
@@ -106,6 +109,18 @@ class NodeRegistry:
         if rec.name not in self.records:
             self._names = None
         self.records[rec.name] = rec
+        self._feed.changed(rec.name)
+
+    @property
+    def changes(self) -> int:
+        """Records committed (or restored) so far: a mark for :meth:`changed_since`."""
+        return self._feed.count
+
+    def changed_since(self, mark: int) -> list[str]:
+        """The nodes whose record was committed (registered, re-registered, its inventory or state changed) since
+        :attr:`changes` was ``mark``, newest first. What :meth:`touch` and :meth:`heard_all` change (when it was
+        heard from) is not a change here. Costs what changed, not the nodes."""
+        return self._feed.since(mark)
 
     def touch(self, rec: NodeRecord, now: float, allocated: tuple[str, ...] | None = None) -> None:
         """Soft state only: the node was heard from (not written to the store)."""

@@ -157,17 +157,27 @@ def test_inference_reports_count_requests_latency_and_slo_misses() -> None:
     assert "orchestrator_inference_requests_total" in got
 
 
-def test_heartbeat_ages_are_refreshed_at_most_once_a_second(ctl, agents, clock) -> None:
-    """Every node's age changes each time: the gauge is set once a second of head time, not each cycle."""
+def test_heartbeat_ages_are_computed_when_scraped_from_the_heads_clock(ctl, agents, clock) -> None:
+    """Every node's age changes all the time: it is read at the scrape, not kept up by the cycles. A node that
+    leaves (lost) has no age series."""
     m = HeadMetrics()
+    assert not [k for k in samples(m) if k[0] == "orchestrator_agent_heartbeat_age_seconds"]  # no registry yet
     m.update(ctl)
     first = value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0")
     clock.advance(0.6)
-    m.update(ctl)
-    assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0") == first
-    clock.advance(0.4)
-    m.update(ctl)
-    assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0") == pytest.approx(first + 1.0)
+    assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0") == pytest.approx(first + 0.6)
+    agents["h100-0"].beat()
+    assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="h100-0") == pytest.approx(0.0)
+    assert value(m, "orchestrator_agent_heartbeat_age_seconds", node="a100-0") == pytest.approx(first + 0.6)
+    for _ in range(3):  # a100-0 falls silent past its TTL (5 s) and is lost; the others beat
+        clock.advance(2.0)
+        for name, a in agents.items():
+            if name != "a100-0":
+                a.beat()
+        ctl.reconcile()
+    assert ctl.nodes.get("a100-0").state.value != "registered"
+    nodes = {dict(k[1])["node"] for k in samples(m) if k[0] == "orchestrator_agent_heartbeat_age_seconds"}
+    assert nodes == set(agents) - {"a100-0"}
 
 
 def test_gpu_gauges_refresh_at_most_every_gauges_every_s_and_the_lease_counts_every_update(ctl, agents, clock) -> None:
@@ -186,3 +196,65 @@ def test_gpu_gauges_refresh_at_most_every_gauges_every_s_and_the_lease_counts_ev
     m.update(ctl, ctl.reconcile())
     assert value(m, "orchestrator_gpus_allocated") == 3
     assert value(m, "orchestrator_gpu_compute_committed", node=b["node"], gpu=str(b["gpu_indices"][0])) == 1
+
+
+_NODE_SERIES = ("orchestrator_gpu_compute_capacity", "orchestrator_gpu_compute_committed",
+                "orchestrator_gpu_memory_capacity_bytes", "orchestrator_gpu_memory_committed_bytes",
+                "orchestrator_gpu_utilization_ratio", "orchestrator_lease_gpu_utilization_ratio")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_gpu_gauges_kept_from_change_feeds_equal_gauges_built_afresh(ctl, agents, clock, seed) -> None:
+    """The per-GPU and per-lease series, refreshed only for the nodes the ledger's and the registry's change feeds
+    name (and the measured ones), equal those a new :class:`HeadMetrics` builds from every node, after each step
+    of a random walk: leases requested, granted, activated and released; agents measuring and not; a node lost
+    (silent past its TTL, its leases lost) and registered again as a new incarnation."""
+    import random
+
+    rng = random.Random(seed)
+    kept = HeadMetrics()
+    live: list[str] = []
+    silent: set[str] = set()
+    measuring: dict[str, list[str]] = {}  # node -> the GPUs its agent reports a measured utilisation for
+    seen: dict[str, set[str]] = {"lost": set(), "measured": set(), "holding": set()}
+    gpus = ["1", "2", "timeslice:0.5", "mps:30%", "mig:1g.10gb", "mig:3g.40gb"]
+    for step in range(80):
+        for k in range(rng.randint(1, 4)):  # several changes a step: a cycle sees more than one node change
+            op = rng.random()
+            if op < 0.35:
+                lid = f"l{step}-{k}"
+                ctl.request_lease({"lease_id": lid, "request": rng.choice(gpus), "owner": "t", "priority_class": "batch"})
+                live.append(lid)
+            elif op < 0.55 and live:
+                e = ctl.ledger.get(rng.choice(live))
+                if e.lease.state.value == "granted":
+                    ctl.activate(e.lease_id, e.lease.fencing_token, f"holder-{e.lease_id}")
+            elif op < 0.75 and live:
+                e = ctl.ledger.get(live.pop(rng.randrange(len(live))))
+                if not e.lease.terminal:
+                    ctl.release(e.lease_id, e.lease.fencing_token if e.lease.state.value != "pending" else None)
+            elif op < 0.85:  # an agent starts measuring two of its GPUs (NVML), or stops
+                name = rng.choice(sorted(agents))
+                if measuring.pop(name, None) is None:
+                    measuring[name] = rng.sample([str(g.index) for g in agents[name].inventory.gpus], 2)
+            elif op < 0.92 and not silent:
+                silent.add(rng.choice(sorted(agents)))  # stops beating: lost once its TTL passes
+            elif silent and ctl.nodes.get(next(iter(silent))).state.value != "registered":
+                name = silent.pop()  # lost, and now back as a new incarnation
+                agents[name].core.incarnation = agents[name].incarnation = f"inc-{step}"
+                agents[name].register()
+        clock.advance(rng.choice([0.2, 1.0, 2.0]))  # under agent_ttl_s / 2: a longer gap is the head's own stall
+        for name, a in agents.items():
+            if name not in silent:
+                a.beat(utilization={g: round(rng.random(), 2) for g in measuring.get(name, ())} or None)
+        kept.update(ctl, ctl.reconcile(), measured=ctl.measured)
+        seen["lost"] |= {r.name for r in ctl.nodes.records.values() if r.state.value != "registered"}
+        seen["measured"] |= set(ctl.measured)
+        seen["holding"] |= {e.lease_id for e in ctl.ledger.holding()}
+        fresh = HeadMetrics()
+        fresh.update(ctl, measured=ctl.measured)
+        got, want = samples(kept), samples(fresh)
+        for name in _NODE_SERIES:
+            assert {k: v for k, v in got.items() if k[0] == name} == {k: v for k, v in want.items() if k[0] == name}, \
+                (step, name)
+    assert seen["lost"] and seen["measured"] and len(seen["holding"]) >= 5, seen  # the walk went where it should
