@@ -57,7 +57,7 @@ from orchestrator.control.store import StateStore
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.config import RuntimeSettings
-from orchestrator.core.errors import CapacityError, InvalidRequestError, StaleFencingTokenError
+from orchestrator.core.errors import InvalidRequestError, StaleFencingTokenError
 from orchestrator.core.inventory import NodeInventory
 from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
@@ -425,24 +425,12 @@ class HeadController:
         pending = self.ledger.in_state(LeaseState.PENDING)
         if not pending:
             return
-        snap = self._snapshot
         started = time.perf_counter()
-        plan = self._plan(snap, pending, now)
+        plan = self._plan(pending, now)
         report.plan_seconds = time.perf_counter() - started
         grants: list[LedgerEntry] = []
-        stale_gangs = _stale_gangs(snap, plan, self.ledger)  # a gang is granted whole or not at all
-        # Every grant taken, in plan order, on the snapshot it was planned on: the plan's own end state,
-        # not each allocation applied a second time.
-        whole = plan.after is not None and not stale_gangs
-        for g in plan.grants:
+        for g in plan.grants:  # all fit: the plan was made on the snapshot and took each in turn (Plan.after)
             e = self.ledger.get(g.item_id)
-            if e.spec.gang is not None and e.spec.gang.gang_id in stale_gangs:
-                continue
-            if not whole:
-                try:
-                    snap = snap.apply(g.placement.allocation)
-                except CapacityError:
-                    continue  # a stale plan; the next cycle plans again
             self.ledger.fencing += 1
             lease = e.lease.grant(g.placement.allocation, self.ledger.fencing, now=now, reason=str(g.reason))
             rec = self.nodes.records[g.placement.allocation.node_name]
@@ -450,16 +438,15 @@ class HeadController:
         if grants:
             self.ledger.put_meta()  # the counter first: a restore never reissues a token
             self.ledger.commit(grants)
-            self._snap = plan.after if whole else snap
+            self._snap = plan.after
             report.granted.extend(g.lease_id for g in grants)
         for w in plan.waiting:
             self.ledger.soft(self.ledger.get(w.item_id), why_pending=str(w.reason), waiting=w)
         if plan.preemptions:
             self._start_preemptions(plan, now, report)
 
-    def _plan(self, snap: ClusterSnapshot, pending: Sequence[LedgerEntry], now: float) -> Plan:
-        """The one call site of the scheduler (``orchestrator.scheduling.cycle.schedule``): ``pending`` planned on
-        ``snap``."""
+    def _plan(self, pending: Sequence[LedgerEntry], now: float) -> Plan:
+        """The one call site of the scheduler (``orchestrator.scheduling.cycle.schedule``)."""
         checkpointing = self.ledger.in_state(LeaseState.CHECKPOINTING)
         nominated = self.ledger.nominated()
         items = [PendingItem(e.lease_id, e.spec.request, e.lease.priority, e.lease.priority_class, e.enqueued_at,
@@ -467,7 +454,7 @@ class HeadController:
                  for e in pending]
         in_flight = frozenset(e.lease_id for e in checkpointing)
         window = self.window() if self.sched_config.windows else None
-        return schedule(snap, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
+        return schedule(self._snapshot, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
                         now, self.policy, in_flight=in_flight, window=window, usage=self.ledger.queue_usage())
 
     # ---- time windows ----------------------------------------------------------------------------
@@ -717,19 +704,3 @@ class HeadController:
             self.ledger.commit([revocation.confirmed(e) if e.revoking else
                                 self._end(e, LeaseState.LOST, "its devices are no longer in the node's inventory")
                                 for _, e in sorted(misfits, key=lambda m: m[0])])
-
-
-def _stale_gangs(snap: ClusterSnapshot, plan: Plan, ledger: Ledger) -> set[str]:
-    """Gangs of the plan some worker of which no longer fits ``snap`` (a stale plan): none of their
-    workers is granted this cycle, so no gang is ever granted in part."""
-    stale: set[str] = set()
-    gangs = [ledger.get(g.item_id).spec.gang for g in plan.grants]
-    if not any(gangs):
-        return stale  # only a gang can be granted in part: without one no grant needs applying here
-    for g, spec in zip(plan.grants, gangs):  # in plan order, as the grant loop applies them
-        try:
-            snap = snap.apply(g.placement.allocation)
-        except CapacityError:
-            if spec is not None:
-                stale.add(spec.gang_id)
-    return stale

@@ -67,6 +67,7 @@ is the same data as JSON for the head's API.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -74,6 +75,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import start_http_server
 
 from orchestrator.control.controller import HeadController, ReconcileReport
+from orchestrator.control.ledger import Ledger
 from orchestrator.control.nodes import NodeRegistry, NodeState
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.lease import LEASE_TRANSITIONS, LeaseState
@@ -108,6 +110,18 @@ class SeriesTable:
             family.add_metric(labels, v)
         return [family]
 
+
+
+@dataclass(frozen=True, slots=True)
+class _CapacityMark:
+    """Where :meth:`HeadMetrics._capacity` last looked: the ledger and registry it read (another one, after a
+    restore, is read whole), their change counts then, and the nodes measured then."""
+
+    ledger: Ledger
+    registry: NodeRegistry
+    ledger_changes: int
+    registry_changes: int
+    measured: frozenset[str]
 
 
 class HeartbeatAges:
@@ -225,8 +239,7 @@ class HeadMetrics:
         self._node_series: dict[str, tuple[Any, dict[SeriesTable, dict[tuple[str, ...], float]]]] = {}  # node -> (key, series)
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}  # (gauge, labels) -> its child, to set it cheaply
         self._gpu_caps: dict[str, tuple[Any, dict[tuple[str, str], float]]] = {}  # node -> (inventory, memory)
-        # what _capacity last looked at: (ledger, registry, their change counts, the nodes measured)
-        self._capacity_mark: tuple[Any, Any, int, int, frozenset[str]] | None = None
+        self._capacity_mark: _CapacityMark | None = None  # where _capacity last looked
 
     # ---- from the controller, once per cycle ----------------------------------------------------------
     def update(self, ctl: HeadController, report: ReconcileReport | None = None,
@@ -322,13 +335,14 @@ class HeadMetrics:
         costs what changed, not the nodes (at 5,000 nodes the walk over every node had been half a cycle); the
         first one, or one over another ledger or registry (a restore), looks at every node."""
         ledger, registry = ctl.ledger, ctl.nodes
-        mark = self._capacity_mark
-        looked = (ledger, registry, ledger.node_changes, registry.changes, frozenset(measured))
-        if mark is None or mark[0] is not ledger or mark[1] is not registry:
+        last = self._capacity_mark
+        now = _CapacityMark(ledger, registry, ledger.node_changes, registry.changes, frozenset(measured))
+        if last is None or last.ledger is not ledger or last.registry is not registry:
             nodes = {r.name for r in registry.registered()} | ledger.nodes_occupied() | set(self._node_series)
         else:
-            nodes = {*ledger.nodes_changed_since(mark[2]), *registry.changed_since(mark[3]), *mark[4], *looked[4]}
-        self._capacity_mark = looked
+            nodes = {*ledger.nodes_changed_since(last.ledger_changes), *registry.changed_since(last.registry_changes),
+                     *last.measured, *now.measured}
+        self._capacity_mark = now
         for node in nodes:
             rec = registry.get(node)
             inv = rec.inventory if rec is not None and rec.state is NodeState.REGISTERED else None

@@ -204,7 +204,7 @@ class HeadService:
         """Whether the head's loop has work now rather than at its next tick: something to hand Ray's job API, or a
         queue that may have become schedulable (:meth:`HeadController.may_schedule`). An answer from the job API
         that changed nothing else (a job now running) leaves the loop asleep."""
-        return self.jobs.launch_due() or self.ctl.may_schedule()
+        return self.launch_due() or self.ctl.may_schedule()
 
     def take_chores(self) -> list[Chore]:
         """The Ray jobs to stop or delete now (:meth:`JobManager.take_chores`); call once the store holds what was

@@ -15,7 +15,7 @@ Invariants (``tests/unit/test_changefeed.py``):
 
 from __future__ import annotations
 
-from typing import Generic, Hashable, Iterator, TypeVar
+from typing import Generic, Hashable, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -41,10 +41,9 @@ class ChangeFeed(Generic[K]):
 
     def since(self, mark: int) -> list[K]:
         """The keys changed after ``count`` was ``mark``, newest change first."""
-        return list(self._newest_above(mark))
-
-    def _newest_above(self, mark: int) -> Iterator[K]:
+        out = []
         for key, at in reversed(self._at.items()):
             if at <= mark:
-                return
-            yield key
+                break
+            out.append(key)
+        return out

@@ -131,13 +131,14 @@ class Waiting:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What one cycle decided. ``after``: the snapshot the plan was made on with every grant applied, in
-    plan order (the cycle's working snapshot at its end; None for a plan built by hand), so that a caller
-    granting all of them need not apply them again."""
+    plan order (the cycle's working snapshot at its end). Every grant fits the snapshot as the grants before
+    it left it (the cycle took each in turn; a gang's workers all or none), so the caller granting them takes
+    ``after`` as the cluster's snapshot instead of applying them again."""
 
     grants: tuple[Grant, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     waiting: tuple[Waiting, ...] = field(default=())
-    after: ClusterSnapshot | None = field(default=None, compare=False, repr=False)
+    after: ClusterSnapshot = field(kw_only=True, compare=False, repr=False)
 
     def waiting_for(self, item_id: str) -> Waiting | None:
         return next((w for w in self.waiting if w.item_id == item_id), None)
@@ -255,7 +256,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             assert isinstance(plan, NoPreemption)
             waiting.append(Waiting(item.item_id, pos, eff, Reason(Cause.WAIT_NO_FIT, res.message), res,
                                    preemption_blocked=plan.reason))
-    return Plan(tuple(grants), tuple(preemptions), tuple(waiting), work)
+    return Plan(tuple(grants), tuple(preemptions), tuple(waiting), after=work)
 
 
 _UNASKED: Any = object()

@@ -8,12 +8,11 @@ import pytest
 
 from orchestrator.core.errors import IllegalTransitionError, InvalidRequestError, StaleFencingTokenError, UnknownObjectError
 from orchestrator.core.config import RuntimeSettings
-from orchestrator.core.lease import LeaseState, key_digest
-from orchestrator.control.controller import HOLDER_CHECK_EVERY_S, HeadController, _stale_gangs
+from orchestrator.core.lease import key_digest
+from orchestrator.control.controller import HOLDER_CHECK_EVERY_S, HeadController
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES
 from orchestrator.control.store import MemoryStore
-from orchestrator.scheduling.cycle import Plan
 
 from .conftest import SimAgent, FakeClock
 
@@ -131,22 +130,20 @@ def test_a_cycle_readies_the_next_lone_grant_of_a_request_alike(ctl: HeadControl
     assert _granted(ctl, "second")["allocation"] != _granted(ctl, "first")["allocation"]
 
 
-def test_a_stale_plan_grants_no_worker_of_a_gang_whose_worker_no_longer_fits(ctl: HeadController,
-                                                                               agents: dict[str, SimAgent]) -> None:
-    """The grant loop's guard (``_stale_gangs``): on a snapshot that changed after the plan, a gang one of whose
-    workers no longer fits is named, so none of its workers is granted; a plan without a gang names none."""
+def test_a_cycles_grants_leave_the_snapshot_the_plan_ended_on(ctl: HeadController,
+                                                             agents: dict[str, SimAgent]) -> None:
+    """The grant loop takes the plan's end state (``Plan.after``) as the cluster's snapshot: a gang's workers
+    and a lone request, all granted, and the snapshot is the one before with their allocations applied."""
+    before = ctl.snapshot()
     for i in range(2):
         ctl.request_lease(_req(f"g-w{i}", "2", gang={"gang_id": "g", "index": i, "size": 2}))
-    plan = ctl._plan(ctl.snapshot(), ctl.ledger.in_state(LeaseState.PENDING), ctl.clock())
-    assert sorted(g.item_id for g in plan.grants) == ["g-w0", "g-w1"]
-    changed = ctl.snapshot().apply(plan.grants[1].placement.allocation)  # worker 1's cards, taken meanwhile
-    assert _stale_gangs(changed, plan, ctl.ledger) == {"g"}
-    assert _stale_gangs(ctl.snapshot(), plan, ctl.ledger) == set(), "the plan's own snapshot: nothing stale"
     ctl.request_lease(_req("solo", "2"))
-    solo = Plan(grants=tuple(g for g in ctl._plan(ctl.snapshot(), ctl.ledger.in_state(LeaseState.PENDING), ctl.clock()).grants
-                             if g.item_id == "solo"))
-    assert len(solo.grants) == 1 and _stale_gangs(changed.apply(solo.grants[0].placement.allocation), solo,
-                                                  ctl.ledger) == set()
+    report = ctl.reconcile()
+    assert sorted(report.granted) == ["g-w0", "g-w1", "solo"]
+    expected = before
+    for lid in report.granted:
+        expected = expected.apply(ctl.ledger.get(lid).lease.allocation)
+    assert ctl.snapshot().same_state(expected)
 
 
 def test_every_kind_of_share_gets_its_env(ctl: HeadController, agents: dict[str, SimAgent]) -> None:

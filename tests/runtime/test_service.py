@@ -149,9 +149,9 @@ def test_calls_begun_together_are_planned_once_in_priority_order_and_each_answer
     plans: list[int] = []
     real_plan = HeadController._plan
 
-    def counted(self: HeadController, snap: Any, pending: Any, now: float) -> Any:
+    def counted(self: HeadController, pending: Any, now: float) -> Any:
         plans.append(len(pending))
-        return real_plan(self, snap, pending, now)
+        return real_plan(self, pending, now)
 
     monkeypatch.setattr(HeadController, "_plan", counted)
     both = {"kind": "whole", "count": 2, "models": ["H100-80GB"]}  # all of h100-0: one of them fits
