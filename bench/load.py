@@ -33,8 +33,12 @@ launcher's watchdog, when this process is SIGKILLed).
   Ray, the head's mailbox, the checks), then the head's queue and plan; over the jobs that have both.
 * ``submit_reply_p50_ms`` (``_p99_ms``, ``_max_ms``): the client's whole ``submit_job`` call (the grant,
   the group commit that makes it durable, the reply), what a caller waits for; a stall shows in the max.
-* ``calls_per_batch``: submissions per Ray call to the head. A client's threads' calls made while one
-  of theirs is on its way go together in its next call (:mod:`orchestrator.rayport.coalesce`).
+* ``transport``: how the clients' quick calls reached the head: ``direct`` (its direct channel,
+  :mod:`orchestrator.rayport.direct`: each call at once, the head batching what arrives together) or
+  ``actor`` (``--actor-calls``, or a head without the channel: Ray actor calls). ``calls_per_batch``: with
+  ``actor``, submissions per Ray call to the head (a client's threads' calls made while one of theirs is on
+  its way go together in its next call, :mod:`orchestrator.rayport.coalesce`); with ``direct``, calls per
+  batch the head made of them (``orchestrator_direct_frames_total`` / ``..._batches_total``, over the run).
 * ``bare_actor_call_p50_ms``: a no-op method of a no-op actor, called 200 times in a row from this
   process while the cluster is idle, in the same run. ``head_ping_p50_ms``: the head's own ``ping``,
   called the same way (the head is an asyncio actor: a call to it costs more than one to a plain actor).
@@ -59,6 +63,7 @@ Prints one JSON object (``--json``; else a summary): ``jobs``, ``lost``, ``dupli
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import multiprocessing as mp
 import secrets
@@ -68,6 +73,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
+from orchestrator.core.env import DIRECT_CALLS
 from orchestrator.core.jsonout import stdout_to_stderr
 from orchestrator.core.stats import rounded_quantile
 
@@ -174,6 +180,7 @@ def client(address: str, tag: str, index: int, jobs: int, leases: int, threads: 
         list(pool.map(poke, range(jobs)))
         out["noop_wall_s"] = time.time() - pokes_begin
     out["batches"] = head.batched.sends  # the Ray calls that carried this client's submissions
+    out["direct"] = head.direct and head.batched.sends == 0  # every call went over the direct channel
     ray_api.disconnect()
     return out
 
@@ -214,6 +221,8 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     bare = bare_call_ms(lambda: ray_api.get(noop.ping.remote(), timeout=60))
     head = HeadClient(NAMESPACE)
     head_ping = bare_call_ms(head.ping)
+    metrics_url = head.status()["endpoints"]["metrics_url"]
+    before = direct_counts(metrics_url)
     tag = f"load-{secrets.token_hex(3)}"  # this run's ids: a cluster may hold an earlier run's jobs and leases
     ctx = mp.get_context("spawn")  # Ray drivers do not survive fork
     with ctx.Manager() as manager, ctx.Pool(clients) as pool:
@@ -241,7 +250,13 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     out["submit_reply_p99_ms"] = rounded_quantile(replies, 0.99)
     out["submit_reply_max_ms"] = _r(max(replies, default=None))
     batches = sum(r["batches"] for r in results)
-    out["calls_per_batch"] = round(len(replies) / batches, 2) if batches else None
+    direct = all(r["direct"] for r in results)
+    out["transport"] = "direct" if direct else "actor"
+    if direct and before is not None and (after := direct_counts(metrics_url)) is not None:
+        frames, made = after[0] - before[0], after[1] - before[1]
+        out["calls_per_batch"] = round(frames / made, 2) if made else None
+    else:
+        out["calls_per_batch"] = round(len(replies) / batches, 2) if batches else None
     out["bare_actor_call_p50_ms"] = rounded_quantile(bare, 0.5) or 0.0
     out["bare_actor_call_p99_ms"] = rounded_quantile(bare, 0.99) or 0.0
     out["head_ping_p50_ms"] = rounded_quantile(head_ping, 0.5)
@@ -255,6 +270,26 @@ def run(address: str, jobs: int, leases: int, clients: int, threads: int, share:
     out["errors"] = errors[:10]
     ray_api.disconnect()
     return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def direct_counts(url: str | None) -> tuple[float, float] | None:
+    """The head's ``orchestrator_direct_frames_total`` and ``orchestrator_direct_batches_total``, read over HTTP
+    (``None`` without a metrics endpoint)."""
+    if not url:
+        return None
+    import urllib.request
+
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("orchestrator_direct")}
+    return value.get("orchestrator_direct_frames_total", 0.0), value.get("orchestrator_direct_batches_total", 0.0)
 
 
 def account_jobs(submitted: list[tuple[str, float]], seen: list[dict[str, Any]], asked: int) -> dict[str, Any]:
@@ -317,14 +352,21 @@ def main(argv: list[str] | None = None) -> int:
                         "default: as fast as their threads can")
     p.add_argument("--share", type=float, default=None,
                    help="time-slice fraction each job and lease asks for (default: see share_for)")
+    p.add_argument("--actor-calls", action="store_true",
+                   help="clients call the head's actor only, not its direct channel (the path before it)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    if a.actor_calls:
+        os.environ[DIRECT_CALLS] = "0"  # the clients are spawned with this environment
     if a.rate is not None and a.rate <= 0:
         p.error(f"--rate must be above 0 (jobs a second), not {a.rate:g}")
     from orchestrator.deploy.local import scratch_cluster
 
     say = lambda m: print(f"[load] {m}", file=sys.stderr)  # noqa: E731
     cfg = config()
+    # The head's /metrics on a free loopback port: the direct channel's batches are counted there.
+    cfg = cfg.model_copy(update={"settings": cfg.settings.model_copy(
+        update={"metrics_port": free_port(), "metrics_host": "127.0.0.1"})})
     share = a.share if a.share is not None else share_for(cfg, max(a.jobs, a.leases))
     with stdout_to_stderr(), scratch_cluster(cfg, "rgo-load-", progress=say) as state:  # stdout: the figures'
         out = run(state.address, a.jobs, a.leases, a.clients, a.threads, share, a.rate)

@@ -200,6 +200,12 @@ class HeadMetrics:
                                                         0.5, 1, 2.5))
         self.cycles = Counter("orchestrator_reconcile_cycles", "Reconcile cycles the head ran (on its timer, or woken "
                               "by a call or an answer that left it work)", registry=r)
+        self.direct_frames = Counter("orchestrator_direct_frames", "Client frames (a call, or a client's batch of "
+                                     "calls) carried out over the head's direct channel", registry=r)
+        self.direct_batches = Counter("orchestrator_direct_batches", "Batches the head made of those frames (the "
+                                      "frames that reached it in one turn of its loop)", registry=r)
+        self.direct_connections = Gauge("orchestrator_direct_connections", "Clients connected to the head's direct "
+                                        "channel now", registry=r)
         self.commits = Counter("orchestrator_state_commits", "Batches of hard state written to the GCS (group commit)",
                                registry=r)
         self.commit_records = Counter("orchestrator_state_commit_records", "Records in the batches written", registry=r)

@@ -78,6 +78,10 @@ class RuntimeSettings(_Frozen):
         ge=0.0001, le=0.1, description="Python's thread switch interval in the head actor's process "
         "(sys.setswitchinterval): how long Ray's own threads, which hand calls in and replies out, may wait "
         "for the interpreter while the head's loop is busy (Python's default is 0.005)")] = 0.0005
+    direct_calls: bool = Field(
+        default=True, description="The head serves its quick calls (the grant path) on a TCP connection of its own "
+        "beside Ray's actor calls, at its node's address with a per-incarnation token given out through Ray "
+        "(docs/load.md); clients that cannot reach it call the actor. false: actor calls only")
     metrics_gauges_every_s: Annotated[float, Field(
         ge=0, le=60, description="The head's GPU gauges (allocated, per GPU, per lease) are refreshed at most this "
         "often; counters and lease counts every cycle (0: every cycle)")] = 0.25

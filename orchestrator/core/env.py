@@ -21,6 +21,9 @@ from __future__ import annotations
 
 # ---- the lease's devices ------------------------------------------------------------------------
 LEASE_ID = "ORCHESTRATOR_LEASE_ID"
+#: "0": a client calls the head's actor only, never its direct channel (rayport/direct.py); any other value, or
+#: unset, uses the channel where the head has one this process can reach.
+DIRECT_CALLS = "ORCHESTRATOR_DIRECT_CALLS"
 FENCING_TOKEN = "ORCHESTRATOR_FENCING_TOKEN"
 SHARE_KIND = "ORCHESTRATOR_SHARE_KIND"
 NODE = "ORCHESTRATOR_NODE"

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import os
+import threading
+import time
 from typing import Any, Callable, Mapping
 
 import ray
 from pydantic import BaseModel
 
+from orchestrator.core import env
 from orchestrator.core.api import BATCHED, HEAD_METHODS, HeadApi
 from orchestrator.core.errors import NotConnectedError
 from orchestrator.rayport.coalesce import Coalescer, SendInterrupted
+from orchestrator.rayport.direct import ChannelBroken, DirectConnection, Endpoint
 from orchestrator.rayport.ray_api import get_head
 from orchestrator.rayport.wire import unwrap
 
@@ -24,6 +30,10 @@ from orchestrator.rayport.wire import unwrap
 CALL_TIMEOUT_S = 60.0
 #: Methods that wait on the head for up to their ``timeout`` argument: the call may take that much longer.
 WAITING = frozenset({"wait_lease", "acquire_lease"})
+#: Seconds to open the head's direct channel before calling the actor instead (in a cluster it takes under 1 ms).
+DIRECT_CONNECT_S = 0.5
+
+log = logging.getLogger(__name__)
 
 
 class HeadClient(HeadApi):
@@ -31,18 +41,32 @@ class HeadClient(HeadApi):
 
     Calls of :data:`~orchestrator.core.api.BATCHED` methods that several threads make at once share one Ray call
     (``HeadActor.call_many``; :mod:`.coalesce`): each still gets its own answer or typed error, and a lone call goes
-    at once. It subclasses the protocol so type checkers see every method; each is replaced below by a real call."""
+    at once. When the head has a direct channel this process can reach (:mod:`.direct`), those calls go over it
+    instead, each at once (the head batches what arrives together); like Ray's retries of a call to a restarting
+    head (``max_task_retries=-1``), a call whose connection broke is sent again to the head's next incarnation
+    (every batched method is idempotent: :class:`~orchestrator.control.service.HeadService`).
+    It subclasses the protocol so type checkers see every method; each is replaced below by a real call."""
 
-    def __init__(self, namespace: str = "rgo", name: str = "rgo-head", handle: Any = None) -> None:
+    def __init__(self, namespace: str = "rgo", name: str = "rgo-head", handle: Any = None,
+                 direct: bool | None = None) -> None:
         self.handle = handle if handle is not None else get_head(namespace, name)
         self.batched = Coalescer(self._send_batch)
         self.gone = False  # a call found the actor dead: a new client must look the head up again
+        self._direct: DirectConnection | None = None
+        self._opening = threading.Lock()
+        if direct is None:
+            direct = os.environ.get(env.DIRECT_CALLS, "1") != "0"
+        self.direct = direct  # False once the head has no channel this process can reach: actor calls only
 
     def call(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
         """``method`` on the head; its answer, or its typed error raised again. A batched method goes with the calls
         made meanwhile and waits for its batch, which waits :data:`CALL_TIMEOUT_S` once sent (none of them waits
         on the head: ``timeout`` is for the others)."""
         if method in BATCHED:
+            if self.direct:
+                reply = self._call_direct(method, [method, list(args), kwargs])
+                if reply is not None:
+                    return unwrap(reply)
             try:
                 return unwrap(self.batched.call([method, list(args), kwargs]))
             except SendInterrupted as e:
@@ -53,6 +77,61 @@ class HeadClient(HeadApi):
         """One ``call_many`` carrying ``calls``: their envelopes, in order."""
         return unwrap(self._get(", ".join(sorted({c[0] for c in calls})), self.handle.call_many.remote(calls),
                                 CALL_TIMEOUT_S))
+
+    def _call_direct(self, method: str, call: list[Any]) -> dict[str, Any] | None:
+        """``call`` over the direct channel, at once: its envelope, or ``None`` when this client has no channel (then
+        the caller batches it for the actor). A broken connection is opened again, at the address the head gives
+        now, and the call sent again, until :data:`CALL_TIMEOUT_S` has passed."""
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while True:
+            conn = self._connection(method, deadline)
+            if conn is None:
+                return None
+            try:
+                return unwrap(conn.call([call], max(0.001, deadline - time.monotonic())))[0]  # type: ignore[no-any-return]
+            except TypeError:  # arguments JSON cannot carry (Ray's pickling can): the actor answers them, typed
+                return None
+            except TimeoutError:
+                raise NotConnectedError(f"orchestrator head did not answer {method}: no answer in "
+                                        f"{CALL_TIMEOUT_S:.0f}s") from None
+            except ChannelBroken as e:
+                if time.monotonic() >= deadline:
+                    raise NotConnectedError(f"orchestrator head did not answer {method}: {e}") from None
+
+    def _connection(self, what: str, deadline: float) -> DirectConnection | None:
+        """The open connection to the head's direct channel; if it broke, a new one (one thread opens it, the
+        others wait for it); ``None`` once the head has none this process can reach."""
+        with self._opening:
+            if self._direct is not None and self._direct.broken is None:
+                return self._direct
+            if not self.direct:
+                return None
+            self._direct = self._open_direct(what, deadline)
+            return self._direct
+
+    def _open_direct(self, what: str, deadline: float) -> DirectConnection | None:
+        """Ask the head (through Ray, which waits for a restarting head) where its channel is, and connect.
+        ``None``, and actor calls from now on, if it has none or it cannot be reached from here (a Ray Client
+        driver, ``ray://``, is outside the cluster's network: it does not try)."""
+        if ray.util.client.ray.is_connected():
+            self.direct = False
+            return None
+        try:
+            got = unwrap(self._get(what, self.handle.direct_endpoint.remote(),
+                                   max(0.001, deadline - time.monotonic())))
+        except AttributeError:  # a head from before the channel
+            got = None
+        if got is None:
+            self.direct = False
+            return None
+        endpoint = Endpoint.from_json(got)
+        try:
+            return DirectConnection(endpoint, DIRECT_CONNECT_S)
+        except (OSError, TimeoutError) as e:
+            log.warning("the orchestrator head's direct channel at %s:%s cannot be reached (%s); calling its actor",
+                        endpoint.host, endpoint.port, e)
+            self.direct = False
+            return None
 
     def _get(self, what: str, ref: Any, timeout: float | None) -> Any:
         try:

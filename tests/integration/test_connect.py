@@ -164,8 +164,17 @@ def scenario(ray_cluster: Any, clean_env: dict[str, str], tmp_path: Path) -> Ite
         assert run("explain", "explain", job_id, "--json").returncode == 0
         wrong = dict(env, RAY_AUTH_TOKEN=WRONG_TOKEN)
         assert run("wrong token", "status", "--json", environ=wrong).returncode == 3
+        # The head's direct channel has a secret of its own (rayport/direct.py): read through Ray by a process of
+        # ours into a file outside everything searched, to be searched for as well.
+        channel = tmp_path / "channel_token"
+        got = subprocess.run([sys.executable, "-c", (
+            "import sys, ray; from orchestrator.sdk.connect import connect_head; "
+            f"h = connect_head(state_dir={str(state)!r}); "
+            "open(sys.argv[1], 'w').write(ray.get(h.handle.direct_endpoint.remote())['ok']['token'])"),
+            str(channel)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert got.returncode == 0, got.stderr[-2000:]
         state_files = {p.relative_to(state): p.read_bytes() for p in state.rglob("*") if p.is_file()}
-        yield {"token": token, "outputs": outputs, "state_files": state_files}
+        yield {"token": token, "outputs": outputs, "state_files": state_files, "channel": channel.read_text()}
     finally:
         run("down", "down")
 
@@ -174,7 +183,8 @@ def test_the_token_never_appears_in_output_logs_or_state(ray_cluster: Any, scena
     token, outputs = scenario["token"], scenario["outputs"]
     assert len(token) >= 32 and scenario["state_files"], "the scenario did not run"
     assert "refused our auth token" in outputs["wrong token stderr"]
-    needles = [token.encode(), WRONG_TOKEN.encode()]
+    assert len(scenario["channel"]) >= 32
+    needles = [token.encode(), WRONG_TOKEN.encode(), scenario["channel"].encode()]
     leaks = [f"{name} holds needle #{i}" for name, text in outputs.items()
              for i, n in enumerate(needles) if n.decode() in text]
     leaks += [f"state folder file {name} holds needle #{i}" for name, data in scenario["state_files"].items()

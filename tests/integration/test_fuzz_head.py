@@ -168,3 +168,70 @@ def test_malformed_batches_get_typed_answers_each_call_its_own(head: Any) -> Non
     assert ok == _call(head, "get_lease", "keep-batch", KEY)
     assert refused["error"]["type"] == "InvalidRequestError" and refused["error"]["fields"]["field"] == "token"
     assert unknown == _call(head, "get_job", "no-such-job") and unknown["error"]["type"] == "UnknownObjectError"
+
+
+def _endpoint(head: Any) -> Any:
+    from orchestrator.rayport.direct import Endpoint
+
+    return Endpoint.from_json(_ok(_call(head, "direct_endpoint")))
+
+
+def test_the_direct_channel_answers_fuzzed_frames_as_call_many_does_and_refuses_junk(head: Any) -> None:
+    # The same batches over the head's direct channel (rayport/direct.py): each frame answered as call_many answers
+    # it, a malformed one refused alone; junk bytes and a wrong token close only their own connection; the head
+    # keeps its pid, its lease, and its channel.
+    import socket
+
+    from orchestrator.rayport.direct import ChannelBroken, DirectConnection, Endpoint, frame
+
+    _ok(_call(head, "request_lease", {"lease_id": "keep-direct", "request": "1", "requester_digest": key_digest(KEY)}))
+    granted = _ok(_call(head, "wait_lease", "keep-direct", 30.0, KEY))
+    before = _ok(_call(head, "ping"))
+    endpoint = _endpoint(head)
+    assert endpoint.host == "127.0.0.1"
+    conn = DirectConnection(endpoint, 5)
+    answered = 0
+
+    @settings(max_examples=EXAMPLES // 2, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(batches, st.binary(max_size=48))
+    def fuzz(batch: Any, junk: bytes) -> None:
+        nonlocal answered
+        try:
+            reply = conn.call(batch, 30)
+        except TypeError:  # not JSON (an integer past 64 bits): the client sends it to the actor instead
+            return
+        _checked("direct", [batch], {}, reply)
+        if "error" in reply:
+            assert reply["error"]["fields"]["field"].startswith("calls"), reply
+        else:
+            assert len(reply["ok"]) == len(batch)
+            answered += len(batch)
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=10) as peer:
+            peer.sendall(frame({"token": endpoint.token}) + junk)
+            peer.shutdown(socket.SHUT_WR)
+            while peer.recv(4096):  # the head answers or closes; it never leaves the peer hanging
+                pass
+
+    fuzz()
+    assert answered >= EXAMPLES // 10 and conn.broken is None
+    with pytest.raises(ChannelBroken, match="hello.token"):
+        DirectConnection(Endpoint(endpoint.host, endpoint.port, "wrong-" + "x" * 20), 5)
+    # Frames sent together from several threads: each answered with its own calls' answers, the malformed one alone.
+    from concurrent.futures import ThreadPoolExecutor
+
+    frames = [[["get_lease", ["keep-direct", KEY], {}]], [["wait_lease", ["keep-direct", 1.0], {}]],
+              [["get_job", ["no-such-job"], {}]]] * 4
+    with ThreadPoolExecutor(12) as pool:
+        replies = list(pool.map(lambda f: conn.call(f, 30), frames))
+    for f, reply in zip(frames, replies):
+        if f[0][0] == "wait_lease":
+            assert reply["error"]["fields"]["field"] == "calls[0].method", reply
+        else:
+            assert reply["ok"] == _ok(_call(head, "call_many", f)), reply
+    conn.close()
+    after = _ok(_call(head, "ping"))
+    assert (after["pid"], after["started_at"]) == (before["pid"], before["started_at"]), "the head restarted"
+    kept = _ok(_call(head, "get_lease", "keep-direct", KEY))
+    assert kept["state"] == "granted" and kept["fencing_token"] == granted["fencing_token"]
+    assert _endpoint(head) == endpoint

@@ -55,6 +55,7 @@ def test_fifty_jobs_and_twenty_leases_from_two_clients_none_lost_or_duplicated(a
     assert (out["lost"], out["duplicated"], out["admitted"]) == (0, 0, 50), out
     assert (out["leases"]["lost"], out["leases"]["duplicated"]) == (0, 0), out
     assert out["bare_actor_call_p50_ms"] > 0 and out["bare_actor_call_loaded_p50_ms"] > 0
+    assert out["transport"] == "direct" and out["calls_per_batch"] >= 1, out  # the head's direct channel
 
 
 def test_jobs_paced_at_a_rate_arrive_on_their_schedule_and_are_all_accounted_for(address: str) -> None:
@@ -108,10 +109,19 @@ def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:
     assert (got["call_to_queued_p50_ms"], got["queued_to_admitted_p50_ms"]) == (250.0, 750.0), got
 
 
-def test_submissions_from_many_threads_share_calls_and_each_gets_its_own_answer(address: str) -> None:
-    # One driver, 16 threads, 64 submissions (every fourth one malformed): fewer Ray calls than submissions
-    # (HeadClient coalesces them: orchestrator.rayport.coalesce), and each its own answer -- its own job, or the
-    # head's typed refusal naming its own field.
+def _direct_counted() -> tuple[float, float]:
+    """The frames the head's direct channel carried and the batches it made of them, read over HTTP."""
+    got = load.direct_counts(f"http://127.0.0.1:{METRICS_PORT}/metrics")
+    assert got is not None
+    return got
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["actor-calls", "direct-channel"])
+def test_submissions_from_many_threads_share_calls_and_each_gets_its_own_answer(address: str, direct: bool) -> None:
+    # One driver, 16 threads, 64 submissions (every fourth one malformed), each with its own answer -- its own job,
+    # or the head's typed refusal naming its own field. Through the actor: fewer Ray calls than submissions
+    # (HeadClient coalesces them: orchestrator.rayport.coalesce). Through the direct channel: each call goes at
+    # once, and the head makes fewer batches of them than there were calls (rayport/direct.py).
     from concurrent.futures import ThreadPoolExecutor
 
     from orchestrator.core.errors import InvalidRequestError
@@ -120,13 +130,14 @@ def test_submissions_from_many_threads_share_calls_and_each_gets_its_own_answer(
 
     ray_api.connect(address, load.NAMESPACE)
     try:
-        head = HeadClient(load.NAMESPACE)
+        head = HeadClient(load.NAMESPACE, direct=direct)
         head.ping()
+        frames, batches = _direct_counted()
 
         def submit(i: int) -> Any:
             gpu = {"kind": "timeslice", "fraction": 0.01} if i % 4 else {"kind": "timeslice", "fraction": 7}
             try:
-                return head.submit_job({"name": "many", "entrypoint": "true", "gpu": gpu}, f"many-{i}")
+                return head.submit_job({"name": "many", "entrypoint": "true", "gpu": gpu}, f"many-{direct}-{i}")
             except InvalidRequestError as e:
                 return e
 
@@ -134,11 +145,16 @@ def test_submissions_from_many_threads_share_calls_and_each_gets_its_own_answer(
             got = list(pool.map(submit, range(64)))
         for i, g in enumerate(got):
             if i % 4:
-                assert isinstance(g, dict) and g["job_id"] == f"many-{i}" and g["state"] != "queued", (i, g)
+                assert isinstance(g, dict) and g["job_id"] == f"many-{direct}-{i}" and g["state"] != "queued", (i, g)
             else:
                 assert isinstance(g, InvalidRequestError) and "fraction" in g.field, (i, g)
-        assert head.batched.sends < 64 and head.batched.largest > 1, (head.batched.sends, head.batched.largest)
-        assert head.get_job("many-5")["job_id"] == "many-5"  # a lone call afterwards: alone, answered
+        frames, batches = (after - before for after, before in zip(_direct_counted(), (frames, batches)))
+        if direct:
+            assert head.batched.sends == 0 and frames == 64 and batches < 64, (frames, batches)
+        else:
+            assert head.batched.sends < 64 and head.batched.largest > 1, (head.batched.sends, head.batched.largest)
+            assert frames == 0
+        assert head.get_job(f"many-{direct}-5")["job_id"] == f"many-{direct}-5"  # a lone call afterwards
         raw = head.handle
         import ray
 

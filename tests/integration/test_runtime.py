@@ -272,6 +272,8 @@ def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> Non
     stored = load_journal(SETTINGS.namespace).keys(f"{SETTINGS.namespace}/lease/")  # as a restarted head reads it
     assert f"{SETTINGS.namespace}/lease/restart-1" in stored  # hard state is in the GCS before we act on it
     first_start = ray.get(head.handle.ping.remote())["ok"]["started_at"]
+    channel = head._direct  # the activation went over the head's direct channel (rayport/direct.py)
+    assert channel is not None and channel.broken is None
     ray.kill(head.handle, no_restart=False)
     deadline = time.monotonic() + 60
     while True:
@@ -286,6 +288,9 @@ def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> Non
     assert pong["restored_leases"] >= 1
     d = head.get_lease("restart-1", KEY)
     assert (d["state"], d["fencing_token"], d["allocation"]) == ("active", le["fencing_token"], le["allocation"])
+    # The client found its connection broken and followed the head to its new incarnation's channel and token.
+    assert channel.broken is not None and head._direct is not None and head._direct.broken is None
+    assert head._direct.endpoint != channel.endpoint
     assert head.status()["head"]["fencing_counter"] == counter
     # The restored ledger still holds the demo's only 1g.20gb slot: a second request waits, with the reason.
     from orchestrator.core.errors import LeaseTimeoutError
