@@ -63,9 +63,9 @@ Prints one JSON object (``--json``; else a summary): ``jobs``, ``lost``, ``dupli
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import multiprocessing as mp
+import os
 import secrets
 import sys
 import time

@@ -21,9 +21,6 @@ from __future__ import annotations
 
 # ---- the lease's devices ------------------------------------------------------------------------
 LEASE_ID = "ORCHESTRATOR_LEASE_ID"
-#: "0": a client calls the head's actor only, never its direct channel (rayport/direct.py); any other value, or
-#: unset, uses the channel where the head has one this process can reach.
-DIRECT_CALLS = "ORCHESTRATOR_DIRECT_CALLS"
 FENCING_TOKEN = "ORCHESTRATOR_FENCING_TOKEN"
 SHARE_KIND = "ORCHESTRATOR_SHARE_KIND"
 NODE = "ORCHESTRATOR_NODE"
@@ -59,6 +56,9 @@ RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 STATE_DIR = "ORCHESTRATOR_STATE_DIR"
 #: Seconds finding the cluster may take before a command says why it cannot (``--connect-timeout``).
 CONNECT_TIMEOUT_S = "ORCHESTRATOR_CONNECT_TIMEOUT_S"
+#: "0": a client calls the head's actor only, never its direct channel (rayport/direct.py); any other value, or
+#: unset, uses the channel where the head has one this process can reach.
+DIRECT_CALLS = "ORCHESTRATOR_DIRECT_CALLS"
 METRICS_PORT = "ORCHESTRATOR_METRICS_PORT"
 METRICS_HOST = "ORCHESTRATOR_METRICS_HOST"
 DASHBOARD_PORT = "ORCHESTRATOR_DASHBOARD_PORT"
