@@ -93,7 +93,10 @@ def test_a_lone_callers_job_costs_the_head_one_gcs_write_and_one_cycle(address: 
     writes, cycles = (after - before for after, before in zip(_counted(), (writes, cycles)))
     print(f"{jobs} jobs: {writes} writes, {cycles} cycles, {ticks:.0f} ticks, {beats:.0f} heartbeats")
     assert jobs <= writes <= jobs * 1.2 + beats, (writes, beats)
-    assert jobs <= cycles <= jobs * 1.2 + ticks + beats, (cycles, ticks, beats)
+    # Cycles vary more than writes from run to run: 73-89 over sixteen runs here through the direct channel,
+    # 73-77 over six through the actor. The bound is 1.5 a job (it was 1.2, and one run from a fresh clone
+    # went past it), still well under the two a job this replaced (136 for 60 jobs).
+    assert jobs <= cycles <= jobs * 1.5 + ticks + beats, (cycles, ticks, beats)
 
 
 def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:
