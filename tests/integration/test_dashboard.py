@@ -49,7 +49,10 @@ INFERENCE = REPO / "jobs" / "inference.py"
 ARTIFACTS = Path(os.environ.get("RGO_ARTIFACTS", REPO / "out" / "test-artifacts"))
 NAMESPACE_LABEL = "rgo-dash"
 SETTINGS = RuntimeSettings(namespace="rgo-dash", head_name="rgo-head-dash", heartbeat_interval_s=0.5,
-                           agent_ttl_s=5.0, reconcile_interval_s=0.2, metrics_port=free_port())
+                           agent_ttl_s=5.0, reconcile_interval_s=0.2)
+#: The head's /metrics port, chosen when its fixture starts it: one chosen at collection, minutes earlier, was
+#: once taken by a Ray process of another module's cluster by then (the scrape read a gRPC server's bytes).
+METRICS: dict[str, int] = {}
 
 
 def until(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.25) -> Any:
@@ -83,7 +86,9 @@ def head(ray_cluster: Any) -> Iterator[Any]:
         **cfg.scheduler.classes,
         "training": cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 1.0, "grace_period_s": 60.0}),
     }})
-    handle = start_head(SETTINGS, cfg.model_copy(update={"scheduler": sched}), node_id=ray_api.head_node_id())
+    METRICS["port"] = free_port()
+    settings = SETTINGS.model_copy(update={"metrics_port": METRICS["port"]})
+    handle = start_head(settings, cfg.model_copy(update={"scheduler": sched}), node_id=ray_api.head_node_id())
     until(lambda: len(ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"]) == 3, 120, "3 agents")
     yield HeadClient(handle=handle)
     for node in cfg.nodes:
@@ -93,14 +98,14 @@ def head(ray_cluster: Any) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def prometheus() -> Iterator[str]:
+def prometheus(head: Any) -> Iterator[str]:
     exe = binary("prometheus")
     tmp = Path(tempfile.mkdtemp(prefix="rgo-prom-"))
     port = free_port()
     (tmp / "prometheus.yml").write_text(json.dumps({  # JSON is YAML
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "orchestrator", "static_configs": [{
-            "targets": [f"127.0.0.1:{SETTINGS.metrics_port}"], "labels": {"namespace": NAMESPACE_LABEL}}]}],
+            "targets": [f"127.0.0.1:{METRICS['port']}"], "labels": {"namespace": NAMESPACE_LABEL}}]}],
     }))
     log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([exe, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
@@ -139,7 +144,7 @@ def promql(url: str, expr: str) -> list[dict[str, Any]]:
 def scrape() -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = urllib.request.urlopen(f"http://127.0.0.1:{SETTINGS.metrics_port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS['port']}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:

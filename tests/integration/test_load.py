@@ -27,8 +27,9 @@ from tests.integration.heads import until  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
-#: The head's /metrics, on loopback (the bench's own config serves none).
-METRICS_PORT = free_port()
+#: The head's /metrics port on loopback, chosen when the module's cluster starts, not at collection (by then
+#: another module's Ray processes may have taken it).
+METRICS: dict[str, int] = {}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,9 @@ def address() -> Iterator[str]:
     saved = dict(os.environ)
     state_dir = Path(tempfile.mkdtemp(prefix="rgo-load-it-", dir="/tmp"))
     cfg = load.config()
+    METRICS["port"] = free_port()
     cfg = cfg.model_copy(update={"settings": cfg.settings.model_copy(
-        update={"metrics_port": METRICS_PORT, "metrics_host": "127.0.0.1"})})
+        update={"metrics_port": METRICS["port"], "metrics_host": "127.0.0.1"})})
     try:
         yield local.up_local(cfg, state_dir, progress=lambda m: None).address
     finally:
@@ -72,7 +74,7 @@ def test_jobs_paced_at_a_rate_arrive_on_their_schedule_and_are_all_accounted_for
 def _counted() -> tuple[float, float]:
     """The head's GCS writes and reconcile cycles so far (``orchestrator_state_commits_total``,
     ``orchestrator_reconcile_cycles_total``), read over HTTP."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS['port']}/metrics", timeout=5).read().decode()
     value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("orchestrator_")}
     return value["orchestrator_state_commits_total"], value["orchestrator_reconcile_cycles_total"]
 
@@ -114,7 +116,7 @@ def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:
 
 def _direct_counted() -> tuple[float, float]:
     """The frames the head's direct channel carried and the batches it made of them, read over HTTP."""
-    got = load.direct_counts(f"http://127.0.0.1:{METRICS_PORT}/metrics")
+    got = load.direct_counts(f"http://127.0.0.1:{METRICS['port']}/metrics")
     assert got is not None
     return got
 

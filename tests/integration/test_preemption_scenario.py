@@ -30,7 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "jobs" / "train.py"
 STEPS = 300
 SETTINGS = RuntimeSettings(namespace="rgo-preempt", head_name="rgo-head-preempt", heartbeat_interval_s=0.5,
-                           agent_ttl_s=5.0, reconcile_interval_s=0.2, metrics_port=free_port())
+                           agent_ttl_s=5.0, reconcile_interval_s=0.2)
+#: The head's /metrics port, chosen when its fixture starts it, not at collection (by then another module's Ray
+#: processes may have taken it).
+METRICS: dict[str, int] = {}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,9 @@ def head(ray_cluster: Any) -> Iterator[Any]:
         # for the head-kill test: a checkpointing class whose victims get only 8 s to yield
         "training-short": cfg.scheduler.classes["training"].model_copy(update={"min_runtime_s": 1.0, "grace_period_s": 8.0}),
     }})
-    handle = start_head(SETTINGS, cfg.model_copy(update={"scheduler": sched}), node_id=ray_api.head_node_id())
+    METRICS["port"] = free_port()
+    settings = SETTINGS.model_copy(update={"metrics_port": METRICS["port"]})
+    handle = start_head(settings, cfg.model_copy(update={"scheduler": sched}), node_id=ray_api.head_node_id())
     client = HeadClient(handle=handle)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -124,7 +129,7 @@ def test_inference_preempts_the_minimal_training_set_which_resumes_bit_identical
     # The head's Prometheus endpoint counted it (real HTTP, loopback).
     import urllib.request
 
-    body = urllib.request.urlopen(f"http://127.0.0.1:{SETTINGS.metrics_port}/metrics", timeout=5).read().decode()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{METRICS['port']}/metrics", timeout=5).read().decode()
     assert 'orchestrator_preemptions_total{cause="victim.priority",reason="checkpoint"} 1.0' in body
     assert "orchestrator_gpus_total 10.0" in body
     done = wait(head, inf, {"succeeded"})
