@@ -287,10 +287,12 @@ class DirectConnection:
             self._waiting[ident] = w
             try:
                 self._sock.sendall(frame({"id": ident, "calls": orjson.Fragment(body)}))
+                sent: OSError | None = None
             except OSError as e:
-                self._waiting.pop(ident, None)
-                self._fail(ChannelBroken(f"{type(e).__name__}: {e}"))
-                raise self.broken from None  # type: ignore[misc]
+                sent = e
+        if sent is not None:  # outside the lock: failing the connection takes it
+            self._fail(ChannelBroken(f"{type(sent).__name__}: {sent}"))
+            raise w.error or ChannelBroken(str(sent))
         try:
             if not w.done.wait(timeout):
                 raise TimeoutError(f"no answer in {timeout:.1f}s")

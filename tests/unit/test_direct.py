@@ -291,3 +291,40 @@ def test_a_reply_the_client_cannot_read_breaks_the_connection_instead_of_hanging
     assert time.monotonic() - t0 < 0.9  # told when the bad frame came, not when the peer closed
     listener.close()
     peer.join(5)
+
+
+class _SendFails:
+    """The connection's socket, except that sending fails (a peer that reset the connection mid-write)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def sendall(self, data: bytes) -> None:
+        raise ConnectionResetError("reset while sending")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_a_failed_send_breaks_the_connection_and_tells_the_caller_at_once() -> None:
+    # The send failing inside the connection's lock once deadlocked the caller: failing the connection takes
+    # the same lock.
+    with serving() as (_, endpoint):
+        conn = DirectConnection(endpoint, 5)
+        conn._sock = _SendFails(conn._sock)  # type: ignore[assignment]
+        got: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                conn.call([["get_job", ["x"], {}]], 30)
+            except BaseException as e:
+                got.append(e)
+
+        caller = threading.Thread(target=send, daemon=True)  # a deadlocked caller must fail the test, not hang it
+        caller.start()
+        caller.join(5)
+        assert not caller.is_alive(), "the caller is stuck"
+        assert len(got) == 1 and isinstance(got[0], ChannelBroken) and "reset while sending" in str(got[0]), got
+        assert conn.broken is not None
+        with pytest.raises(ChannelBroken):
+            conn.call([["get_job", ["after"], {}]], 5)
