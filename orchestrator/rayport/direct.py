@@ -52,7 +52,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from orchestrator.core.errors import InvalidRequestError, OrchestratorError
-from orchestrator.rayport.wire import encode
+from orchestrator.rayport.wire import encode, fault
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,13 @@ class ChannelBroken(ConnectionError):
 
 def frame(obj: Any) -> bytes:
     """``obj`` as one frame: its length, then its JSON."""
-    body = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY, default=_jsonable)
+    body = _json(obj)
     return _LEN.pack(len(body)) + body
+
+
+def _json(obj: Any) -> bytes:
+    """``obj`` as JSON, as both ends write it (``TypeError`` for what JSON cannot carry)."""
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY, default=_jsonable)
 
 
 def _jsonable(v: Any) -> Any:
@@ -194,8 +199,7 @@ class DirectServer:
             replies = self._handle([calls for _, calls, _ in taken])
         except Exception as e:  # a fault of ours: every frame is told, none waits forever
             log.exception("direct channel: a batch failed")
-            replies = [{"error": encode(OrchestratorError(f"the head failed on a batch: {type(e).__name__}: {e}"))}
-                       for _ in taken]
+            replies = [fault("the head failed on a batch", e) for _ in taken]
         task = asyncio.get_running_loop().create_task(self._answer(taken, replies))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
@@ -205,8 +209,7 @@ class DirectServer:
             await self._durable()
         except Exception as e:  # never answer ok for what may not be in the GCS; never leave a caller waiting
             log.exception("direct channel: the group commit failed")
-            replies = [{"error": encode(OrchestratorError(f"the head could not make the change durable: "
-                                                          f"{type(e).__name__}: {e}"))} for _ in taken]
+            replies = [fault("the head could not make the change durable", e) for _ in taken]
         for (ident, calls, writer), reply in zip(taken, replies):
             if writer.is_closing():
                 continue  # the client left; its calls were carried out all the same (each is idempotent)
@@ -232,8 +235,7 @@ class DirectServer:
         except TypeError as e:
             log.exception("direct channel: a reply could not be written as JSON")
             n = len(calls) if isinstance(calls, list) else 1
-            err = encode(OrchestratorError(f"the head could not write its answer as JSON: {e}"))
-            return frame({"id": ident, "reply": {"ok": [{"error": err}] * n}})
+            return frame({"id": ident, "reply": {"ok": [fault("the head could not write its answer as JSON", e)] * n}})
 
 
 async def _last_word(writer: asyncio.StreamWriter, reply: dict[str, Any]) -> None:
@@ -278,7 +280,7 @@ class DirectConnection:
         connection ends first (or had ended), ``TimeoutError`` after ``timeout`` s (the connection stays open),
         ``TypeError`` (nothing sent) for calls that cannot be written as JSON."""
         w = _Waiter()
-        body = orjson.dumps(calls, option=orjson.OPT_SERIALIZE_NUMPY, default=_jsonable)  # before anything is sent
+        body = orjson.Fragment(_json(calls))  # before anything is sent
         with self._lock:
             if self.broken is not None:
                 raise self.broken
@@ -286,7 +288,7 @@ class DirectConnection:
             ident = self._next
             self._waiting[ident] = w
             try:
-                self._sock.sendall(frame({"id": ident, "calls": orjson.Fragment(body)}))
+                self._sock.sendall(frame({"id": ident, "calls": body}))
                 sent: OSError | None = None
             except OSError as e:
                 sent = e

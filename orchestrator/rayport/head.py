@@ -62,11 +62,11 @@ from orchestrator.control.service import Begun, HeadService
 from orchestrator.core import env
 from orchestrator.core.api import HEAD_METHODS, HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
-from orchestrator.core.errors import JobApiUnavailableError, OrchestratorError
+from orchestrator.core.errors import JobApiUnavailableError
 from orchestrator.rayport import ray_api
 from orchestrator.rayport.direct import DirectServer
 from orchestrator.rayport.store import GroupCommit, gcs_table
-from orchestrator.rayport.wire import answer, encode
+from orchestrator.rayport.wire import answer, fault
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ class HeadActor:
             return answer(fn, *args, **kwargs)
         except Exception as e:
             log.exception("%s failed in the head", name)
-            return {"error": encode(OrchestratorError(f"the head failed on {name}: {type(e).__name__}: {e}"))}
+            return fault(f"the head failed on {name}", e)
 
 
 def _resolve(fut: "asyncio.Future[None]") -> None:

@@ -59,6 +59,12 @@ def answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {"error": encode(e)}
 
 
+def fault(what: str, e: BaseException) -> dict[str, Any]:
+    """A fault of the head's (an exception no typed error covers), as a caller's answer: an
+    ``OrchestratorError`` saying ``what`` failed and how, never an untyped exception across the boundary."""
+    return {"error": encode(E.OrchestratorError(f"{what}: {type(e).__name__}: {e}"))}
+
+
 def unwrap(reply: dict[str, Any]) -> Any:
     if "error" in reply:
         raise decode(reply["error"])
