@@ -280,16 +280,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def direct_counts(url: str | None) -> tuple[float, float] | None:
-    """The head's ``orchestrator_direct_frames_total`` and ``orchestrator_direct_batches_total``, read over HTTP
-    (``None`` without a metrics endpoint)."""
-    if not url:
-        return None
+DIRECT = ("orchestrator_direct_frames_total", "orchestrator_direct_batches_total")
+
+
+def head_counters(url: str, *names: str) -> tuple[float, ...]:
+    """The head's counters ``names`` (sample names, ``_total`` included; 0 where absent), read from its /metrics
+    over HTTP with prometheus_client's own parser."""
     import urllib.request
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = urllib.request.urlopen(url, timeout=5).read().decode()
-    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("orchestrator_direct")}
-    return value.get("orchestrator_direct_frames_total", 0.0), value.get("orchestrator_direct_batches_total", 0.0)
+    seen = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return tuple(seen.get(n, 0.0) for n in names)
+
+
+def direct_counts(url: str | None) -> tuple[float, ...] | None:
+    """The head's direct-channel frames and the batches it made of them (:data:`DIRECT`); ``None`` without a
+    metrics endpoint."""
+    return head_counters(url, *DIRECT) if url else None
 
 
 def account_jobs(submitted: list[tuple[str, float]], seen: list[dict[str, Any]], asked: int) -> dict[str, Any]:

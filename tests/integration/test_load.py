@@ -11,7 +11,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -71,12 +70,14 @@ def test_jobs_paced_at_a_rate_arrive_on_their_schedule_and_are_all_accounted_for
     assert out["bare_actor_call_loaded_wall_s"] >= 19 / 50, out
 
 
-def _counted() -> tuple[float, float]:
+def _counted() -> tuple[float, ...]:
     """The head's GCS writes and reconcile cycles so far (``orchestrator_state_commits_total``,
     ``orchestrator_reconcile_cycles_total``), read over HTTP."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS['port']}/metrics", timeout=5).read().decode()
-    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("orchestrator_")}
-    return value["orchestrator_state_commits_total"], value["orchestrator_reconcile_cycles_total"]
+    return load.head_counters(_metrics_url(), "orchestrator_state_commits_total", "orchestrator_reconcile_cycles_total")
+
+
+def _metrics_url() -> str:
+    return f"http://127.0.0.1:{METRICS['port']}/metrics"
 
 
 def test_a_lone_callers_job_costs_the_head_one_gcs_write_and_one_cycle(address: str) -> None:
@@ -114,11 +115,9 @@ def test_the_accounting_sees_a_lost_and_a_duplicated_job() -> None:
     assert (got["call_to_queued_p50_ms"], got["queued_to_admitted_p50_ms"]) == (250.0, 750.0), got
 
 
-def _direct_counted() -> tuple[float, float]:
+def _direct_counted() -> tuple[float, ...]:
     """The frames the head's direct channel carried and the batches it made of them, read over HTTP."""
-    got = load.direct_counts(f"http://127.0.0.1:{METRICS['port']}/metrics")
-    assert got is not None
-    return got
+    return load.head_counters(_metrics_url(), *load.DIRECT)
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["actor-calls", "direct-channel"])
