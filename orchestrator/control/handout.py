@@ -165,9 +165,11 @@ def lease_handout(lease: Lease, ray_node_id: str, settings: RuntimeSettings, *,
     assert a is not None
     if a.kind is ShareKind.MIG and not (mig_uuid or a.mig_uuid):
         return None
-    return make_handout(a, ray_node_id=ray_node_id, lease_id=lease.lease_id, fencing_token=lease.fencing_token,
-                        mps_pipe_root=settings.mps_pipe_root,
-                        timeslice_capacity_milli=settings.timeslice_capacity_milli, mig_uuid=mig_uuid)
+    h = make_handout(a, ray_node_id=ray_node_id, lease_id=lease.lease_id, fencing_token=lease.fencing_token,
+                     mps_pipe_root=settings.mps_pipe_root,
+                     timeslice_capacity_milli=settings.timeslice_capacity_milli, mig_uuid=mig_uuid)
+    h.env_vars[E.NAMESPACE] = settings.namespace  # where the node's agent keeps the lease's placement group
+    return h
 
 
 # ---- gangs: one placement-group bundle per worker ------------------------------------------------

@@ -666,6 +666,7 @@ class JobManager:
             env = {k: v for k, v in env.items() if not k.startswith(envvars.MPS_PREFIX)}
             env[envvars.GANG] = json.dumps([e.handout.to_dict() for e in members if e.handout is not None])
             demand = {**demand, "num_gpus": 0.0, "resources": {}, "env_vars": {}}
+        env.setdefault(envvars.RAY_RUNTIME_ENV_HOOK, envvars.NATIVE_HOOK)  # the driver's num_gpus work: in its lease
         env.update({envvars.JOB_ID: job.job_id, envvars.NAMESPACE: self.namespace,
                     envvars.HEAD_NAME: self.head_name, envvars.LEASE_ID: lease.lease_id,
                     envvars.ATTEMPT: str(job.attempt)})

@@ -106,8 +106,8 @@ def node_revocations(ledger: Ledger, node: str) -> dict[str, Any]:
 
 
 def agent_work(ledger: Ledger) -> dict[str, set[tuple[str, str]]]:
-    """Per node, what its agent must act on now: actors to ask for a checkpoint and leases to revoke, as
-    ``(lease id, "checkpoint" | "revoke")``. The head wakes an agent when its set gains an item, so the agent
+    """Per node, what its agent must act on now: actors to ask for a checkpoint, leases to revoke and new grants
+    to hold, as ``(lease id, "checkpoint" | "revoke" | "hold")``. The head wakes an agent when its set gains an item, so the agent
     need not wait out its heartbeat interval to learn of it (the heartbeat stays the backstop)."""
     out: dict[str, set[tuple[str, str]]] = {}
     for e in ledger.occupying_any_order():  # a revoking or checkpointing lease occupies its devices
@@ -118,5 +118,8 @@ def agent_work(ledger: Ledger) -> dict[str, set[tuple[str, str]]]:
             out.setdefault(a.node_name, set()).add((e.lease_id, "revoke"))
         elif e.lease.state is LeaseState.CHECKPOINTING and (e.workload or "").startswith("actor:"):
             out.setdefault(a.node_name, set()).add((e.lease_id, "checkpoint"))
+        elif e.lease.state is LeaseState.GRANTED:
+            # a new grant: the agent makes its placement group (control/holds.py), which its holder waits for
+            out.setdefault(a.node_name, set()).add((e.lease_id, "hold"))
     return out
 

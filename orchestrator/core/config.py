@@ -49,6 +49,16 @@ NODE_RESOURCE_PREFIX = "rgo-node-"
 CARD_RESOURCE_PREFIX = "rgo-gpu-"
 
 
+#: Ray's own resource naming a node's accelerator type (``accelerator_type:A100``), one unit per node.
+ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
+
+
+def ray_accelerator_type(model: str) -> str:
+    """Ray's accelerator type for one of our GPU models: the name before the memory size, as Ray's NVIDIA
+    accelerator manager reports it (``A100-80GB`` -> ``A100``, ``H100-80GB`` -> ``H100``, ``L4`` -> ``L4``)."""
+    return model.split("-")[0].upper()
+
+
 def card_resource(index: int) -> str:
     """The Ray resource that stands for card ``index`` of its node (node-local: holders are pinned to the node)."""
     return f"{CARD_RESOURCE_PREFIX}{index}"
@@ -99,6 +109,10 @@ class RuntimeSettings(_Frozen):
     job_runner: Literal["ray", "none"] = Field(
         default="ray", description="ray: an admitted job runs as a Ray job. none: nothing runs it; it is recorded "
         "as started and succeeds at the next status read (what bench/load.py measures job admission with)")
+    fractional_gpu: Literal["mps", "timeslice", "mig"] = Field(
+        default="mps", description="What a Ray task asking for a fraction of a GPU (num_gpus=0.5) outside any "
+        "lease is granted: an MPS share of that many SMs, a time-slice of that fraction, or the smallest MIG slice "
+        "with that much compute (docs/ray-native.md)")
     day_clock: DayClock | None = Field(default=None, description="A compressed day for the head's time windows "
                                        "({speedup: 720, start: '06:00'}: a day in 120 s from 06:00); "
                                        "null: the machine's local time of day")
@@ -115,6 +129,16 @@ class RuntimeSettings(_Frozen):
         if self.discovery not in ("auto", "nvml", "simulated"):
             raise ConfigError("settings.discovery", self.discovery, ["auto", "nvml", "simulated"])
         return self
+
+
+def raylet_native_env(settings: RuntimeSettings) -> dict[str, str]:
+    """What every raylet of ours is started with so that Ray's own GPU API reaches the orchestrator: Ray calls
+    the hook from ``ray.init`` in each driver it starts (a Ray job's), which then asks for a lease of its own
+    for each GPU task or actor a driver without a lease starts (``docs/ray-native.md``)."""
+    from orchestrator.core import env as E
+
+    return {E.RAY_RUNTIME_ENV_HOOK: E.NATIVE_HOOK, E.RAY_AUTO_LEASE: "1", E.NAMESPACE: settings.namespace,
+            E.HEAD_NAME: settings.head_name, E.FRACTIONAL_GPU: settings.fractional_gpu}
 
 
 class SimMig(_Frozen):
@@ -191,9 +215,18 @@ class SimNode(_Frozen):
         return {NODE_LABEL: self.name, MODEL_LABEL: self.model, **self.labels}
 
     def ray_resources(self) -> dict[str, float]:
-        """The raylet's custom resources: its node marker and one unit per card (its ``GPU`` count is 0:
-        the cards are ours to hand out, see docs/runtime.md)."""
-        return {NODE_RESOURCE_PREFIX + self.name: 1.0, **card_resources(self.gpus)}
+        """The raylet's custom resources: its node marker, one unit per card, and Ray's own
+        ``accelerator_type:<type>`` (what ``@ray.remote(accelerator_type=...)`` asks for). Its ``GPU`` count is
+        the number of cards, as Ray would detect it (:attr:`ray_num_gpus`; ``docs/ray-native.md``)."""
+        out = {NODE_RESOURCE_PREFIX + self.name: 1.0, **card_resources(self.gpus)}
+        if self.gpus:
+            out[ACCELERATOR_RESOURCE_PREFIX + ray_accelerator_type(self.model)] = 1.0
+        return out
+
+    @property
+    def ray_num_gpus(self) -> int:
+        """Ray's ``GPU`` on the node: one per card; the node's agent holds what no lease covers."""
+        return self.gpus
 
 
 class ClusterConfig(_Frozen):

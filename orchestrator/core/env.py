@@ -35,6 +35,17 @@ MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
 MPS_CLIENT_PRIORITY = "CUDA_MPS_CLIENT_PRIORITY"
 MPS_PREFIX = "CUDA_MPS_"
+#: Ray calls the function this names from ``ray.init`` in a driver (``module.function``): the job layer names
+#: :func:`orchestrator.rayport.native.runtime_env_hook`, which steers a leased driver's GPU work into its lease.
+RAY_RUNTIME_ENV_HOOK = "RAY_RUNTIME_ENV_HOOK"
+NATIVE_HOOK = "orchestrator.rayport.native.runtime_env_hook"
+#: "1": a driver that holds no lease gets a lease of its own for each task or actor asking for ``num_gpus``
+#: (``orchestrator up`` sets it, with the hook, on every raylet, so Ray job drivers inherit it).
+RAY_AUTO_LEASE = "ORCHESTRATOR_RAY_AUTO_LEASE"
+#: How a fractional ``num_gpus`` is granted: mps | timeslice | mig (``settings.fractional_gpu``).
+FRACTIONAL_GPU = "ORCHESTRATOR_FRACTIONAL_GPU"
+#: How long such a task's ``.remote()`` waits for its lease before it fails (seconds; default an hour).
+AUTO_LEASE_WAIT_S = "ORCHESTRATOR_AUTO_LEASE_WAIT_S"
 #: Tells Ray not to overwrite ``CUDA_VISIBLE_DEVICES`` with the ids of its own bookkeeping.
 RAY_NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 

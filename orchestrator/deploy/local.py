@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from orchestrator.core.config import ClusterConfig
+from orchestrator.core.config import ClusterConfig, raylet_native_env
 from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
 from orchestrator.core.statefile import Proc, State
 from orchestrator.rayport.loopback import LOOPBACK_SITE
@@ -121,7 +121,7 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
 def _node_argv(node: Any) -> list[str]:
     """What every node's ``ray start`` says, the Ray head node's and the workers'."""
     return ["start", "--block", "--node-ip-address", "127.0.0.1",
-            "--num-cpus", str(node.cpus), "--num-gpus", "0",  # cards are rgo-gpu-<i> (core.config)
+            "--num-cpus", str(node.cpus), "--num-gpus", str(node.ray_num_gpus),  # the agent holds what no lease covers
             "--resources", json.dumps(node.ray_resources(), sort_keys=True),
             "--labels", ",".join(f"{k}={v}" for k, v in sorted(node.ray_labels().items())),
             "--object-store-memory", str(OBJECT_STORE_BYTES),
@@ -308,7 +308,7 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
         (state_dir / sub).mkdir(parents=True, exist_ok=True)
     auth = auth_env(state_dir)
     run_id = secrets.token_hex(8)
-    env = _child_env(state_dir, auth, run_id)
+    env = {**_child_env(state_dir, auth, run_id), **raylet_native_env(config.settings)}
     plan = plan_local_cluster(config, state_dir, dashboard=dashboard)
     s = config.settings
     state = State(plan.address, s.namespace, s.head_name, attached=False,
@@ -361,7 +361,8 @@ def restart_worker(config: ClusterConfig, state_dir: Path, node_name: str, *, pr
     launch = worker_launch(config, names.index(node_name), state.address, state_dir)
     offset = Path(launch.log).stat().st_size if Path(launch.log).exists() else 0
     progress(f"starting raylet {node_name} again")
-    proc = _spawn(launch, _child_env(state_dir, state.env, state.run_id), state_dir / "tmp")
+    proc = _spawn(launch, {**_child_env(state_dir, state.env, state.run_id), **raylet_native_env(config.settings)},
+                  state_dir / "tmp")
     state.processes.append(proc)
     state.save(state_dir)
     _wait_started(proc, launch, time.monotonic() + timeout_s, offset)

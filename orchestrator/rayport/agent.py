@@ -17,11 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.control.agent import AgentCore, CheckpointPoll, LocalWorkloads
+from orchestrator.control.holds import lease_shape
+from orchestrator.core.allocation import Allocation
 from orchestrator.control.revocation import parse_workload
 from orchestrator.control.discovery import HealthEvent, select_backend
 from orchestrator.core import env
 from orchestrator.core.config import RuntimeSettings, SimNode
 from orchestrator.rayport import ray_api
+from orchestrator.rayport.holds import RayHolds
 from orchestrator.rayport.wire import answer, unwrap
 
 log = logging.getLogger(__name__)
@@ -132,6 +135,7 @@ class AgentActor:
         backend = select_backend(self.settings.discovery, node_name, sim)
         self.core = AgentCore(node_name, ray_node_id, backend, self.settings,
                               k8s_node=os.environ.get(env.K8S_NODE_NAME) or None, workloads=RayWorkloads())
+        self.holds = RayHolds(node_name, ray_node_id)
         self.heartbeats = 0
         self._wake = asyncio.Event()
         self._task = asyncio.get_event_loop().create_task(self._run())
@@ -147,6 +151,7 @@ class AgentActor:
                     ack = await head.register_agent.remote(**self.core.registration())
                     ack = unwrap(ack)
                     self.core.apply_assignments(ack["assignments"], ack.get("revocations"))
+                    await self._hold(ack["assignments"])
                     registered = True
                 t0 = time.monotonic()
                 reply = unwrap(await head.heartbeat.remote(**self.core.heartbeat_payload()))
@@ -159,6 +164,7 @@ class AgentActor:
                     continue
                 self.core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"),
                                             reply.get("reconfigure"))
+                await self._hold(reply.get("assignments", {}))
                 changed = self.core.poll_health(0.0)
                 if changed is not None:
                     await head.update_inventory.remote(self.core.node_name, self.core.incarnation,
@@ -175,6 +181,45 @@ class AgentActor:
                 pass
             self._wake.clear()
 
+    async def _hold(self, assignments: dict[str, Any]) -> None:
+        """Ray's ``GPU`` on this node: a group for each lease held here, every other unit held by the agent
+        (:mod:`orchestrator.rayport.holds`). A failure is logged and tried again next beat."""
+        try:
+            shapes = {lid: lease_shape(Allocation.from_json(want["allocation"]),
+                                       timeslice_capacity_milli=self.settings.timeslice_capacity_milli)
+                      for lid, want in assignments.items() if lid in self.core.allocated}
+            await self.holds.sync([g.index for g in self.core.inventory.gpus], shapes)
+        except Exception as e:
+            log.warning("agent %s: holds: %s: %s", self.core.node_name, type(e).__name__, e)
+
+    async def lease_group(self, lease_id: str) -> str | None:
+        """The id (hex) of lease ``lease_id``'s placement group once it is placed here; None until then (and
+        for a lease this node does not hold). Holders look it up here (:func:`orchestrator.rayport.native.lease_group`):
+        a group's name is scoped to the namespace of the Ray job that made it, which a holder cannot know."""
+        return self.holds.placed_group(lease_id)
+
+    async def gpu_uuids(self) -> list[str]:
+        """The node's GPU UUIDs by index: what a worker inside a multi-card lease maps Ray's instance ids through."""
+        return [g.uuid for g in sorted(self.core.inventory.gpus, key=lambda g: g.index)]
+
+    async def lend(self, lease_id: str, token: int) -> bool:
+        """The lease's holder is about to make a placement group of its own on this node (Ray Train's, Tune's,
+        a Serve replica's) for the lease's capacity: the lease's group is removed for it (:meth:`RayHolds.lend`).
+        Only with the lease's fencing token."""
+        self.core.check_holder(lease_id, token)
+        return self.holds.lend(lease_id, time.monotonic())
+
+    async def adopt(self, lease_id: str, token: int, pg_hex: str) -> bool:
+        """That group now stands for the lease (removed with it)."""
+        self.core.check_holder(lease_id, token)
+        return self.holds.adopt(lease_id, pg_hex)
+
+    async def give_back(self, lease_id: str, token: int) -> None:
+        """The holder removed its group: the lease gets its own again."""
+        self.core.check_holder(lease_id, token)
+        self.holds.give_back(lease_id)
+        self._wake.set()
+
     async def wake(self) -> None:
         """Beat now: the head has a checkpoint to ask for or a lease to revoke on this node."""
         self._wake.set()
@@ -182,7 +227,10 @@ class AgentActor:
     async def info(self) -> dict[str, Any]:
         return {"node_name": self.core.node_name, "pid": os.getpid(), "incarnation": self.core.incarnation,
                 "backend": self.core.backend.name, "heartbeats": self.heartbeats,
-                "allocated": sorted(self.core.allocated), "stopped_at": dict(self.core.stopped_at)}
+                "allocated": sorted(self.core.allocated), "stopped_at": dict(self.core.stopped_at),
+                "holds": {"pieces": {n: [p.card, p.units] for n, p in self.holds.pieces.items()},
+                          "leases": sorted(self.holds.leases), "unplaced": sorted(self.holds.unplaced),
+                          "groups": self.holds.lease_groups(), "adopted": sorted(self.holds.adopted)}}
 
     async def check_holder(self, lease_id: str, token: int) -> dict[str, Any]:
         """A holder on this node shows its token; answers the wire envelope (a stale one is refused)."""

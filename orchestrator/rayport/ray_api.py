@@ -431,16 +431,29 @@ def declares_cards(node_id: str) -> bool:
 def gpu_demand(handout: Mapping[str, Any]) -> dict[str, Any]:
     """What a lease's holder asks Ray for its devices: its share of each card's own resource where the node
     declares them (exact: whatever the ledger granted, Ray can place), else the share of Ray's ``GPU``."""
+    from orchestrator.rayport.native import advertises_gpus
+
+    if handout.get("node_id") and advertises_gpus(handout["node_id"]):
+        # the lease's placement group holds its share of Ray's GPU and of each card's resource (control/holds.py):
+        # a holder that does not run inside it (a job's driver, a gang's worker, a Serve replica) asks for neither
+        return {"num_gpus": 0}
     cards = handout.get("resources") or {}
-    if cards and declares_cards(handout["node_id"]):
+    if cards and handout.get("node_id") and declares_cards(handout["node_id"]):
         return {"num_gpus": 0, "resources": dict(cards)}
     return {"num_gpus": handout["num_gpus"]}
 
 
 def actor_options(handout: Mapping[str, Any], *, extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Ray actor options that run a holder on exactly its lease's devices (see :mod:`.handout`)."""
+    """Ray actor options that run a holder on exactly its lease's devices (see :mod:`.handout`): inside its
+    lease's placement group, asking for its share of Ray's ``GPU``, where the node advertises Ray's ``GPU``
+    (:mod:`.native`; waits for the node's agent to have made the group); else its share of each card's own
+    resource, pinned to the node."""
+    from orchestrator.rayport.native import advertises_gpus, native_actor_options
+
     env = dict(handout["env_vars"])
     env.update(extra_env or {})
+    if E.LEASE_ID in handout["env_vars"] and advertises_gpus(handout["node_id"]):
+        return native_actor_options(handout, env)
     return {"scheduling_strategy": pin(handout["node_id"], soft=False), **gpu_demand(handout),
             "num_cpus": handout.get("num_cpus", 0.0), "runtime_env": {"env_vars": env}}
 
@@ -748,9 +761,9 @@ def gang_placement_group(handouts: list[Mapping[str, Any]], name: str, timeout: 
     ``TimeoutError`` (after removing it) when Ray cannot place it within ``timeout``."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from orchestrator.control.handout import gang_bundle, gang_bundle_pin
+    from orchestrator.control.handout import gang_bundle_pin
 
-    pg = placement_group([gang_bundle(h) for h in handouts], strategy="PACK", name=name,
+    pg = placement_group([_gang_bundle(h) for h in handouts], strategy="PACK", name=name,
                          bundle_label_selector=[gang_bundle_pin(h) for h in handouts])
     try:
         ray.get(pg.ready(), timeout=timeout)
@@ -758,6 +771,17 @@ def gang_placement_group(handouts: list[Mapping[str, Any]], name: str, timeout: 
         remove_placement_group(pg)
         raise TimeoutError(f"placement group {name} not placed within {timeout:g}s") from None
     return pg
+
+
+def _gang_bundle(h: Mapping[str, Any]) -> dict[str, float]:
+    """A gang worker's bundle: on a node whose agent holds Ray's GPU, its lease's group holds the devices already
+    (control/holds.py), so the bundle keeps the worker's CPUs only (and its node, by label)."""
+    from orchestrator.control.handout import gang_bundle
+    from orchestrator.rayport.native import advertises_gpus
+
+    if advertises_gpus(h["node_id"]):
+        return gang_bundle({**h, "resources": {}, "num_gpus": 0})
+    return gang_bundle(h)
 
 
 def remove_gang_placement_group(pg: Any) -> None:
@@ -772,9 +796,7 @@ def bundle_actor_options(pg: Any, index: int, handout: Mapping[str, Any], *,
     environment (``CUDA_VISIBLE_DEVICES``...) and the bundle's resources."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from orchestrator.control.handout import gang_bundle
-
-    bundle = gang_bundle(handout)
+    bundle = _gang_bundle(handout)
     env = dict(handout["env_vars"])
     env.update(extra_env or {})
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index),

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import pytest
 
-from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config
+from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config, raylet_native_env
 from orchestrator.deploy.local import LOOPBACK_SITE, OBJECT_STORE_BYTES, REPO_ROOT, free_port
 
 
@@ -67,9 +67,15 @@ def ray_cluster() -> Iterator[RayCluster]:
     ray_api._refresh_auth()
     config = load_config(DEMO_CONFIG)
     cluster = None
+    # What `orchestrator up` gives its raylets so Ray's job drivers reach the orchestrator (docs/ray-native.md),
+    # less the namespace: each module's head has its own, which a job names in its runtime env. Only the
+    # raylets get it: this test process is a driver that holds no lease and must not ask for leases itself.
+    native = {k: v for k, v in raylet_native_env(config.settings).items()
+              if k not in ("ORCHESTRATOR_NAMESPACE", "ORCHESTRATOR_HEAD_NAME")}
+    os.environ.update(native)
     try:
         for i, node in enumerate(config.nodes):
-            args = dict(node_ip_address="127.0.0.1", num_cpus=node.cpus, num_gpus=0,
+            args = dict(node_ip_address="127.0.0.1", num_cpus=node.cpus, num_gpus=node.ray_num_gpus,
                         resources=node.ray_resources(), labels=node.ray_labels(),
                         # 0: the agent binds its own port (one picked here may be taken before it binds;
                         # the agent then runs without HTTP and Ray's job API has no agent to submit to)
@@ -83,9 +89,13 @@ def ray_cluster() -> Iterator[RayCluster]:
                 cluster.add_node(**args)  # type: ignore[union-attr]
         assert cluster is not None
         cluster.wait_for_nodes()
+        for k in native:
+            os.environ.pop(k, None)
         ray.init(address=cluster.address, namespace="rgo-tests", logging_level="ERROR", log_to_driver=False)
         yield RayCluster(cluster, config, cluster.address, tmp)
     finally:
+        for k in native:
+            os.environ.pop(k, None)
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()

@@ -34,9 +34,13 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
     for n in plan.nodes:
         assert _opt(n.argv, "--node-ip-address") == "127.0.0.1"
         node = demo.node(n.name)
-        assert _opt(n.argv, "--num-gpus") == "0"  # no Ray GPU: each card is its own resource
+        # Ray's GPU as Ray would detect it (the agent holds what no lease covers), its accelerator type, and
+        # one resource per card
+        assert _opt(n.argv, "--num-gpus") == str(node.gpus)  # type: ignore[union-attr]
+        accel = {"A100-80GB": "A100", "H100-80GB": "H100"}[node.model]  # type: ignore[union-attr]
         assert json.loads(_opt(n.argv, "--resources")) == {
-            f"rgo-node-{n.name}": 1.0, **{f"rgo-gpu-{i}": 1.0 for i in range(node.gpus)}}  # type: ignore[union-attr]
+            f"rgo-node-{n.name}": 1.0, f"accelerator_type:{accel}": 1.0,
+            **{f"rgo-gpu-{i}": 1.0 for i in range(node.gpus)}}  # type: ignore[union-attr]
         assert f"rgo.io/node={n.name}" in _opt(n.argv, "--labels").split(",")
         assert n.log.startswith(str(tmp_path))
     temps = [_opt(n.argv, "--temp-dir") for n in plan.nodes]

@@ -209,7 +209,8 @@ def test_the_head_knows_which_agents_have_work_and_the_agent_beats_fast_while_a_
     assert revocation.agent_work(head.ledger) == {"h100-0": {("t", "revoke")}}
     fake.stoppable = True
     _cycle(head, h100, 3)
-    assert head.get_lease("i")["state"] == "granted" and revocation.agent_work(head.ledger) == {}
+    # the preemptor's new grant: its agent is woken to make its placement group (control/holds.py)
+    assert head.get_lease("i")["state"] == "granted" and revocation.agent_work(head.ledger) == {"h100-0": {("i", "hold")}}
     assert not h100.core.urgent
 
 

@@ -1,0 +1,510 @@
+"""Ray's own GPU API inside a lease: the holder's side of ``control/holds.py``.
+
+A lease on a node that advertises Ray's ``GPU`` is a placement group the node's agent made
+(``rgo-lease/<node>/<lease id>``, one bundle ``{"GPU": share, "CPU": cpus}``). This module
+
+* finds it (:func:`lease_group`: by name, in the agent's namespace, waiting until the agent has made and
+  placed it);
+* starts a holder actor inside it (:func:`native_actor_options`): the actor asks for the lease's share of
+  ``GPU``, so ``ray.get_gpu_ids()`` names the leased card(s), and its own GPU tasks and actors are captured
+  into the same group;
+* makes a *driver* that holds a lease behave as one (:func:`runtime_env_hook`, which Ray calls from
+  ``ray.init`` when ``RAY_RUNTIME_ENV_HOOK`` names it; the job layer sets it on every job it starts): each
+  task or actor the driver (or any worker of its job) starts that asks for ``num_gpus`` and names no
+  placement of its own goes into the lease's group; one that asks for more than the lease holds fails at
+  once with :class:`LeaseCapacityError`, naming the lease and what it holds.
+
+Only GPU work is steered: a task that asks for no GPU is Ray's as usual, so a driver's CPU work is not
+squeezed into the lease's CPUs. ``docs/ray-native.md`` says why Ray's own capture cannot do this for a driver,
+and what the orchestrator does for each Ray API that asks for GPUs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from typing import Any, Mapping
+
+import ray
+
+from orchestrator.control.holds import lease_group_name
+from orchestrator.core import env as E
+from orchestrator.core.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+#: How long a holder waits for its lease's group (the agent makes it at its next beat after the grant).
+GROUP_WAIT_S = 60.0
+#: Where the agents make their groups when the hand-out does not say (the head's namespace).
+DEFAULT_NAMESPACE = "rgo"
+
+_GPUS_ADVERTISED: dict[str, bool] = {}
+
+
+class LeaseCapacityError(InvalidRequestError):
+    """A task or actor inside a lease asked for more GPU than the lease holds."""
+
+
+def advertises_gpus(node_id: str) -> bool:
+    """Whether Ray node ``node_id`` advertises Ray's ``GPU`` (our nodes do; the answer is cached)."""
+    if node_id not in _GPUS_ADVERTISED:
+        if not ray.is_initialized():
+            return False
+        node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
+        if node is None:
+            return False
+        _GPUS_ADVERTISED[node_id] = bool((node.get("Resources") or {}).get("GPU"))
+    return _GPUS_ADVERTISED[node_id]
+
+
+def lease_group(node_name: str, lease_id: str, namespace: str | None = None, *,
+                timeout_s: float = GROUP_WAIT_S) -> Any:
+    """The placement group of lease ``lease_id`` on ``node_name``, once that node's agent has made and placed
+    it (asked of the agent: a group's name is scoped to the namespace of the Ray job that made it). Raises
+    ``TimeoutError`` naming the group when it is not there within ``timeout_s``."""
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup
+
+    from orchestrator.rayport import ray_api
+
+    ns = namespace or os.environ.get(E.NAMESPACE) or DEFAULT_NAMESPACE
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    agent = None
+    while True:
+        try:
+            agent = agent or ray.get_actor(ray_api.agent_name(node_name), namespace=ns)
+            pg_id = ray.get(agent.lease_group.remote(lease_id), timeout=max(1.0, deadline - time.monotonic()))
+        except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            agent, pg_id = None, None  # not there yet, or restarting
+        if pg_id:
+            return PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id)))
+        if time.monotonic() >= deadline:
+            holds: Any = "unknown"
+            try:
+                holds = ray.get(agent.info.remote(), timeout=5)["holds"] if agent is not None else "no agent"
+            except Exception as e:  # noqa: BLE001 -- only for the message
+                holds = repr(e)
+            raise TimeoutError(f"lease {lease_id}: its placement group {lease_group_name(node_name, lease_id)} is not "
+                               f"placed after {timeout_s:g}s; the agent of {node_name} (namespace {ns}) makes it; "
+                               f"its holds: {holds}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
+def native_actor_options(handout: Mapping[str, Any], env: Mapping[str, str], *,
+                         timeout_s: float = GROUP_WAIT_S) -> dict[str, Any]:
+    """Actor options that run a holder inside its lease's group, asking for the lease's whole share."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    lease_id = handout["env_vars"][E.LEASE_ID]
+    pg = lease_group(handout["node_name"], lease_id, handout["env_vars"].get(E.NAMESPACE), timeout_s=timeout_s)
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, 0, placement_group_capture_child_tasks=True),
+            "num_gpus": float(handout["num_gpus"]), "num_cpus": float(handout.get("num_cpus", 0.0)),
+            "runtime_env": {"env_vars": dict(env)}}
+
+
+# ---- a driver (or a job's worker) that holds a lease --------------------------------------------
+class _Lease:
+    """The lease this process holds, read from its environment; its group looked up on first use."""
+
+    def __init__(self, lease_id: str, node_name: str, namespace: str | None, token: int | None = None,
+                 ray_node_id: str | None = None) -> None:
+        self.lease_id, self.node_name, self.namespace, self.token = lease_id, node_name, namespace, token
+        self._node_id = ray_node_id  # None: this process's node (a lease's holder runs on its node)
+        self._group: Any = None
+        self._bundle: dict[str, float] | None = None
+
+    def group(self) -> tuple[Any, dict[str, float]] | None:
+        """The group and its bundle; None where the node advertises no Ray ``GPU`` (no groups there)."""
+        if self._group is None:
+            if not advertises_gpus(self.ray_node_id):
+                return None
+            self._group = lease_group(self.node_name, self.lease_id, self.namespace)
+            self._bundle = {k: float(v) for k, v in self._group.bundle_specs[0].items()}
+        assert self._bundle is not None
+        return self._group, self._bundle
+
+    @property
+    def ray_node_id(self) -> str:
+        return self._node_id or ray.get_runtime_context().get_node_id()
+
+    def forget_group(self) -> None:
+        """The group changed (lent to a placement group made here, or given back): look it up again."""
+        self._group = None
+
+    def agent(self) -> Any:
+        from orchestrator.rayport import ray_api
+
+        return ray.get_actor(ray_api.agent_name(self.node_name), namespace=self.namespace or DEFAULT_NAMESPACE)
+
+
+def _gpus_asked(options: Mapping[str, Any]) -> float:
+    return float(options.get("num_gpus") or 0.0)
+
+
+def steer(lease: _Lease, options: dict[str, Any], what: str, *, actor: bool) -> dict[str, Any]:
+    """``options`` of a task or actor about to be submitted, put inside ``lease``'s group when it asks for GPUs
+    and names no placement of its own. Raises :class:`LeaseCapacityError` when it asks for more than the lease
+    holds. Pure but for the group's lookup."""
+    asked = _gpus_asked(options)
+    if not _steerable(options):
+        return options
+    found = lease.group()
+    if found is None:
+        return options
+    pg, bundle = found
+    holds = bundle.get("GPU", 0.0)
+    if asked > holds + 1e-9:
+        raise LeaseCapacityError(
+            "num_gpus", asked, f"at most {holds:g}",
+            detail=f"{what} asks for {asked:g} GPU but lease {lease.lease_id} on {lease.node_name} holds {holds:g}; "
+                   f"ask for a bigger lease (orchestrator submit --gpu N) or fewer GPUs")
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    out = dict(options)
+    out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0, placement_group_capture_child_tasks=True)
+    if "CPU" not in bundle and options.get("num_cpus") is None:
+        out["num_cpus"] = 0  # the lease holds no CPUs: Ray's default of 1 could not fit in its group
+    return out
+
+
+class _AutoLeases:
+    """A process that holds no lease: each task or actor it starts that asks for GPUs, and each placement group
+    it makes with GPUs (Ray Train's worker group, a Tune trial, a Serve replica's), gets a lease of its own,
+    asked of the head at the config's default priority (``ray_request.request_for`` maps the request), and
+    runs inside that lease's group. The call blocks until the head grants it (the queue decides, as for any
+    lease; a log line names the lease for ``orchestrator leases``). A task's lease is released when the task
+    ends, a placement group's when it is removed, an actor's when the actor dies; every one of them also when
+    this process dies (they are activated by a small holder actor it owns, as ``orchestrator.lease`` does)."""
+
+    def __init__(self, namespace: str, head_name: str, fractional: str, wait_s: float) -> None:
+        self.namespace, self.head_name, self.fractional, self.wait_s = namespace, head_name, fractional, wait_s
+        self._head: Any = None
+        self._holder: tuple[str, Any, str] | None = None  # (job id, actor, actor id)
+        self._n = 0
+
+    @property
+    def head(self) -> Any:
+        if self._head is None:
+            from orchestrator.rayport.client import HeadClient
+
+            self._head = HeadClient(namespace=self.namespace, name=self.head_name)
+        return self._head
+
+    def holder_id(self) -> str:
+        job = ray.get_runtime_context().get_job_id()
+        if self._holder is None or self._holder[0] != job:
+            actor = ray.remote(num_cpus=0, max_restarts=0)(_Holder).remote()
+            ray.get(actor.__ray_ready__.remote(), timeout=120)
+            self._holder = (job, actor, actor._actor_id.hex())
+        return self._holder[2]
+
+    def acquire(self, request: Any, what: str) -> tuple[str, int, dict[str, Any], Any]:
+        """Lease ``request`` for ``what``: (lease id, token, hand-out, its placed group). Blocks until granted."""
+        import secrets
+
+        from orchestrator.core.lease import key_digest
+
+        self._n += 1
+        ctx = ray.get_runtime_context()
+        lid = f"ray-{ctx.get_job_id()}-{os.getpid()}-{self._n}"
+        key = secrets.token_hex(16)
+        info = self.head.acquire_lease_now({"lease_id": lid, "request": request.model_dump(mode="json"),
+                                            "owner": f"ray-job:{ctx.get_job_id()}", "requester_digest": key_digest(key)},
+                                           key, None)
+        if info.get("state") == "pending":
+            log.warning("orchestrator: %s holds no lease: waiting for lease %s (orchestrator leases, explain)", what, lid)
+            try:
+                info = self.head.wait_lease(lid, self.wait_s, key)
+            except Exception:
+                _quietly(self.head.release, lid, None, "withdrawn: not granted in time")
+                raise
+        token = int(info["fencing_token"])
+        try:
+            pg = lease_group(info["handout"]["node_name"], lid, self.namespace)
+        except Exception:
+            _quietly(self.head.release, lid, token, "its placement group was not made")
+            raise
+        return lid, token, info["handout"], pg
+
+    def lease_for(self, options: dict[str, Any], what: str, *, actor: bool) -> tuple[dict[str, Any], Any]:
+        """Options inside a new lease for this call, and what to do once it is submitted (``done(result)``)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from orchestrator.core.ray_request import request_for
+
+        req = request_for(_gpus_asked(options), accelerator_type=options.get("accelerator_type"),
+                          memory_bytes=options.get("memory"), fractional=self.fractional)
+        lid, token, handout, pg = self.acquire(req, what)
+        out = dict(options)
+        out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0, placement_group_capture_child_tasks=True)
+        out.pop("accelerator_type", None)  # the lease chose the card; its group has no such resource
+        bundle = {k: float(v) for k, v in pg.bundle_specs[0].items()}
+        if "CPU" not in bundle and options.get("num_cpus") is None:
+            out["num_cpus"] = 0
+        renv = dict(out.get("runtime_env") or {})
+        renv["env_vars"] = {**(renv.get("env_vars") or {}), **handout["env_vars"]}
+        out["runtime_env"] = renv
+        if actor and not out.get("name"):
+            out["name"], out["namespace"] = f"rgo-lease-{lid}", self.namespace
+        head, ns = self.head, out.get("namespace") or ray.get_runtime_context().namespace
+        holder = None if actor else self.holder_id()
+
+        def done(result: Any) -> None:
+            if actor:  # the actor holds it: dead actor, freed lease; revoked lease, stopped actor
+                head.activate(lid, token, result._actor_id.hex(), f"actor:{ns}/{out['name']}")
+                return
+            head.activate(lid, token, holder)
+            ref = result[0] if isinstance(result, list) else result
+            if isinstance(ref, ray.ObjectRef):
+                ref.future().add_done_callback(lambda _f: _quietly(head.release, lid, token, "its task ended"))
+
+        return out, done
+
+    def group_for(self, original: Any, bundles: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A placement group with GPUs: one lease for all its bundles (whole cards when every bundle asks for
+        whole GPUs, on one node; one fractional share for a one-bundle group), lent to the group (the agent
+        removes the lease's own group, the new one is pinned to the node and adopted)."""
+        from orchestrator.core.ray_request import request_for
+
+        if not advertises_any_gpus():
+            return original(bundles, *args, **kwargs)
+        gpus = _gpus_in(bundles)
+        total = sum(gpus)
+        if len([g for g in gpus if g > 0]) > 1 and not all(float(g).is_integer() for g in gpus):
+            raise LeaseCapacityError("placement_group.bundles", gpus, "whole GPUs per bundle, or one bundle",
+                                     detail="a lease is whole cards on one node or one share of one card")
+        req = request_for(total, fractional=self.fractional)
+        lid, token, handout, _own = self.acquire(req, f"a placement group of {total:g} GPU")
+        lease = _Lease(lid, handout["node_name"], self.namespace, token, handout["node_id"])
+        self.head.activate(lid, token, self.holder_id())
+        try:
+            group = make_group_in_lease(lease, original, bundles, args, kwargs)
+        except Exception:
+            _quietly(self.head.release, lid, token, "its placement group could not be made")
+            raise
+        head = self.head
+        _ADOPTED[group.id.hex()] = (lid, token, lambda: head.release(lid, token, "its placement group was removed"))
+        return group
+
+
+class _Holder:
+    """A tiny actor owned by a process that leases for its calls: it dies with that process (fate sharing)."""
+
+
+def _quietly(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as e:  # the head will expire or reclaim it
+        log.info("orchestrator: %s", e)
+
+
+# ---- placement groups made by a leased process (Ray Train's workers, Tune's trials, Serve's replicas) ----
+#: group id (hex) -> (lease, token, how to end it): the groups this process made on a lease's capacity
+_ADOPTED: dict[str, tuple[str, int, Any]] = {}
+
+
+def _gpus_in(bundles: Any) -> list[float]:
+    return [float((b or {}).get("GPU", 0.0)) for b in bundles]
+
+
+def _pinned(bundles: Any, selectors: Any, node_id: str) -> list[dict[str, str]]:
+    from orchestrator.core.config import RAY_NODE_ID_LABEL
+
+    sel = list(selectors or [{} for _ in bundles])
+    return [{**(s or {}), RAY_NODE_ID_LABEL: node_id} for s in sel]
+
+
+def make_group_in_lease(lease: "_Lease", original: Any, bundles: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A placement group the holder of ``lease`` makes for GPU work (Train's worker group): the lease's own group is
+    removed by the node's agent, the holder's group is made pinned to the node (so it lands on exactly that
+    capacity) and adopted by the agent: removed with the lease. Asking for more GPU than the lease holds fails
+    with :class:`LeaseCapacityError`."""
+    found = lease.group()
+    if found is None:
+        return original(bundles, *args, **kwargs)
+    pg, bundle = found
+    asked, holds = sum(_gpus_in(bundles)), bundle.get("GPU", 0.0)
+    if asked > holds + 1e-9:
+        raise LeaseCapacityError("placement_group.bundles", asked, f"at most {holds:g} GPU in all",
+                                 detail=f"a placement group asks for {asked:g} GPU but lease {lease.lease_id} on "
+                                        f"{lease.node_name} holds {holds:g}")
+    node_id = lease.ray_node_id
+    token = int(lease.token or 0)
+    agent = lease.agent()
+    if not ray.get(agent.lend.remote(lease.lease_id, token), timeout=30):
+        raise LeaseCapacityError("placement_group", "a second group", "one placement group per lease",
+                                 detail=f"lease {lease.lease_id}'s capacity is already another placement group's; "
+                                        f"remove that one first, or make GPU work that needs several groups from a "
+                                        f"driver without a lease (each group then gets a lease of its own)")
+    lease.forget_group()
+    kwargs = {**kwargs, "bundle_label_selector": _pinned(bundles, kwargs.get("bundle_label_selector"), node_id)}
+    group = original(bundles, *args, **kwargs)
+    ray.get(agent.adopt.remote(lease.lease_id, token, group.id.hex()), timeout=30)
+    _ADOPTED[group.id.hex()] = (lease.lease_id, token, lambda: _give_back(agent, lease, token))
+    return group
+
+
+def _give_back(agent: Any, lease: "_Lease", token: int) -> None:
+    lease.forget_group()
+    ray.get(agent.give_back.remote(lease.lease_id, token), timeout=30)
+
+
+def _wrap_groups(make: Any) -> None:
+    """Route ``ray.util.placement_group`` (and its removal) through ``make(original, bundles, args, kwargs)``,
+    in ``ray.util`` and in every Ray module that imported them by name already."""
+    import sys
+
+    mod = sys.modules["ray.util.placement_group"]
+    original_make, original_remove = mod.placement_group, mod.remove_placement_group
+
+    @functools.wraps(original_make)
+    def placement_group(bundles: Any, *args: Any, **kwargs: Any) -> Any:
+        if sum(_gpus_in(bundles)) <= 0:
+            return original_make(bundles, *args, **kwargs)
+        return make(original_make, bundles, args, kwargs)
+
+    @functools.wraps(original_remove)
+    def remove_placement_group(group: Any) -> None:
+        original_remove(group)
+        entry = _ADOPTED.pop(group.id.hex(), None)
+        if entry is not None:
+            _quietly(entry[2])
+
+    for m in list(sys.modules.values()):
+        name = getattr(m, "__name__", "") or ""
+        if not (name == "ray" or name.startswith("ray.")):
+            continue
+        for attr, old, new in (("placement_group", original_make, placement_group),
+                               ("remove_placement_group", original_remove, remove_placement_group)):
+            if getattr(m, attr, None) is old:
+                setattr(m, attr, new)
+
+
+_INSTALLED = False
+
+
+def install(lease: "_Lease | _AutoLeases") -> None:
+    """Steer this process's GPU tasks and actors into ``lease``, or into a lease of their own each
+    (:class:`_AutoLeases`); idempotent. Ray's remote functions and actor classes submit through
+    ``_remote(args, kwargs, **options)``; both are wrapped once. A call that names its own placement
+    (a scheduling strategy, a placement group) is left as it is."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    from ray import actor, remote_function
+
+    def wrap(cls: Any, is_actor: bool) -> None:
+        original = cls._remote
+
+        @functools.wraps(original)
+        def _remote(self: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+            if not _steerable(options):
+                return original(self, args, kwargs, **options)
+            what = ("actor " if is_actor else "task ") + _describe(self)
+            if isinstance(lease, _AutoLeases):
+                if not advertises_any_gpus():
+                    return original(self, args, kwargs, **options)
+                options, done = lease.lease_for(options, what, actor=is_actor)
+                result = original(self, args, kwargs, **options)
+                done(result)
+                return result
+            return original(self, args, kwargs, **steer(lease, options, what, actor=is_actor))
+
+        cls._remote = _remote
+
+    wrap(remote_function.RemoteFunction, False)
+    wrap(actor.ActorClass, True)
+    if isinstance(lease, _AutoLeases):
+        _wrap_groups(lambda original, bundles, args, kwargs: lease.group_for(original, bundles, args, kwargs))
+    else:
+        _wrap_groups(lambda original, bundles, args, kwargs: make_group_in_lease(lease, original, bundles, args, kwargs))
+    _INSTALLED = True
+
+
+def _steerable(options: Mapping[str, Any]) -> bool:
+    """A call that asks for GPUs and names no placement of its own: no strategy, a string one (``"DEFAULT"``,
+    ``"SPREAD"``: where Ray likes, which Serve's replicas say), or a soft node affinity (Serve's compaction)."""
+    if _gpus_asked(options) <= 0 or options.get("placement_group") not in (None, "default"):
+        return False
+    strategy = options.get("scheduling_strategy")
+    return strategy is None or isinstance(strategy, str) or getattr(strategy, "soft", False) is True
+
+
+_ANY_GPUS: list[bool] = []
+
+
+def advertises_any_gpus() -> bool:
+    """Whether the cluster has Ray ``GPU`` at all (a cluster the orchestrator manages does); asked once."""
+    if not _ANY_GPUS:
+        _ANY_GPUS.append(bool(ray.cluster_resources().get("GPU")))
+    return _ANY_GPUS[0]
+
+
+def _describe(obj: Any) -> str:
+    fd = getattr(obj, "_function_descriptor", None) or getattr(getattr(obj, "__ray_metadata__", None),
+                                                                "class_name", None)
+    return str(getattr(fd, "repr", fd) or type(obj).__name__)
+
+
+def lease_from_env(environ: Mapping[str, str] | None = None) -> "_Lease | _AutoLeases | None":
+    """What this process steers its GPU work into: the lease its environment names (a job or holder the
+    orchestrator started), per-call leases (a driver with no lease, where ``ORCHESTRATOR_RAY_AUTO_LEASE`` is on,
+    as ``orchestrator up`` sets it on every raylet), or nothing (a gang's driver: its workers hold the devices)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(E.GANG):
+        return None
+    lease_id, node = environ.get(E.LEASE_ID), environ.get(E.NODE)
+    if lease_id and node:
+        token = environ.get(E.FENCING_TOKEN, "")
+        return _Lease(lease_id, node, environ.get(E.NAMESPACE), int(token) if token.isdigit() else None)
+    if environ.get(E.RAY_AUTO_LEASE, "") in ("1", "true"):
+        return _AutoLeases(environ.get(E.NAMESPACE) or DEFAULT_NAMESPACE, environ.get(E.HEAD_NAME) or "rgo-head",
+                           environ.get(E.FRACTIONAL_GPU) or "mps", float(environ.get(E.AUTO_LEASE_WAIT_S) or 3600))
+    return None
+
+
+def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``RAY_RUNTIME_ENV_HOOK``: Ray calls it from ``ray.init`` in a driver, with the job's runtime env. It
+    installs :func:`install` for what :func:`lease_from_env` finds, and for a held lease asks Ray to do the same
+    in every worker of the job (``worker_process_setup_hook``) so nested GPU work stays in the lease too.
+    Returns the runtime env; never fails the driver's ``ray.init`` (a failure is logged)."""
+    try:
+        lease = lease_from_env()
+        if lease is None:
+            return runtime_env
+        install(lease)
+        out = dict(runtime_env or {})
+        out.setdefault("worker_process_setup_hook", f"{__name__}.worker_setup")
+        return out
+    except Exception as e:  # noqa: BLE001 -- the user's driver must start whatever we could not do
+        log.warning("orchestrator: could not steer this driver's GPU work into its lease: %s", e)
+        return runtime_env
+
+
+def worker_setup() -> None:
+    """``worker_process_setup_hook`` of a job whose driver steers: the same in each of its workers (a worker
+    started inside a lease finds that lease in its environment; Train's and Serve's controllers do not)."""
+    lease = lease_from_env()
+    if lease is None:
+        return
+    install(lease)
+    if isinstance(lease, _Lease) and os.environ.get(E.SHARE_KIND) == "whole" and "," in os.environ.get(E.CUDA_VISIBLE_DEVICES, ""):
+        _narrow_per_task(lease)
+
+
+def _narrow_per_task(lease: _Lease) -> None:
+    """In a worker inside a multi-card lease: each task or actor sees only the card(s) Ray gave it, as plain Ray
+    does. Ray maps its instance ids through the ids the process started with; the holds make instance ``i`` card
+    ``i`` (control/holds.py), so the node's UUIDs by index are that list, and Ray may set
+    ``CUDA_VISIBLE_DEVICES`` per task again (the lease's environment told it not to, for its holder)."""
+    try:
+        uuids = ray.get(lease.agent().gpu_uuids.remote(), timeout=30)
+    except Exception as e:  # the whole lease stays visible: still only the lease's cards
+        log.info("orchestrator: cards not narrowed per task: %s", e)
+        return
+    ray._private.worker.global_worker.original_visible_accelerator_ids["GPU"] = list(uuids)
+    os.environ.pop(E.RAY_NOSET_CUDA_VISIBLE_DEVICES, None)

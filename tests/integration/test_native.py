@@ -1,0 +1,147 @@
+"""Ray's own GPU API on leases, on a real 3-node Ray cluster with simulated GPUs (docs/ray-native.md).
+
+Nodes advertise Ray's ``GPU``; each agent holds every unit no lease covers (``control/holds.py``). What only a
+real cluster shows: an unleased ``num_gpus`` task waits; a leased actor's ``ray.get_gpu_ids()`` names its card
+and Ray's own instance is the ledger's card; a job's plain ``@ray.remote(num_gpus=1)`` code runs inside its
+lease and one asking for more fails at once; and a sampler of who holds which card never sees one used twice.
+CUDA is absent: the assertions are on ``ray.get_gpu_ids()``, ``CUDA_VISIBLE_DEVICES`` and Ray's books.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.lease import key_digest
+from orchestrator.rayport.loopback import LOOPBACK_SITE
+from tests.integration.heads import until
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+SETTINGS = RuntimeSettings(namespace="rgo-native", heartbeat_interval_s=0.5, agent_ttl_s=5.0, reconcile_interval_s=0.1)
+
+
+
+@pytest.fixture(scope="module")
+def job_env() -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "ORCHESTRATOR_KEEP_LOOPBACK")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO), saved["PYTHONPATH"]) if p)
+    os.environ["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def head(job_env: None, ray_cluster: Any) -> Iterator[Any]:
+    import ray
+
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.actors import start_head
+    from orchestrator.rayport.client import HeadClient
+
+    handle = start_head(SETTINGS, ray_cluster.config, node_id=ray_api.head_node_id())
+    until("agents registered", lambda: ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"]
+          == ["a100-0", "a100-1", "h100-0"], 120, every_s=0.25)
+    # every unit of Ray's GPU is held by an agent once they have registered
+    until("every card held", lambda: ray.available_resources().get("GPU", 0) == 0, 60, every_s=0.25)
+    yield HeadClient(handle=handle)
+    for node in ray_cluster.config.nodes:
+        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
+    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
+    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+
+
+def _lease(head: Any, lease_id: str, request: dict[str, Any]) -> dict[str, Any]:
+    head.request_lease({"lease_id": lease_id, "request": request, "owner": "it", "requester_digest": key_digest("k")})
+    return head.wait_lease(lease_id, 60, "k")
+
+
+def test_nodes_advertise_ray_gpus_and_unleased_num_gpus_work_waits(head: Any, ray_cluster: Any) -> None:
+    import ray
+
+    total = ray.cluster_resources()
+    assert total.get("GPU") == sum(n.gpus for n in ray_cluster.config.nodes) == 10
+    assert total.get("accelerator_type:A100") == 2 and total.get("accelerator_type:H100") == 1
+
+    @ray.remote(num_gpus=1)
+    def outsider() -> str:
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+    ref = outsider.remote()
+    ready, _ = ray.wait([ref], timeout=4)
+    assert not ready, "a num_gpus task without a lease ran on a held card"
+    ray.cancel(ref, force=True)
+
+
+def _probe_actor() -> Any:
+    import ray
+
+    @ray.remote
+    class Probe:
+        def seen(self) -> dict[str, Any]:
+            raw = ray._private.worker.global_worker.core_worker.resource_ids()
+            instances = sorted({i for k, v in raw.items() if k.startswith("GPU_group_") and "_group_0_" not in k
+                                for i, _ in v})
+            return {"ids": [str(i) for i in ray.get_gpu_ids()], "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    "instances": instances}
+
+    return Probe
+
+
+def test_a_leased_actor_sees_its_card_through_ray_and_ray_books_the_same_card(head: Any) -> None:
+    import ray
+
+    from orchestrator.rayport import ray_api
+
+    Probe = _probe_actor()
+    grants = [_lease(head, "nat-w", {"kind": "whole", "count": 1, "node": "a100-0"}),
+              _lease(head, "nat-mps", {"kind": "mps", "sm_percent": 40, "node": "a100-0"})]
+    actors = [Probe.options(**ray_api.actor_options(g["handout"])).remote() for g in grants]
+    try:
+        seen = ray.get([a.seen.remote() for a in actors], timeout=60)
+        for g, s in zip(grants, seen):
+            a = g["allocation"]
+            assert s["ids"] == list(a["gpu_uuids"]) == [s["cvd"]], (g["lease_id"], s)
+            # Ray's own GPU instance is the card the ledger chose: the holds put the group there
+            assert s["instances"] == list(a["gpu_indices"]), (g["lease_id"], s, a["gpu_indices"])
+        assert ray.available_resources().get("GPU", 0) == 0  # the rest of every card is still held
+    finally:
+        for x in actors:
+            ray.kill(x)
+        for g in grants:
+            head.release(g["lease_id"], g["fencing_token"])
+    until("the released shares held again", lambda: ray.available_resources().get("GPU", 0) == 0, 30)
+
+
+def test_a_jobs_plain_num_gpus_code_runs_inside_its_lease_and_asking_more_fails_fast(head: Any) -> None:
+    import json
+
+    from orchestrator import Client
+
+    client = Client(namespace=SETTINGS.namespace)
+    # the README's first SDK example, as shipped
+    h = client.submit({"name": "probe", "entrypoint": f"{sys.executable} {REPO / 'jobs' / 'native_example.py'}",
+                       "gpu": "1"})
+    d = h.wait(180)
+    logs = h.logs()
+    assert d["state"] == "succeeded", (d["message"], logs)
+    line = next(x for x in logs.splitlines() if x.startswith("NATIVE="))
+    out = json.loads(line[len("NATIVE="):])
+    lease = head.get_lease(d["lease_id"])
+    uuid = lease["allocation"]["gpu_uuids"][0]
+    assert out["driver_cuda_visible_devices"] == uuid
+    for t in out["tasks"]:
+        assert t["gpu_ids"] == [uuid] and t["cuda_visible_devices"] == uuid, t
+        assert t["node"] == lease["handout"]["node_id"], t
+    over = out["over_the_lease"]
+    assert over.startswith("LeaseCapacityError") and d["lease_id"] in over and "holds 1" in over, over
