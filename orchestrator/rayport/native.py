@@ -245,9 +245,13 @@ class _AutoLeases:
         bundle = {k: float(v) for k, v in pg.bundle_specs[0].items()}
         if "CPU" not in bundle and options.get("num_cpus") is None:
             out["num_cpus"] = 0
-        renv = dict(out.get("runtime_env") or {})
-        renv["env_vars"] = {**(renv.get("env_vars") or {}), **handout["env_vars"]}
-        out["runtime_env"] = renv
+        from ray._private.utils import get_runtime_env_info, parse_runtime_env_for_task_or_actor
+
+        # Ray takes a task's runtime env serialized ahead (``.options()`` does it), an actor's parsed
+        out["runtime_env"] = parse_runtime_env_for_task_or_actor(_with_env(out.get("runtime_env"), handout["env_vars"]))
+        if not actor:
+            out["serialized_runtime_env_info"] = get_runtime_env_info(out["runtime_env"], is_job_runtime_env=False,
+                                                                      serialize=True)
         if actor and not out.get("name"):
             out["name"], out["namespace"] = f"rgo-lease-{lid}", self.namespace
         head, ns = self.head, out.get("namespace") or ray.get_runtime_context().namespace
@@ -293,6 +297,15 @@ class _AutoLeases:
 
 class _Holder:
     """A tiny actor owned by a process that leases for its calls: it dies with that process (fate sharing)."""
+
+
+def _with_env(runtime_env: Any, env: Mapping[str, str]) -> Any:
+    """``runtime_env`` (a dict, or Ray's ``RuntimeEnv``: Serve passes one) with ``env`` added to its env vars."""
+    import copy
+
+    out = copy.deepcopy(runtime_env) if runtime_env else {}
+    out["env_vars"] = {**(out.get("env_vars") or {}), **env}
+    return out
 
 
 def _quietly(fn: Any, *args: Any) -> None:

@@ -10,6 +10,7 @@ CUDA is absent: the assertions are on ``ray.get_gpu_ids()``, ``CUDA_VISIBLE_DEVI
 from __future__ import annotations
 
 import os
+import time
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -145,3 +146,47 @@ def test_a_jobs_plain_num_gpus_code_runs_inside_its_lease_and_asking_more_fails_
         assert t["node"] == lease["handout"]["node_id"], t
     over = out["over_the_lease"]
     assert over.startswith("LeaseCapacityError") and d["lease_id"] in over and "holds 1" in over, over
+
+
+def _plain_ray_job(what: str, timeout: float = 300) -> tuple[str, str]:
+    """``jobs/native_probes.py <what>`` submitted with Ray's own job API (what ``ray job submit`` does): a driver
+    that holds no lease. Returns (Ray's final status, the driver's log)."""
+    from orchestrator.bench import native as nb
+    from orchestrator.rayport import ray_api
+
+    client = ray_api.RayJobRunner().client
+    sid = client.submit_job(entrypoint=nb.probe_entrypoint(sys.executable, REPO / "jobs", what),
+                            runtime_env=nb.job_env(SETTINGS.namespace))
+    deadline = time.monotonic() + timeout
+    while (st := str(client.get_job_status(sid).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        if time.monotonic() > deadline:
+            client.stop_job(sid)
+            break
+        time.sleep(0.5)
+    return st, client.get_job_logs(sid)
+
+
+@pytest.mark.parametrize("what", ["plain", "train", "tune", "serve"])
+def test_a_plain_ray_jobs_gpu_work_gets_leases_of_its_own(head: Any, what: str) -> None:
+    """A driver started by Ray's own job API, holding no lease: its num_gpus tasks, its TorchTrainer(use_gpu=True),
+    its Tune trials with {"gpu": 1} and its Serve replicas with num_gpus each get a lease of their own, see one
+    card through Ray's API, and no card is held twice or without a lease meanwhile."""
+    from orchestrator.bench import native as nb
+
+    checker = nb.CardChecker(head, SETTINGS.namespace, ["a100-0", "a100-1", "h100-0"], interval_s=0.3).start()
+    try:
+        status, logs = _plain_ray_job(what)
+    finally:
+        checker.stop()
+    out = nb.read_probe(logs, what)
+    assert status == "SUCCEEDED" and out is not None, logs[-3000:]
+    assert nb.judge(what, out) == "ok", out
+    assert checker.samples > 0 and checker.holders_seen > 0 and not checker.events, checker.events[:3]
+    if what == "plain":  # each task ran on a lease of its own, released when it ended
+        held = [s["lease"] for s in [*out["whole"], out["half"]]]
+        assert all(held) and len(set(held)) == 3, held
+        until("their leases released", lambda: all(head.get_lease(lid)["state"] == "released" for lid in held), 30)
+        half = head.get_lease(out["half"]["lease"])["allocation"]
+        assert half["kind"] == "mps" and half["sm_percent"] == 50  # num_gpus=0.5: the config's share (MPS)
+    until("no lease of the job left", lambda: not [le for le in head.status()["leases"]
+                                                   if le["owner"].startswith("ray-job:")], 60)

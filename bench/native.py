@@ -1,0 +1,132 @@
+"""Ray's own GPU APIs on leases, on a real local cluster with simulated GPUs (prints figures; not a test).
+
+Starts the demo cluster (``configs/cluster.demo.yaml``) with ``orchestrator up``'s own code in a state
+directory of its own, then runs, as users would:
+
+* ``plain_num_gpus_task``, ``train_use_gpu``, ``tune_gpu_trial``, ``serve_num_gpus``: ``jobs/native_probes.py``
+  submitted with Ray's own job API (what ``ray job submit`` does): a driver that holds no lease, whose
+  ``num_gpus`` tasks, Train worker group, Tune trials and Serve replicas each get a lease of their own;
+  each is ``"ok"`` when every holder saw exactly one card through ``ray.get_gpu_ids()`` and
+  ``CUDA_VISIBLE_DEVICES`` agreed, else the error;
+* ``train_use_gpu_in_job``: the same Train run as ``orchestrator submit --gpu 2``: its worker group takes
+  the job's lease;
+* ``double_use_events``: samples (every 0.5 s, all the while) in which a card had two holders or a holder
+  without a lease (``orchestrator.bench.native.CardChecker``), with ``double_use_samples`` and
+  ``gpu_holders_seen``;
+* ``actor_start_p50_ms_plain_ray``: an actor asking for no GPU, from ``.remote()`` to its first answer;
+  ``actor_start_p50_ms_orchestrated``: an actor asking ``num_gpus=1`` from a driver without a lease (its own
+  lease asked, granted, its group placed, the actor started), interleaved in the same run; and their ratio.
+
+    .venv/bin/python bench/native.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.config import DEMO_CONFIG, load_config
+from orchestrator.core.jsonout import stdout_to_stderr
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = REPO / "jobs"
+
+
+def run(state: Any, starts: int, say: Any) -> dict[str, Any]:
+    import ray
+
+    from orchestrator.bench import native as nb
+    from orchestrator.rayport import cards, native, ray_api
+    from orchestrator.rayport.client import HeadClient
+
+    ray_api.connect(state.address, state.namespace)
+    head = HeadClient(state.namespace)
+    nodes = [n["name"] if isinstance(n, dict) else n for n in head.status().get("nodes", [])] or ["a100-0", "a100-1", "h100-0"]
+    nodes = [n for n in nodes if isinstance(n, str)]
+    checker = nb.CardChecker(head, state.namespace, nodes).start()
+    client = ray_api.RayJobRunner().client
+    out: dict[str, Any] = {}
+    try:
+        for what in nb.PROBES:
+            t0 = time.monotonic()
+            sid = client.submit_job(entrypoint=nb.probe_entrypoint(sys.executable, JOBS, what),
+                                    runtime_env=nb.job_env(state.namespace))
+            deadline = time.monotonic() + 300
+            while str(client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+                if time.monotonic() > deadline:
+                    client.stop_job(sid)
+                    break
+                time.sleep(0.5)
+            logs = client.get_job_logs(sid)
+            verdict = nb.judge(what, nb.read_probe(logs, what))
+            if verdict == "no output":
+                verdict = "error: " + (logs.strip().splitlines() or ["no log"])[-1][-300:]
+            key = {"plain": "plain_num_gpus_task", "train": "train_use_gpu", "tune": "tune_gpu_trial",
+                   "serve": "serve_num_gpus"}[what]
+            out[key] = verdict
+            say(f"{key}: {verdict} ({time.monotonic() - t0:.1f}s)")
+        from orchestrator.sdk.jobs import Client  # noqa: F401 -- imported late: the SDK connects on its own
+
+        job = Client(namespace=state.namespace).submit({"name": "native-train", "gpu": "2",
+                                                        "entrypoint": nb.probe_entrypoint(sys.executable, JOBS, "train")})
+        final = job.wait(300)
+        verdict = nb.judge("train", nb.read_probe(job.logs(), "train")) if final["state"] == "succeeded" else \
+            f"job {final['state']}: {final.get('message')}"
+        out["train_use_gpu_in_job"] = verdict
+        say(f"train_use_gpu_in_job: {verdict}")
+        # actor start: plain Ray against the lease path, interleaved
+        native.install(native.lease_from_env({"ORCHESTRATOR_RAY_AUTO_LEASE": "1",
+                                               "ORCHESTRATOR_NAMESPACE": state.namespace}))
+
+        @ray.remote(num_cpus=0)
+        class Plain:
+            pass
+
+        @ray.remote(num_gpus=1, num_cpus=0)
+        class Leased:
+            pass
+
+        plain: list[float] = []
+        leased: list[float] = []
+        for _ in range(starts):
+            plain += cards.actor_start_ms(lambda: Plain.remote(), 1)
+            leased += cards.actor_start_ms(lambda: Leased.remote(), 1)
+        out["actor_start_p50_ms_plain_ray"] = nb.p50(plain)
+        out["actor_start_p50_ms_orchestrated"] = nb.p50(leased)
+        out["actor_start_ratio"] = round(nb.p50(leased) / nb.p50(plain), 2)
+        out["actor_starts"] = starts
+    finally:
+        checker.stop()
+    out["double_use_events"] = len(checker.events)
+    out["double_use_samples"] = checker.samples
+    out["gpu_holders_seen"] = checker.holders_seen
+    if checker.events:
+        out["double_use_first"] = checker.events[:3]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--starts", type=int, default=10, help="actor starts of each kind")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    from orchestrator.deploy.local import scratch_cluster
+
+    say = lambda m: print(f"[native] {m}", file=sys.stderr)  # noqa: E731
+    with stdout_to_stderr(), scratch_cluster(load_config(DEMO_CONFIG), "rgo-native-", progress=say) as state:
+        out = run(state, a.starts, say)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}")
+    keys = ("plain_num_gpus_task", "train_use_gpu", "tune_gpu_trial", "serve_num_gpus")
+    return 0 if all(out.get(k) == "ok" for k in keys) and out["double_use_events"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

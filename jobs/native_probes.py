@@ -1,0 +1,98 @@
+"""Ray's own GPU APIs, as a user writes them, each printing what it saw: the probes of bench/native.py and
+tests/integration/test_native.py (docs/ray-native.md). Nothing here knows the orchestrator.
+
+    python jobs/native_probes.py plain|train|tune|serve
+
+Each prints one ``NATIVE_<WHAT>={json}`` line: the GPU ids and ``CUDA_VISIBLE_DEVICES`` each task, Train
+worker, Tune trial or Serve replica saw. CUDA is absent on simulated GPUs: nothing here touches a device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import ray
+
+
+#: How long each task, worker, trial and replica call holds its card: long enough for a sampler to see it.
+HOLD_S = float(os.environ.get("NATIVE_HOLD_S", "1.5"))
+
+
+def seen() -> dict:
+    time.sleep(HOLD_S)
+    return {"gpu_ids": [str(i) for i in ray.get_gpu_ids()], "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "node": ray.get_runtime_context().get_node_id(), "lease": os.environ.get("ORCHESTRATOR_LEASE_ID")}
+
+
+def plain() -> dict:
+    @ray.remote(num_gpus=1)
+    def whole() -> dict:
+        return seen()
+
+    @ray.remote(num_gpus=0.5)
+    def half() -> dict:
+        return seen()
+
+    return {"whole": ray.get([whole.remote(), whole.remote()], timeout=300), "half": ray.get(half.remote(), timeout=300)}
+
+
+def train() -> dict:
+    import tempfile
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    out_dir = tempfile.mkdtemp(prefix="native-train-")
+
+    def loop(config: dict) -> None:
+        import ray.train
+
+        rank = ray.train.get_context().get_world_rank()
+        with open(os.path.join(config["out"], f"rank-{rank}.json"), "w") as f:
+            json.dump(seen(), f)
+        ray.train.report({"rank": rank})
+
+    trainer = TorchTrainer(loop, train_loop_config={"out": out_dir}, torch_config=TorchConfig(backend="gloo"),
+                           scaling_config=ScalingConfig(num_workers=2, use_gpu=True),
+                           run_config=RunConfig(name=f"native-{os.getpid()}", storage_path=out_dir))
+    result = trainer.fit()
+    workers = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir)) if f.startswith("rank-")]
+    return {"workers": workers, "error": repr(result.error) if result.error else None}
+
+
+def tune() -> dict:
+    from ray import tune as t
+
+    def trial(config: dict) -> dict:
+        return {"seen": json.dumps(seen()), "x": config["x"]}
+
+    tuner = t.Tuner(t.with_resources(trial, {"gpu": 1, "cpu": 0}), param_space={"x": t.grid_search([1, 2])},
+                    run_config=t.RunConfig(storage_path=os.environ.get("TMPDIR", "/tmp"), name=f"native-{os.getpid()}"))
+    results = tuner.fit()
+    return {"trials": [r.metrics.get("seen") for r in results], "errors": [repr(r.error) for r in results if r.error]}
+
+
+def serve() -> dict:
+    from ray import serve as s
+
+    @s.deployment(num_replicas=2, ray_actor_options={"num_gpus": 0.5, "num_cpus": 0})
+    class Where:
+        def __call__(self, request=None) -> dict:
+            return seen()
+
+    handle = s.run(Where.bind(), name="native", route_prefix=None)
+    out = {"replicas": [handle.remote().result(timeout_s=120) for _ in range(6)]}
+    s.delete("native")
+    return out
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "plain"
+    ray.init()
+    t0 = time.monotonic()
+    out = {"plain": plain, "train": train, "tune": tune, "serve": serve}[what]()
+    out["seconds"] = round(time.monotonic() - t0, 2)
+    print(f"NATIVE_{what.upper()}=" + json.dumps(out, default=str), flush=True)
