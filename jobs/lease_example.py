@@ -30,8 +30,9 @@ class Worker:
 
     def devices(self) -> dict[str, object]:
         return {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                # what Ray holds for it: its share of its card's own resource (rgo-gpu-<index>), no Ray GPU
+                # what Ray holds for it: its share of Ray's GPU, inside its lease's placement group
                 "assigned": ray.get_runtime_context().get_assigned_resources(),
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "mps": {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS_")}}
 

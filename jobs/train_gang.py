@@ -81,7 +81,9 @@ def train_loop(config: dict[str, Any]) -> None:
     log.mkdir(parents=True, exist_ok=True)
 
     seed = int(config.get("seed", 0))
-    model = prepare_model(_model(seed), parallel_strategy_kwargs={"broadcast_buffers": False})
+    # Train's device where CUDA is there (a card of this worker's lease); the CPU where it is not (simulated GPUs)
+    device = rt.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
+    model = prepare_model(_model(seed), move_to_device=device, parallel_strategy_kwargs={"broadcast_buffers": False})
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     start = 0
     resume = config.get("resume_from")
@@ -99,7 +101,7 @@ def train_loop(config: dict[str, Any]) -> None:
     sleep_s = float(config.get("step_sleep_s", 0.0))
     step = start
     while step < steps:
-        x, y = _batch(seed, step, rank)
+        x, y = (t.to(device) for t in _batch(seed, step, rank))
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()

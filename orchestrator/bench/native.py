@@ -8,8 +8,8 @@ head and Ray can each verify:
   placement group to the lease whose group it is (the agents name their groups, and the groups a holder made
   on its lease's capacity: ``AgentActor.info``'s ``holds.groups``), and so to the cards the ledger gave that
   lease; a GPU task or actor in no lease's group holds a card *without a lease*;
-* every process whose environment names cards (``CUDA_VISIBLE_DEVICES`` set by a lease's hand-out: a job's
-  driver, a leased actor), with the lease its environment names;
+* every such process whose environment fixes its cards for life (``CUDA_VISIBLE_DEVICES`` with Ray told not to
+  change it, as a lease's hand-out does): those cards must be its lease's;
 * the leases the ledger says hold each card (revoking ones included).
 
 An event (``double_use_events``) is a sample in which a card held whole by one lease is held by another lease too
@@ -101,7 +101,10 @@ class CardChecker:
                 le = self.head.get_lease(lid)
                 cards_of[lid] = tuple((le.get("allocation") or {}).get("gpu_uuids", ()))
             env = process_env(int(pid)) if pid else {}
-            seen = [c for c in env.get(E.CUDA_VISIBLE_DEVICES, "").split(",") if c.startswith("GPU-")]
+            # A process that Ray may not narrow (a lease's hand-out said so) keeps the devices it started with;
+            # any other has Ray set them per task from its own books, which the group above stands for.
+            fixed = env.get(E.RAY_NOSET_CUDA_VISIBLE_DEVICES) == "1"
+            seen = [c for c in env.get(E.CUDA_VISIBLE_DEVICES, "").split(",") if c.startswith("GPU-") and fixed]
             stray = [c for c in seen if c not in cards_of.get(lid, ())]
             if stray:  # the process's devices are not its lease's
                 self.events.append({"at": now, "card": stray[0], "holder": pid, "lease": lid})

@@ -280,7 +280,8 @@ class HeadController:
         for lease_id, uuid in (mig_uuids or {}).items():
             e = self.ledger.find(lease_id)
             if e is not None and e.lease.holding and e.handout is None and e.lease.allocation is not None:
-                changed.append(replace(e, handout=lease_handout(e.lease, rec.ray_node_id, self.settings, mig_uuid=uuid)))
+                changed.append(replace(e, handout=lease_handout(e.lease, rec.ray_node_id, self.settings, mig_uuid=uuid,
+                                                                node_gpu_uuids=_uuids(rec))))
         if changed:
             self.ledger.commit(changed)
         for lease_id, why in (rejected or {}).items():
@@ -434,7 +435,9 @@ class HeadController:
             self.ledger.fencing += 1
             lease = e.lease.grant(g.placement.allocation, self.ledger.fencing, now=now, reason=str(g.reason))
             rec = self.nodes.records[g.placement.allocation.node_name]
-            grants.append(replace(e, lease=lease, handout=lease_handout(lease, rec.ray_node_id, self.settings), why_pending="", waiting=None))
+            grants.append(replace(e, lease=lease, handout=lease_handout(lease, rec.ray_node_id, self.settings,
+                                                                        node_gpu_uuids=_uuids(rec)),
+                                  why_pending="", waiting=None))
         if grants:
             self.ledger.put_meta()  # the counter first: a restore never reissues a token
             self.ledger.commit(grants)
@@ -704,3 +707,8 @@ class HeadController:
             self.ledger.commit([revocation.confirmed(e) if e.revoking else
                                 self._end(e, LeaseState.LOST, "its devices are no longer in the node's inventory")
                                 for _, e in sorted(misfits, key=lambda m: m[0])])
+
+
+def _uuids(rec: Any) -> tuple[str, ...]:
+    """A node record's GPU UUIDs by index (what a lease's hand-out names the node's cards with)."""
+    return tuple(g.uuid for g in sorted(rec.inventory.gpus, key=lambda g: g.index))

@@ -158,7 +158,7 @@ def make_handout(a: Allocation, *, ray_node_id: str, lease_id: str, fencing_toke
 
 
 def lease_handout(lease: Lease, ray_node_id: str, settings: RuntimeSettings, *,
-                  mig_uuid: str | None = None) -> Handout | None:
+                  mig_uuid: str | None = None, node_gpu_uuids: Sequence[str] = ()) -> Handout | None:
     """The one place a lease's device environment is built (the agent receives it, never rebuilds it);
     None for an on-demand MIG slice until the agent reports the instance it made."""
     a = lease.allocation
@@ -169,6 +169,10 @@ def lease_handout(lease: Lease, ray_node_id: str, settings: RuntimeSettings, *,
                      mps_pipe_root=settings.mps_pipe_root,
                      timeslice_capacity_milli=settings.timeslice_capacity_milli, mig_uuid=mig_uuid)
     h.env_vars[E.NAMESPACE] = settings.namespace  # where the node's agent keeps the lease's placement group
+    if a.kind is ShareKind.WHOLE and len(a.gpu_indices) > 1 and node_gpu_uuids:
+        # the node's cards by index: a worker inside this lease lets Ray give each task its own card of it
+        # (rayport.native._narrow_per_task)
+        h.env_vars[E.NODE_GPU_UUIDS] = ",".join(node_gpu_uuids)
     return h
 
 

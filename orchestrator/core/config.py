@@ -223,6 +223,15 @@ class SimNode(_Frozen):
             out[ACCELERATOR_RESOURCE_PREFIX + ray_accelerator_type(self.model)] = 1.0
         return out
 
+    def ray_env(self) -> dict[str, str]:
+        """The raylet's own environment for its cards: ``CUDA_VISIBLE_DEVICES`` lists the node's GPU UUIDs by index
+        (Ray maps its instance ``i`` through it, so a task sees its card's UUID, as on a node where the variable
+        names the cards), and Ray sets it to nothing for work that asks for no GPU."""
+        if not self.gpus:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpu_uuid(i) for i in range(self.gpus)),
+                "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
+
     @property
     def ray_num_gpus(self) -> int:
         """Ray's ``GPU`` on the node: one per card; the node's agent holds what no lease covers."""

@@ -24,6 +24,8 @@ LEASE_ID = "ORCHESTRATOR_LEASE_ID"
 FENCING_TOKEN = "ORCHESTRATOR_FENCING_TOKEN"
 SHARE_KIND = "ORCHESTRATOR_SHARE_KIND"
 NODE = "ORCHESTRATOR_NODE"
+#: The lease's node's GPU UUIDs by index (on multi-card whole leases): what Ray's instance ids map through.
+NODE_GPU_UUIDS = "ORCHESTRATOR_NODE_GPU_UUIDS"
 MIG_PROFILE = "ORCHESTRATOR_MIG_PROFILE"
 TIMESLICE_MILLI = "ORCHESTRATOR_TIMESLICE_MILLI"
 #: Memory a time-slice or MPS holder may allocate, in MiB (the workload context applies it).

@@ -324,13 +324,13 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
         state.watchdog = Proc("watchdog", dog.pid, st[0], st[1]) if st is not None else None
         head = plan.nodes[0]
         progress(f"starting raylet {head.name} (Ray head node) at {plan.address}")
-        state.processes.append(_spawn(head, env, state_dir / "tmp"))
+        state.processes.append(_spawn(head, {**env, **config.node(head.name).ray_env()}, state_dir / "tmp"))
         state.save(state_dir)
         _wait_started(state.processes[-1], head, deadline)
         # One at a time: raylets starting together on one host race for ports and log file names.
         for node in plan.nodes[1:]:
             progress(f"starting raylet {node.name}")
-            state.processes.append(_spawn(node, env, state_dir / "tmp"))
+            state.processes.append(_spawn(node, {**env, **config.node(node.name).ray_env()}, state_dir / "tmp"))
             state.save(state_dir)
             _wait_started(state.processes[-1], node, deadline)
         _apply_env(state.env)
@@ -361,8 +361,8 @@ def restart_worker(config: ClusterConfig, state_dir: Path, node_name: str, *, pr
     launch = worker_launch(config, names.index(node_name), state.address, state_dir)
     offset = Path(launch.log).stat().st_size if Path(launch.log).exists() else 0
     progress(f"starting raylet {node_name} again")
-    proc = _spawn(launch, {**_child_env(state_dir, state.env, state.run_id), **raylet_native_env(config.settings)},
-                  state_dir / "tmp")
+    proc = _spawn(launch, {**_child_env(state_dir, state.env, state.run_id), **raylet_native_env(config.settings),
+                           **config.node(node_name).ray_env()}, state_dir / "tmp")
     state.processes.append(proc)
     state.save(state_dir)
     _wait_started(proc, launch, time.monotonic() + timeout_s, offset)

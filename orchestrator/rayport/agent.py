@@ -198,10 +198,6 @@ class AgentActor:
         a group's name is scoped to the namespace of the Ray job that made it, which a holder cannot know."""
         return self.holds.placed_group(lease_id)
 
-    async def gpu_uuids(self) -> list[str]:
-        """The node's GPU UUIDs by index: what a worker inside a multi-card lease maps Ray's instance ids through."""
-        return [g.uuid for g in sorted(self.core.inventory.gpus, key=lambda g: g.index)]
-
     async def lend(self, lease_id: str, token: int) -> bool:
         """The lease's holder is about to make a placement group of its own on this node (Ray Train's, Tune's,
         a Serve replica's) for the lease's capacity: the lease's group is removed for it (:meth:`RayHolds.lend`).

@@ -31,6 +31,7 @@ import ray
 
 from orchestrator.control.holds import lease_group_name
 from orchestrator.core import env as E
+from orchestrator.core.config import RAY_NODE_ID_LABEL
 from orchestrator.core.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -295,6 +296,57 @@ class _AutoLeases:
         return group
 
 
+class _GangLeases:
+    """The driver of a gang job (``orchestrator submit --gpu 2x1``) and its job's workers (Ray Train's controller):
+    a placement group with one GPU bundle per gang worker, in worker order, takes every worker's lease (each
+    node's agent lends it and adopts the group; bundle ``i`` is pinned to worker ``i``'s node). So
+    ``ScalingConfig(num_workers=N, use_gpu=True)`` runs each Train worker on its own lease."""
+
+    def __init__(self, handouts: list[dict[str, Any]], namespace: str | None) -> None:
+        self.handouts, self.namespace = handouts, namespace
+
+    def members(self) -> list[_Lease]:
+        out = []
+        for h in self.handouts:
+            env = h.get("env_vars") or {}
+            token = str(env.get(E.FENCING_TOKEN, ""))
+            out.append(_Lease(env[E.LEASE_ID], h["node_name"], self.namespace,
+                              int(token) if token.isdigit() else None, h["node_id"]))
+        return out
+
+    def group_for(self, original: Any, bundles: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        members = self.members()
+        if not members or not advertises_gpus(members[0].ray_node_id):
+            return original(bundles, *args, **kwargs)
+        gpus = _gpus_in(bundles)
+        if len(bundles) != len(members):
+            raise LeaseCapacityError("placement_group.bundles", len(bundles), f"{len(members)}: one per gang worker",
+                                     detail="a gang's placement group has one bundle per worker, in worker order")
+        for i, (m, g, h) in enumerate(zip(members, gpus, self.handouts)):
+            if g > float(h.get("num_gpus") or 0) + 1e-9:
+                raise LeaseCapacityError(f"placement_group.bundles[{i}].GPU", g, f"at most {h.get('num_gpus')}",
+                                         detail=f"gang worker {i}'s lease {m.lease_id} holds {h.get('num_gpus')}")
+        lent: list[_Lease] = []
+        try:
+            for m in members:
+                if not ray.get(m.agent().lend.remote(m.lease_id, int(m.token or 0)), timeout=30):
+                    raise LeaseCapacityError("placement_group", "a second group", "one placement group per lease",
+                                             detail=f"gang lease {m.lease_id} is already another group's")
+                lent.append(m)
+            sel = list(kwargs.get("bundle_label_selector") or [{} for _ in bundles])
+            kwargs = {**kwargs, "bundle_label_selector": [
+                {**(s or {}), RAY_NODE_ID_LABEL: m.ray_node_id} for s, m in zip(sel, members)]}
+            group = original(bundles, *args, **kwargs)
+        except Exception:
+            for m in lent:
+                _quietly(_give_back, m.agent(), m, int(m.token or 0))
+            raise
+        for m in members:
+            ray.get(m.agent().adopt.remote(m.lease_id, int(m.token or 0), group.id.hex()), timeout=30)
+        _ADOPTED[group.id.hex()] = ("gang", 0, lambda: [_give_back(m.agent(), m, int(m.token or 0)) for m in members])
+        return group
+
+
 class _Holder:
     """A tiny actor owned by a process that leases for its calls: it dies with that process (fate sharing)."""
 
@@ -325,8 +377,6 @@ def _gpus_in(bundles: Any) -> list[float]:
 
 
 def _pinned(bundles: Any, selectors: Any, node_id: str) -> list[dict[str, str]]:
-    from orchestrator.core.config import RAY_NODE_ID_LABEL
-
     sel = list(selectors or [{} for _ in bundles])
     return [{**(s or {}), RAY_NODE_ID_LABEL: node_id} for s in sel]
 
@@ -400,7 +450,7 @@ def _wrap_groups(make: Any) -> None:
 _INSTALLED = False
 
 
-def install(lease: "_Lease | _AutoLeases") -> None:
+def install(lease: "_Lease | _AutoLeases | _GangLeases") -> None:
     """Steer this process's GPU tasks and actors into ``lease``, or into a lease of their own each
     (:class:`_AutoLeases`); idempotent. Ray's remote functions and actor classes submit through
     ``_remote(args, kwargs, **options)``; both are wrapped once. A call that names its own placement
@@ -418,6 +468,8 @@ def install(lease: "_Lease | _AutoLeases") -> None:
             if not _steerable(options):
                 return original(self, args, kwargs, **options)
             what = ("actor " if is_actor else "task ") + _describe(self)
+            if isinstance(lease, _GangLeases):  # a gang's GPU work goes through its placement group
+                return original(self, args, kwargs, **options)
             if isinstance(lease, _AutoLeases):
                 if not advertises_any_gpus():
                     return original(self, args, kwargs, **options)
@@ -431,7 +483,7 @@ def install(lease: "_Lease | _AutoLeases") -> None:
 
     wrap(remote_function.RemoteFunction, False)
     wrap(actor.ActorClass, True)
-    if isinstance(lease, _AutoLeases):
+    if isinstance(lease, (_AutoLeases, _GangLeases)):
         _wrap_groups(lambda original, bundles, args, kwargs: lease.group_for(original, bundles, args, kwargs))
     else:
         _wrap_groups(lambda original, bundles, args, kwargs: make_group_in_lease(lease, original, bundles, args, kwargs))
@@ -463,13 +515,19 @@ def _describe(obj: Any) -> str:
     return str(getattr(fd, "repr", fd) or type(obj).__name__)
 
 
-def lease_from_env(environ: Mapping[str, str] | None = None) -> "_Lease | _AutoLeases | None":
+def lease_from_env(environ: Mapping[str, str] | None = None) -> "_Lease | _AutoLeases | _GangLeases | None":
     """What this process steers its GPU work into: the lease its environment names (a job or holder the
     orchestrator started), per-call leases (a driver with no lease, where ``ORCHESTRATOR_RAY_AUTO_LEASE`` is on,
-    as ``orchestrator up`` sets it on every raylet), or nothing (a gang's driver: its workers hold the devices)."""
+    as ``orchestrator up`` sets it on every raylet), a gang job's leases (its driver and workers), or nothing."""
     environ = os.environ if environ is None else environ
     if environ.get(E.GANG):
-        return None
+        import json
+
+        try:
+            handouts = json.loads(environ[E.GANG])
+        except ValueError:
+            return None
+        return _GangLeases(handouts, environ.get(E.NAMESPACE))
     lease_id, node = environ.get(E.LEASE_ID), environ.get(E.NODE)
     if lease_id and node:
         token = environ.get(E.FENCING_TOKEN, "")
@@ -512,12 +570,11 @@ def worker_setup() -> None:
 def _narrow_per_task(lease: _Lease) -> None:
     """In a worker inside a multi-card lease: each task or actor sees only the card(s) Ray gave it, as plain Ray
     does. Ray maps its instance ids through the ids the process started with; the holds make instance ``i`` card
-    ``i`` (control/holds.py), so the node's UUIDs by index are that list, and Ray may set
-    ``CUDA_VISIBLE_DEVICES`` per task again (the lease's environment told it not to, for its holder)."""
-    try:
-        uuids = ray.get(lease.agent().gpu_uuids.remote(), timeout=30)
-    except Exception as e:  # the whole lease stays visible: still only the lease's cards
-        log.info("orchestrator: cards not narrowed per task: %s", e)
+    ``i`` (control/holds.py), so the node's UUIDs by index (the hand-out's ``ORCHESTRATOR_NODE_GPU_UUIDS``) are
+    that list, and Ray may set ``CUDA_VISIBLE_DEVICES`` per task again (the lease's environment told it not to,
+    for its holder). No Ray call here: Ray runs this hook before the worker may submit anything."""
+    uuids = [u for u in os.environ.get(E.NODE_GPU_UUIDS, "").split(",") if u]
+    if not uuids:
         return
-    ray._private.worker.global_worker.original_visible_accelerator_ids["GPU"] = list(uuids)
+    ray._private.worker.global_worker.original_visible_accelerator_ids["GPU"] = uuids
     os.environ.pop(E.RAY_NOSET_CUDA_VISIBLE_DEVICES, None)

@@ -345,13 +345,19 @@ class GangHandle:
             self.placement_group = None
 
 
-def train_scaling(handouts: list[dict[str, Any]], *, cpus_per_worker: float = 1.0) -> dict[str, Any]:
+def train_scaling(handouts: list[dict[str, Any]], *, cpus_per_worker: float = 1.0,
+                  use_gpu: bool = False) -> dict[str, Any]:
     """Ray Train's ``ScalingConfig`` keyword arguments for a gang with these hand-outs (worker order): one Train
-    worker per gang worker, on its worker's node, asking Ray for no ``GPU`` (the gang's placement group holds
-    the cards; each Train worker binds to its own with :func:`worker_env`)."""
+    worker per gang worker, on its worker's node. With ``use_gpu`` each asks Ray for its lease's share of
+    ``GPU`` (a gang job's driver and workers put Train's placement group on the gang's leases:
+    ``rayport/native.py``); without, it asks for none (the gang's placement group holds the cards). Either
+    way each Train worker binds to its own lease's devices with :func:`worker_env`."""
     from orchestrator.control.handout import gang_bundle_pin
 
-    return {"num_workers": len(handouts), "use_gpu": False, "resources_per_worker": {"CPU": cpus_per_worker},
+    per_worker: dict[str, float] = {"CPU": cpus_per_worker}
+    if use_gpu:
+        per_worker["GPU"] = max(float(h.get("num_gpus") or 0) for h in handouts)
+    return {"num_workers": len(handouts), "use_gpu": use_gpu, "resources_per_worker": per_worker,
             "label_selector": [gang_bundle_pin(h) for h in handouts]}
 
 
@@ -397,8 +403,12 @@ class JobGang:
         return [h.get("node_name", h["node_id"]) for h in self.handouts]
 
     def scaling_config(self, *, cpus_per_worker: float = 1.0) -> dict[str, Any]:
-        """See :func:`train_scaling`."""
-        return train_scaling(self.handouts, cpus_per_worker=cpus_per_worker)
+        """See :func:`train_scaling`: ``use_gpu=True`` where the gang's nodes advertise Ray's ``GPU`` (Train's
+        worker group then takes the gang's leases, docs/ray-native.md)."""
+        from orchestrator.rayport.native import advertises_gpus
+
+        return train_scaling(self.handouts, cpus_per_worker=cpus_per_worker,
+                             use_gpu=all(advertises_gpus(h["node_id"]) for h in self.handouts))
 
     def hold(self, timeout: float = 120.0) -> Any:
         """Create the gang's placement group (idempotent) and return it."""

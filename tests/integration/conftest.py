@@ -75,6 +75,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     os.environ.update(native)
     try:
         for i, node in enumerate(config.nodes):
+            os.environ.update(node.ray_env())  # this raylet's cards (core.config.SimNode.ray_env)
             args = dict(node_ip_address="127.0.0.1", num_cpus=node.cpus, num_gpus=node.ray_num_gpus,
                         resources=node.ray_resources(), labels=node.ray_labels(),
                         # 0: the agent binds its own port (one picked here may be taken before it binds;
@@ -89,12 +90,12 @@ def ray_cluster() -> Iterator[RayCluster]:
                 cluster.add_node(**args)  # type: ignore[union-attr]
         assert cluster is not None
         cluster.wait_for_nodes()
-        for k in native:
+        for k in (*native, "CUDA_VISIBLE_DEVICES", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"):
             os.environ.pop(k, None)
         ray.init(address=cluster.address, namespace="rgo-tests", logging_level="ERROR", log_to_driver=False)
         yield RayCluster(cluster, config, cluster.address, tmp)
     finally:
-        for k in native:
+        for k in (*native, "CUDA_VISIBLE_DEVICES", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"):
             os.environ.pop(k, None)
         ray.shutdown()
         if cluster is not None:

@@ -218,8 +218,11 @@ def test_a_gang_job_as_the_cli_submits_it_yields_as_one_and_resumes_bit_identica
         leases = [w["lease_id"] for w in info["worker_leases"]]
         assert sorted(w["allocation"]["node"] for w in info["worker_leases"]) == ["a100-0", "a100-1"]
         log1 = ckpt / "logs" / f"{jid}-a1"
-        _until("training progress", lambda: (log1 / "progress").exists() and int((log1 / "progress").read_text()) >= 20,
-               timeout=180)
+        try:
+            _until("training progress", lambda: (log1 / "progress").exists() and int((log1 / "progress").read_text()) >= 20,
+                   timeout=180)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the driver's log:\n{head.job_logs(jid)[-4000:]}") from None
         workers = _workers(log1)
         assert sorted(w["lease_id"] for w in workers) == sorted(leases)  # each Train worker on its own lease
         assert len({w["cuda_visible_devices"] for w in workers}) == 2 and all(w["cuda_visible_devices"] for w in workers)

@@ -190,3 +190,23 @@ def test_a_plain_ray_jobs_gpu_work_gets_leases_of_its_own(head: Any, what: str) 
         assert half["kind"] == "mps" and half["sm_percent"] == 50  # num_gpus=0.5: the config's share (MPS)
     until("no lease of the job left", lambda: not [le for le in head.status()["leases"]
                                                    if le["owner"].startswith("ray-job:")], 60)
+
+
+def test_train_inside_a_job_takes_its_lease(head: Any) -> None:
+    """``orchestrator submit --gpu 2 -- python jobs/native_probes.py train``: the job's TorchTrainer(use_gpu=True)
+    worker group takes the job's lease (the agent lends it and adopts Train's group); each worker sees one of the
+    lease's two cards, and a second group on the same lease would be refused."""
+    from orchestrator import Client
+    from orchestrator.bench import native as nb
+
+    client = Client(namespace=SETTINGS.namespace)
+    h = client.submit({"name": "train-in-lease", "gpu": "2",
+                       "entrypoint": nb.probe_entrypoint(sys.executable, REPO / "jobs", "train")})
+    d = h.wait(240)
+    logs = h.logs()
+    assert d["state"] == "succeeded", (d["message"], logs[-3000:])
+    out = nb.read_probe(logs, "train")
+    assert nb.judge("train", out) == "ok", out
+    lease = head.get_lease(d["lease_id"])
+    assert {w["gpu_ids"][0] for w in out["workers"]} == set(lease["allocation"]["gpu_uuids"])
+    assert {w["lease"] for w in out["workers"]} == {d["lease_id"]}
