@@ -89,10 +89,35 @@ def serve() -> dict:
     return out
 
 
+def serve_hold() -> dict:
+    """One replica asking for a whole card, asked every 0.5 s for ``NATIVE_SERVE_S`` seconds: which card answered
+    when (a preemption moves the replica to another card; Serve starts it again on a lease of its own)."""
+    from ray import serve as s
+
+    @s.deployment(num_replicas=1, ray_actor_options={"num_gpus": 1, "num_cpus": 0})
+    class Where:
+        def __call__(self, request=None) -> dict:
+            return {"gpu_ids": [str(i) for i in ray.get_gpu_ids()], "lease": os.environ.get("ORCHESTRATOR_LEASE_ID")}
+
+    handle = s.run(Where.bind(), name="hold", route_prefix=None)
+    answers, errors = [], 0
+    end = time.monotonic() + float(os.environ.get("NATIVE_SERVE_S", "40"))
+    print("NATIVE_SERVING", flush=True)
+    while time.monotonic() < end:
+        try:
+            a = handle.remote().result(timeout_s=30)
+            answers.append({"t": round(time.monotonic(), 2), **a})
+        except Exception:  # the replica being moved
+            errors += 1
+        time.sleep(0.5)
+    s.delete("hold")
+    return {"answers": answers, "errors": errors}
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "plain"
     ray.init()
     t0 = time.monotonic()
-    out = {"plain": plain, "train": train, "tune": tune, "serve": serve}[what]()
+    out = {"plain": plain, "train": train, "tune": tune, "serve": serve, "serve-hold": serve_hold}[what]()
     out["seconds"] = round(time.monotonic() - t0, 2)
-    print(f"NATIVE_{what.upper()}=" + json.dumps(out, default=str), flush=True)
+    print(f"NATIVE_{what.upper().replace('-', '_')}=" + json.dumps(out, default=str), flush=True)

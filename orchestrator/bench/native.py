@@ -115,7 +115,7 @@ class CardChecker:
 
 
 def read_probe(logs: str, what: str) -> dict[str, Any] | None:
-    tag = f"NATIVE_{what.upper()}="
+    tag = f"NATIVE_{what.upper().replace('-', '_')}="
     line = next((x for x in logs.splitlines() if x.startswith(tag)), None)
     return json.loads(line[len(tag):]) if line else None
 
@@ -164,6 +164,6 @@ def probe_entrypoint(python: str, jobs_dir: Path, what: str) -> str:
     return f"{python} {jobs_dir / PROBE_SCRIPT} {what}"
 
 
-def job_env(namespace: str) -> dict[str, Any]:
+def job_env(namespace: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
     """A plain Ray job's runtime env on our cluster: only the head's namespace (the raylets carry the rest)."""
-    return {"env_vars": {E.NAMESPACE: namespace, "TMPDIR": os.environ.get("TMPDIR", "/tmp")}}
+    return {"env_vars": {E.NAMESPACE: namespace, "TMPDIR": os.environ.get("TMPDIR", "/tmp"), **(extra or {})}}

@@ -1,15 +1,16 @@
 """From a granted lease to what a workload needs to run on its devices. Pure.
 
 A :class:`Handout` is plain data (JSON-safe) that :func:`orchestrator.rayport.ray_api.actor_options`
-turns into Ray actor options:
+turns into Ray actor options. On a node that advertises Ray's ``GPU`` (every node ``orchestrator up`` starts)
+the holder runs in its lease's placement group instead, asking for ``num_gpus`` (``docs/ray-native.md``); the
+group's bundle carries ``num_gpus`` and the per-card shares below. Elsewhere:
 
 * **node affinity** -- ``NodeAffinitySchedulingStrategy(node_id, soft=False)``:
   the devices are on that node and nowhere else;
 * **resources** -- the lease's share of each of its cards' own Ray resource,
   ``{"rgo-gpu-<index>": share}`` (:func:`card_shares`): on nodes that declare
-  one resource per card (every node ``orchestrator up`` and our KubeRay
-  manifests start, with Ray's ``GPU`` at 0), Ray then places exactly what the
-  ledger granted, and nothing outside the orchestrator can take a card;
+  one resource per card (our KubeRay manifests, with Ray's ``GPU`` at 0), Ray then
+  places exactly what the ledger granted, and nothing outside the orchestrator can take a card;
 * **num_gpus** -- the same share of Ray's ``GPU`` resource, used instead on a
   node that declares no per-card resources (a Ray cluster we attached to), so
   Ray's own accounting stays truthful in sum (:func:`ray_num_gpus`);

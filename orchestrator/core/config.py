@@ -7,7 +7,7 @@ A cluster file (``configs/cluster.demo.yaml``) declares
   scheduler config's ``policy``, set in one place);
 * ``nodes`` -- :class:`SimNode` s: what the ``simulated`` discovery backend
   reports for each node and what ``orchestrator up`` gives each raylet
-  (``--num-gpus 0``, ``--resources`` with one ``rgo-gpu-<i>`` per card, ``--labels``).
+  (``--num-gpus N``, ``--resources`` with one ``rgo-gpu-<i>`` per card, ``--labels``).
 
 Both are frozen pydantic models; every validation failure is raised as
 :class:`~orchestrator.core.errors.ConfigError` naming the field (dotted, with list

@@ -148,7 +148,7 @@ def test_a_jobs_plain_num_gpus_code_runs_inside_its_lease_and_asking_more_fails_
     assert over.startswith("LeaseCapacityError") and d["lease_id"] in over and "holds 1" in over, over
 
 
-def _plain_ray_job(what: str, timeout: float = 300) -> tuple[str, str]:
+def _plain_ray_job(what: str, timeout: float = 300, env: dict[str, str] | None = None) -> tuple[str, str]:
     """``jobs/native_probes.py <what>`` submitted with Ray's own job API (what ``ray job submit`` does): a driver
     that holds no lease. Returns (Ray's final status, the driver's log)."""
     from orchestrator.bench import native as nb
@@ -156,7 +156,7 @@ def _plain_ray_job(what: str, timeout: float = 300) -> tuple[str, str]:
 
     client = ray_api.RayJobRunner().client
     sid = client.submit_job(entrypoint=nb.probe_entrypoint(sys.executable, REPO / "jobs", what),
-                            runtime_env=nb.job_env(SETTINGS.namespace))
+                            runtime_env=nb.job_env(SETTINGS.namespace, env))
     deadline = time.monotonic() + timeout
     while (st := str(client.get_job_status(sid).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
         if time.monotonic() > deadline:
@@ -210,3 +210,48 @@ def test_train_inside_a_job_takes_its_lease(head: Any) -> None:
     lease = head.get_lease(d["lease_id"])
     assert {w["gpu_ids"][0] for w in out["workers"]} == set(lease["allocation"]["gpu_uuids"])
     assert {w["lease"] for w in out["workers"]} == {d["lease_id"]}
+
+
+def test_a_serve_replica_on_a_lease_is_preempted_and_serve_starts_it_again_on_another_card(head: Any) -> None:
+    """A Serve replica with num_gpus=1 from a plain Ray job holds a lease of its own (the default class, batch);
+    an inference lease that needs its card preempts it: the agent stops the replica, Serve starts it again, and
+    the new replica asks for (and gets) a lease on another card. No card is held twice meanwhile."""
+    import threading
+
+    from orchestrator.bench import native as nb
+    from orchestrator.core.request import GpuRequest
+
+    checker = nb.CardChecker(head, SETTINGS.namespace, ["a100-0", "a100-1", "h100-0"], interval_s=0.3).start()
+    result: dict[str, Any] = {}
+    try:
+        job = threading.Thread(target=lambda: result.update(zip(("status", "logs"), _plain_ray_job(
+            "serve-hold", env={"NATIVE_SERVE_S": "45"}))))
+        job.start()
+        replica = until("the replica's lease", lambda: next(
+            (le for le in head.status()["leases"] if le["owner"].startswith("ray-job:") and le["state"] == "active"),
+            None), 120)
+        node = replica["allocation"]["node"]
+        # the rest of that node taken at inference priority, then one more card of it: the replica's
+        blockers = []
+        for i in range(8):
+            lid = f"serve-block-{i}"
+            head.request_lease({"lease_id": lid, "request": GpuRequest.whole(1, node=node).model_dump(mode="json"),
+                                "owner": "it", "priority_class": "inference", "requester_digest": key_digest("k")})
+            blockers.append(lid)
+            if head.get_lease(replica["lease_id"])["state"] not in ("active", "granted"):
+                break
+            time.sleep(0.5)
+        until("the replica's lease preempted", lambda: head.get_lease(replica["lease_id"])["state"] == "preempted", 30)
+        job.join(120)
+    finally:
+        checker.stop()
+        for lid in locals().get("blockers", []):
+            le = head.get_lease(lid, "k")
+            head.release(lid, le.get("fencing_token"))
+    out = nb.read_probe(result.get("logs", ""), "serve-hold")
+    assert result.get("status") == "SUCCEEDED" and out, result.get("logs", "")[-3000:]
+    leases = [a["lease"] for a in out["answers"]]
+    assert leases[0] == replica["lease_id"] and len(set(leases)) >= 2, leases  # moved to a lease of its own
+    cards = {a["gpu_ids"][0] for a in out["answers"]}
+    assert replica["allocation"]["gpu_uuids"][0] in cards and len(cards) >= 2, cards
+    assert not checker.events, checker.events[:3]
