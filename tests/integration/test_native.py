@@ -148,15 +148,21 @@ def test_a_jobs_plain_num_gpus_code_runs_inside_its_lease_and_asking_more_fails_
     assert over.startswith("LeaseCapacityError") and d["lease_id"] in over and "holds 1" in over, over
 
 
-def _plain_ray_job(what: str, timeout: float = 300, env: dict[str, str] | None = None) -> tuple[str, str]:
+def _submit_plain(what: str, env: dict[str, str] | None = None) -> str:
     """``jobs/native_probes.py <what>`` submitted with Ray's own job API (what ``ray job submit`` does): a driver
-    that holds no lease. Returns (Ray's final status, the driver's log)."""
+    that holds no lease. Returns its submission id."""
     from orchestrator.bench import native as nb
     from orchestrator.rayport import ray_api
 
+    return ray_api.RayJobRunner().client.submit_job(entrypoint=nb.probe_entrypoint(sys.executable, REPO / "jobs", what),
+                                                    runtime_env=nb.job_env(SETTINGS.namespace, env))
+
+
+def _wait_plain(sid: str, timeout: float = 300) -> tuple[str, str]:
+    """(Ray's final status, the driver's log) of job ``sid``, stopped after ``timeout``."""
+    from orchestrator.rayport import ray_api
+
     client = ray_api.RayJobRunner().client
-    sid = client.submit_job(entrypoint=nb.probe_entrypoint(sys.executable, REPO / "jobs", what),
-                            runtime_env=nb.job_env(SETTINGS.namespace, env))
     deadline = time.monotonic() + timeout
     while (st := str(client.get_job_status(sid).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
         if time.monotonic() > deadline:
@@ -164,6 +170,10 @@ def _plain_ray_job(what: str, timeout: float = 300, env: dict[str, str] | None =
             break
         time.sleep(0.5)
     return st, client.get_job_logs(sid)
+
+
+def _plain_ray_job(what: str, timeout: float = 300, env: dict[str, str] | None = None) -> tuple[str, str]:
+    return _wait_plain(_submit_plain(what, env), timeout)
 
 
 @pytest.mark.parametrize("what", ["plain", "train", "tune", "serve"])
@@ -221,12 +231,17 @@ def test_a_serve_replica_on_a_lease_is_preempted_and_serve_starts_it_again_on_an
     from orchestrator.bench import native as nb
     from orchestrator.core.request import GpuRequest
 
+    from orchestrator.rayport import ray_api
+
     checker = nb.CardChecker(head, SETTINGS.namespace, ["a100-0", "a100-1", "h100-0"], interval_s=0.3).start()
     result: dict[str, Any] = {}
     try:
-        job = threading.Thread(target=lambda: result.update(zip(("status", "logs"), _plain_ray_job(
-            "serve-hold", env={"NATIVE_SERVE_S": "45"}))))
+        sid = _submit_plain("serve-hold", env={"NATIVE_SERVE_S": "45"})
+        job = threading.Thread(target=lambda: result.update(zip(("status", "logs"), _wait_plain(sid))))
         job.start()
+        until("the app serving", lambda: "NATIVE_SERVING" in ray_api.RayJobRunner().client.get_job_logs(sid), 180,
+              every_s=0.5)
+        time.sleep(2)  # a few answers from the first replica
         replica = until("the replica's lease", lambda: next(
             (le for le in head.status()["leases"] if le["owner"].startswith("ray-job:") and le["state"] == "active"),
             None), 120)
