@@ -15,7 +15,9 @@ directory of its own, then runs, as users would:
   ``gpu_holders_seen``;
 * ``actor_start_p50_ms_plain_ray``: an actor asking for no GPU, from ``.remote()`` to its first answer;
   ``actor_start_p50_ms_orchestrated``: an actor asking ``num_gpus=1`` from a driver without a lease (its own
-  lease asked, granted, its group placed, the actor started), interleaved in the same run; and their ratio.
+  lease asked, granted, its group placed, the actor started), interleaved in the same run; and their ratio, with
+  the lease's two legs (``lease_grant_p50_ms``: asked to granted; ``lease_group_p50_ms``: granted to its group
+  found placed).
 
     .venv/bin/python bench/native.py --json
 """
@@ -79,8 +81,8 @@ def run(state: Any, starts: int, say: Any) -> dict[str, Any]:
         out["train_use_gpu_in_job"] = verdict
         say(f"train_use_gpu_in_job: {verdict}")
         # actor start: plain Ray against the lease path, interleaved
-        native.install(native.lease_from_env({"ORCHESTRATOR_RAY_AUTO_LEASE": "1",
-                                               "ORCHESTRATOR_NAMESPACE": state.namespace}))
+        auto = native.lease_from_env({"ORCHESTRATOR_RAY_AUTO_LEASE": "1", "ORCHESTRATOR_NAMESPACE": state.namespace})
+        native.install(auto)
 
         @ray.remote(num_cpus=0)
         class Plain:
@@ -98,6 +100,8 @@ def run(state: Any, starts: int, say: Any) -> dict[str, Any]:
         out["actor_start_p50_ms_plain_ray"] = nb.p50(plain)
         out["actor_start_p50_ms_orchestrated"] = nb.p50(leased)
         out["actor_start_ratio"] = round(nb.p50(leased) / nb.p50(plain), 2)
+        out["lease_grant_p50_ms"] = nb.p50([t["grant_ms"] for t in auto.timings])
+        out["lease_group_p50_ms"] = nb.p50([t["group_ms"] for t in auto.timings])
         out["actor_starts"] = starts
     finally:
         checker.stop()

@@ -92,7 +92,7 @@ def lease_group(node_name: str, lease_id: str, namespace: str | None = None, *,
                                f"placed after {timeout_s:g}s; the agent of {node_name} (namespace {ns}) makes it; "
                                f"its holds: {holds}")
         time.sleep(delay)
-        delay = min(delay * 2, 0.25)
+        delay = min(delay * 2, 0.05)  # the agent makes it at once when woken: look often
 
 
 def native_actor_options(handout: Mapping[str, Any], env: Mapping[str, str], *,
@@ -186,6 +186,7 @@ class _AutoLeases:
         self._head: Any = None
         self._holder: tuple[str, Any, str] | None = None  # (job id, actor, actor id)
         self._n = 0
+        self.timings: list[dict[str, float]] = []  # the last leases' legs: grant, then its group found (ms)
 
     @property
     def head(self) -> Any:
@@ -210,6 +211,7 @@ class _AutoLeases:
         from orchestrator.core.lease import key_digest
 
         self._n += 1
+        t0 = time.perf_counter()
         ctx = ray.get_runtime_context()
         lid = f"ray-{ctx.get_job_id()}-{os.getpid()}-{self._n}"
         key = secrets.token_hex(16)
@@ -224,11 +226,14 @@ class _AutoLeases:
                 _quietly(self.head.release, lid, None, "withdrawn: not granted in time")
                 raise
         token = int(info["fencing_token"])
+        t1 = time.perf_counter()
         try:
             pg = lease_group(info["handout"]["node_name"], lid, self.namespace)
         except Exception:
             _quietly(self.head.release, lid, token, "its placement group was not made")
             raise
+        self.timings.append({"grant_ms": (t1 - t0) * 1000, "group_ms": (time.perf_counter() - t1) * 1000})
+        del self.timings[:-256]
         return lid, token, info["handout"], pg
 
     def lease_for(self, options: dict[str, Any], what: str, *, actor: bool) -> tuple[dict[str, Any], Any]:
@@ -246,13 +251,17 @@ class _AutoLeases:
         bundle = {k: float(v) for k, v in pg.bundle_specs[0].items()}
         if "CPU" not in bundle and options.get("num_cpus") is None:
             out["num_cpus"] = 0
-        from ray._private.utils import get_runtime_env_info, parse_runtime_env_for_task_or_actor
+        if handout["env_vars"].get(E.SHARE_KIND) != "whole":
+            # a share's environment binds it (the MIG slice's UUID, MPS's limits); whole cards need none: Ray
+            # hands each its card as for any GPU task (the raylet names the cards), so Ray may reuse a worker
+            from ray._private.utils import get_runtime_env_info, parse_runtime_env_for_task_or_actor
 
-        # Ray takes a task's runtime env serialized ahead (``.options()`` does it), an actor's parsed
-        out["runtime_env"] = parse_runtime_env_for_task_or_actor(_with_env(out.get("runtime_env"), handout["env_vars"]))
-        if not actor:
-            out["serialized_runtime_env_info"] = get_runtime_env_info(out["runtime_env"], is_job_runtime_env=False,
-                                                                      serialize=True)
+            # Ray takes a task's runtime env serialized ahead (``.options()`` does it), an actor's parsed
+            out["runtime_env"] = parse_runtime_env_for_task_or_actor(
+                _with_env(out.get("runtime_env"), handout["env_vars"]))
+            if not actor:
+                out["serialized_runtime_env_info"] = get_runtime_env_info(out["runtime_env"], is_job_runtime_env=False,
+                                                                          serialize=True)
         if actor and not out.get("name"):
             out["name"], out["namespace"] = f"rgo-lease-{lid}", self.namespace
         head, ns = self.head, out.get("namespace") or ray.get_runtime_context().namespace
