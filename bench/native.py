@@ -13,8 +13,9 @@ directory of its own, then runs, as users would:
 * ``double_use_events``: samples (every 0.5 s, all the while) in which a card had two holders or a holder
   without a lease (``orchestrator.bench.native.CardChecker``), with ``double_use_samples`` and
   ``gpu_holders_seen``;
-* ``actor_start_p50_ms_plain_ray``: an actor asking for no GPU, from ``.remote()`` to its first answer;
-  ``actor_start_p50_ms_orchestrated``: an actor asking ``num_gpus=1`` from a driver without a lease (its own
+* ``actor_start_p50_ms_plain_ray``: an actor asking for no GPU, from ``.remote()`` to its first answer, on the
+  node where the orchestrated one before it ran; ``actor_start_p50_ms_orchestrated``: an actor asking
+  ``num_gpus=1`` from a driver without a lease (its own
   lease asked, granted, its group placed, the actor started), interleaved in the same run; and their ratio, with
   the lease's two legs (``lease_grant_p50_ms``: asked to granted; ``lease_group_p50_ms``: granted to its group
   found placed).
@@ -28,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -84,19 +86,20 @@ def run(state: Any, starts: int, say: Any) -> dict[str, Any]:
         auto = native.lease_from_env({"ORCHESTRATOR_RAY_AUTO_LEASE": "1", "ORCHESTRATOR_NAMESPACE": state.namespace})
         native.install(auto)
 
-        @ray.remote(num_cpus=0)
-        class Plain:
-            pass
+        class Where:
+            def node(self) -> str:
+                return ray.get_runtime_context().get_node_id()
 
-        @ray.remote(num_gpus=1, num_cpus=0)
-        class Leased:
-            pass
+        Plain = ray.remote(num_cpus=0)(Where)
+        Leased = ray.remote(num_gpus=1, num_cpus=0)(Where)
 
         plain: list[float] = []
         leased: list[float] = []
+        where: list[str] = []
         for _ in range(starts):
-            plain += cards.actor_start_ms(lambda: Plain.remote(), 1)
-            leased += cards.actor_start_ms(lambda: Leased.remote(), 1)
+            # the leased actor first; then plain Ray's on the same node (its worker pool in the same state)
+            leased += cards.actor_start_ms(lambda: Leased.remote(), 1, seen=where)
+            plain += cards.actor_start_ms(lambda: Plain.options(scheduling_strategy=ray_api.pin(where[-1])).remote(), 1)
         out["actor_start_p50_ms_plain_ray"] = nb.p50(plain)
         out["actor_start_p50_ms_orchestrated"] = nb.p50(leased)
         out["actor_start_ratio"] = round(nb.p50(leased) / nb.p50(plain), 2)
@@ -122,7 +125,15 @@ def main(argv: list[str] | None = None) -> int:
 
     say = lambda m: print(f"[native] {m}", file=sys.stderr)  # noqa: E731
     with stdout_to_stderr(), scratch_cluster(load_config(DEMO_CONFIG), "rgo-native-", progress=say) as state:
-        out = run(state, a.starts, say)
+        try:
+            out = run(state, a.starts, say)
+        except BaseException:
+            traceback.print_exc()  # now: Ray may end this process once the cluster below it is gone
+            raise
+        finally:
+            from orchestrator.rayport import ray_api
+
+            ray_api.disconnect()
     if a.json:
         print(json.dumps(out))
     else:

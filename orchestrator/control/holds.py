@@ -22,8 +22,10 @@ card the ledger named. Shares are in grid units of 1/10,000 (Ray's own fixed poi
 
 :func:`plan` turns (what exists, what the ledger wants) into a list of steps; :mod:`orchestrator.rayport.holds`
 carries them out against Ray. A piece is never shrunk in place (Ray cannot): a grant removes the fewest,
-largest pieces that cover its share and holds the rest again as one new piece; a release holds its share
-again as a new piece at once, so no capacity is left outside a group longer than one step.
+largest pieces that cover its share and holds the rest again as one new piece (or, where a piece holds exactly
+its share of one card and it asks for no CPU, adopts that piece as its group: no Ray call on the grant's path);
+a release holds its share again as a new piece at once, so no capacity is left outside a group longer than
+one step.
 """
 
 from __future__ import annotations
@@ -111,7 +113,17 @@ class CreateLease:
     shape: LeaseShape
 
 
-Step = Union[RemoveLease, RemovePiece, HoldPiece, CreateLease]
+@dataclass(frozen=True, slots=True)
+class AdoptPiece:
+    """A piece already holds exactly what the new lease takes (one card, the same share, no CPUs): it becomes the
+    lease's group as it is. No capacity moves, so nothing can take it meanwhile, and the grant costs no Ray call."""
+
+    name: str
+    lease_id: str
+    shape: LeaseShape
+
+
+Step = Union[RemoveLease, RemovePiece, HoldPiece, CreateLease, AdoptPiece]
 
 
 def _take(pieces: list[Piece], units: int) -> tuple[list[Piece], int]:
@@ -163,6 +175,14 @@ def plan(cards: Sequence[int], pieces: Sequence[Piece], current: Mapping[str, Le
     # 3. New leases: free their share from the pieces, make the group, hold the rest again.
     for lid in sorted(set(desired) - set(current)):
         shape = desired[lid]
+        if len(shape.cards) == 1 and shape.cpus == 0:
+            c, u = shape.cards[0]
+            same = sorted((p for p in by_card.setdefault(c, []) if p.units == u and not p.name.startswith("<new")),
+                          key=lambda p: p.name)
+            if same:
+                steps.append(AdoptPiece(same[0].name, lid, shape))
+                by_card[c].remove(same[0])
+                continue
         rest: list[tuple[int, int]] = []
         for c, u in shape.cards:
             taken, over = _take(by_card.setdefault(c, []), u)

@@ -50,13 +50,16 @@ def group_state(pg_hex: str | None) -> str | None:
     return row.get("state") if row else None
 
 
-def actor_start_ms(make: Callable[[], Any], n: int) -> list[float]:
-    """Milliseconds from ``.remote()`` of an actor to its first answer, ``n`` times (each killed after)."""
+def actor_start_ms(make: Callable[[], Any], n: int, *, seen: list[str] | None = None) -> list[float]:
+    """Milliseconds from ``.remote()`` of an actor to its first answer, ``n`` times (each killed after); with
+    ``seen``, each actor's node id (its ``node()``) is appended to it."""
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
         a = make()
         ray.get(a.__ray_ready__.remote(), timeout=120)
         out.append((time.perf_counter() - t0) * 1000)
+        if seen is not None:
+            seen.append(ray.get(a.node.remote(), timeout=60))
         ray.kill(a)
     return out

@@ -13,6 +13,7 @@ no holds: :meth:`sync` does nothing there, and holders use the per-card resource
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -20,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import ray
 
-from orchestrator.control.holds import (CreateLease, HoldPiece, LeaseShape, Piece, RemoveLease, RemovePiece,
+from orchestrator.control.holds import (AdoptPiece, CreateLease, HoldPiece, LeaseShape, Piece, RemoveLease, RemovePiece,
                                         lease_group_name, parse_lease_group, parse_piece, piece_name, plan)
 from orchestrator.core.config import CARD_RESOURCE_PREFIX, RAY_NODE_ID_LABEL, card_resource
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: How long one new group may take to be placed before the agent moves on (and tries again next beat).
 PLACE_TIMEOUT_S = 10.0
+#: The GCS key-value namespace of the agents' record of adopted pieces.
+KV_NS = "rgo-holds"
 #: How long a lease's capacity may stay lent (its own group removed) before its holder's group is adopted.
 LEND_TIMEOUT_S = 30.0
 
@@ -47,6 +50,7 @@ class RayHolds:
         self.unplaced: set[str] = set()  # groups made but not placed within the timeout
         self.lending: dict[str, float] = {}  # lease id -> when its loan lapses (monotonic)
         self.adopted: set[str] = set()  # leases whose group is one their holder made
+        self.adopted_pieces: dict[str, str] = {}  # lease id -> the hold piece that became its group
 
     def _advertises_gpus(self) -> bool:
         node = next((n for n in ray.nodes() if n.get("NodeID") == self.ray_node_id), None)
@@ -89,6 +93,28 @@ class RayHolds:
                 self.pieces[name] = piece
             elif lease_id is not None:
                 self.leases[lease_id] = None
+        for lease_id, piece_name_ in self._load().items():  # pieces that stand for a lease
+            if piece_name_ in self.pieces:
+                p = self.pieces.pop(piece_name_)
+                self.groups[lease_group_name(self.node_name, lease_id)] = self.groups.pop(piece_name_)
+                self.leases[lease_id] = LeaseShape(((p.card, p.units),))
+                self.adopted_pieces[lease_id] = piece_name_
+
+    # A piece adopted as a lease's group keeps its Ray name: which lease each stands for is kept in the GCS, so
+    # an agent that restarts reads its pieces and lease groups right.
+    def _kv_key(self) -> bytes:
+        return f"holds/{self.node_name}".encode()
+
+    def _save(self) -> None:
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(self._kv_key(), json.dumps(self.adopted_pieces).encode(), overwrite=True, namespace=KV_NS)
+
+    def _load(self) -> dict[str, str]:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = _internal_kv_get(self._kv_key(), namespace=KV_NS)
+        return dict(json.loads(raw)) if raw else {}
 
     def _make(self, name: str, bundle: dict[str, float]) -> Any:
         from ray.util.placement_group import placement_group
@@ -132,6 +158,8 @@ class RayHolds:
         for step in plan(cards, list(self.pieces.values()), self.leases, desired):
             if isinstance(step, RemoveLease):
                 self._remove(lease_group_name(self.node_name, step.lease_id))  # its own, or the one it adopted
+                if self.adopted_pieces.pop(step.lease_id, None) is not None:
+                    self._save()
                 self.leases.pop(step.lease_id, None)
                 self.lending.pop(step.lease_id, None)
                 self.adopted.discard(step.lease_id)
@@ -144,6 +172,13 @@ class RayHolds:
                 keys[step.key] = name
                 self.pieces[name] = Piece(step.card, step.units, name)
                 await self._placed(name, self._make(name, self._piece_bundle(step.card, step.units)))
+            elif isinstance(step, AdoptPiece):
+                piece = keys.get(step.name, step.name)
+                self.pieces.pop(piece, None)
+                self.groups[lease_group_name(self.node_name, step.lease_id)] = self.groups.pop(piece)
+                self.leases[step.lease_id] = step.shape
+                self.adopted_pieces[step.lease_id] = piece
+                self._save()
             elif isinstance(step, CreateLease):
                 name = lease_group_name(self.node_name, step.lease_id)
                 self.leases[step.lease_id] = step.shape
@@ -158,6 +193,8 @@ class RayHolds:
         if lease_id not in self.leases or lease_id in self.lending or lease_id in self.adopted:
             return False  # one group of the holder's per lease: a second would take the first one's capacity
         self._remove(lease_group_name(self.node_name, lease_id))
+        if self.adopted_pieces.pop(lease_id, None) is not None:
+            self._save()
         self.lending[lease_id] = now + LEND_TIMEOUT_S
         return True
 

@@ -74,9 +74,13 @@ def lease_group(node_name: str, lease_id: str, namespace: str | None = None, *,
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     agent = None
+    woken = False
     while True:
         try:
             agent = agent or ray.get_actor(ray_api.agent_name(node_name), namespace=ns)
+            if not woken:  # beat now: the group is made from the heartbeat's assignments
+                agent.wake.remote()
+                woken = True
             pg_id = ray.get(agent.lease_group.remote(lease_id), timeout=max(1.0, deadline - time.monotonic()))
         except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             agent, pg_id = None, None  # not there yet, or restarting

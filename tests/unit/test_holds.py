@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.control.holds import (GRID, CreateLease, HoldPiece, LeaseShape, Piece, RemoveLease, RemovePiece,
+from orchestrator.control.holds import (GRID, AdoptPiece, CreateLease, HoldPiece, LeaseShape, Piece, RemoveLease, RemovePiece,
                                         lease_group_name, lease_shape, parse_lease_group, parse_piece, piece_name, plan)
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.request import ShareKind
@@ -51,6 +51,11 @@ class Node:
                 name = f"p{self.n}"
                 keys[step.key] = name
                 self.pieces[name] = Piece(step.card, step.units, name)
+            elif isinstance(step, AdoptPiece):
+                p = self.pieces.pop(keys.get(step.name, step.name))
+                assert step.shape.cards == ((p.card, p.units),) and step.shape.cpus == 0, (step, p)
+                self.leases[step.lease_id] = step.shape
+                moving = set()
             elif isinstance(step, CreateLease):
                 free = self.free()
                 cards = {c for c, _ in step.shape.cards}
@@ -122,6 +127,16 @@ def test_a_fresh_node_is_held_card_by_card_and_a_grant_frees_only_its_share() ->
     kinds = [type(s).__name__ for s in grant]
     assert kinds == ["RemovePiece", "CreateLease", "HoldPiece"], kinds  # free the card, take it, hold the rest
     assert grant[2] == HoldPiece(2, 7000, grant[2].key)
+
+
+def test_a_grant_of_exactly_a_piece_adopts_it_and_moves_nothing() -> None:
+    node = Node()
+    node.apply(plan(CARDS, [], {}, {}), ending={})
+    steps = plan(CARDS, list(node.pieces.values()), {}, {"w": LeaseShape(((2, GRID),))})
+    assert [type(s).__name__ for s in steps] == ["AdoptPiece"], steps
+    # with CPUs the group needs a bundle of its own
+    steps = plan(CARDS, list(node.pieces.values()), {}, {"w": LeaseShape(((2, GRID),), cpus=1.0)})
+    assert [type(s).__name__ for s in steps] == ["RemovePiece", "CreateLease"], steps
 
 
 def test_a_release_is_held_again_before_anything_else() -> None:
