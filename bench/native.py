@@ -16,8 +16,10 @@ directory of its own, then runs, as users would:
 * ``actor_start_p50_ms_plain_ray``: an actor asking for no GPU, from ``.remote()`` to its first answer, on the
   node where the orchestrated one before it ran; ``actor_start_p50_ms_orchestrated``: an actor asking
   ``num_gpus=1`` from a driver without a lease (its own
-  lease asked, granted, its group placed, the actor started), interleaved in the same run; and their ratio, with
-  the lease's two legs (``lease_grant_p50_ms``: asked to granted; ``lease_group_p50_ms``: granted to its group
+  lease asked, granted, its group placed, the actor started), interleaved in the same run, each after
+  ``--settle`` seconds (a start on a settled cluster); and their ratio. The ``actor_start_back_to_back_*``
+  figures start each right after the one before was killed (its lease still held until the head sees its
+  holder dead, and its node's agent busy giving the card back). With the lease's two legs (``lease_grant_p50_ms``: asked to granted; ``lease_group_p50_ms``: granted to its group
   found placed).
 
     .venv/bin/python bench/native.py --json
@@ -40,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "jobs"
 
 
-def run(state: Any, starts: int, say: Any) -> dict[str, Any]:
+def run(state: Any, starts: int, say: Any, settle_s: float = 2.0) -> dict[str, Any]:
     import ray
 
     from orchestrator.bench import native as nb
@@ -93,16 +95,19 @@ def run(state: Any, starts: int, say: Any) -> dict[str, Any]:
         Plain = ray.remote(num_cpus=0)(Where)
         Leased = ray.remote(num_gpus=1, num_cpus=0)(Where)
 
-        plain: list[float] = []
-        leased: list[float] = []
-        where: list[str] = []
-        for _ in range(starts):
-            # the leased actor first; then plain Ray's on the same node (its worker pool in the same state)
-            leased += cards.actor_start_ms(lambda: Leased.remote(), 1, seen=where)
-            plain += cards.actor_start_ms(lambda: Plain.options(scheduling_strategy=ray_api.pin(where[-1])).remote(), 1)
-        out["actor_start_p50_ms_plain_ray"] = nb.p50(plain)
-        out["actor_start_p50_ms_orchestrated"] = nb.p50(leased)
-        out["actor_start_ratio"] = round(nb.p50(leased) / nb.p50(plain), 2)
+        for tag, pause in (("", settle_s), ("_back_to_back", 0.0)):
+            plain: list[float] = []
+            leased: list[float] = []
+            where: list[str] = []
+            for _ in range(starts):
+                # the leased actor first; then plain Ray's on the same node (its worker pool in the same state)
+                time.sleep(pause)
+                leased += cards.actor_start_ms(lambda: Leased.remote(), 1, seen=where)
+                time.sleep(pause)
+                plain += cards.actor_start_ms(lambda: Plain.options(scheduling_strategy=ray_api.pin(where[-1])).remote(), 1)
+            out[f"actor_start{tag}_p50_ms_plain_ray"] = nb.p50(plain)
+            out[f"actor_start{tag}_p50_ms_orchestrated"] = nb.p50(leased)
+            out[f"actor_start{tag}_ratio"] = round(nb.p50(leased) / nb.p50(plain), 2)
         out["lease_grant_p50_ms"] = nb.p50([t["grant_ms"] for t in auto.timings])
         out["lease_group_p50_ms"] = nb.p50([t["group_ms"] for t in auto.timings])
         out["actor_starts"] = starts
@@ -119,6 +124,8 @@ def run(state: Any, starts: int, say: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--starts", type=int, default=10, help="actor starts of each kind")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="seconds before each timed start (the _back_to_back figures wait none)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     from orchestrator.deploy.local import scratch_cluster
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda m: print(f"[native] {m}", file=sys.stderr)  # noqa: E731
     with stdout_to_stderr(), scratch_cluster(load_config(DEMO_CONFIG), "rgo-native-", progress=say) as state:
         try:
-            out = run(state, a.starts, say)
+            out = run(state, a.starts, say, a.settle)
         except BaseException:
             traceback.print_exc()  # now: Ray may end this process once the cluster below it is gone
             raise
