@@ -242,10 +242,3 @@ class RayHolds:
         if pg is None or name in self.unplaced or lease_id not in self.leases or lease_id in self.lending:
             return None
         return pg.id.hex()
-
-    def release_all(self) -> None:
-        """Remove every group of this node (the node leaves the orchestrator)."""
-        for name in list(self.groups):
-            self._remove(name)
-        self.pieces.clear()
-        self.leases.clear()

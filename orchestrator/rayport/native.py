@@ -150,7 +150,7 @@ def _gpus_asked(options: Mapping[str, Any]) -> float:
     return float(options.get("num_gpus") or 0.0)
 
 
-def steer(lease: _Lease, options: dict[str, Any], what: str, *, actor: bool) -> dict[str, Any]:
+def steer(lease: _Lease, options: dict[str, Any], what: str) -> dict[str, Any]:
     """``options`` of a task or actor about to be submitted, put inside ``lease``'s group when it asks for GPUs
     and names no placement of its own. Raises :class:`LeaseCapacityError` when it asks for more than the lease
     holds. Pure but for the group's lookup."""
@@ -490,7 +490,7 @@ def install(lease: "_Lease | _AutoLeases | _GangLeases") -> None:
                 result = original(self, args, kwargs, **options)
                 done(result)
                 return result
-            return original(self, args, kwargs, **steer(lease, options, what, actor=is_actor))
+            return original(self, args, kwargs, **steer(lease, options, what))
 
         cls._remote = _remote
 

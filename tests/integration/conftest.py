@@ -106,3 +106,17 @@ def ray_cluster() -> Iterator[RayCluster]:
             else:
                 os.environ[k] = v
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def job_env() -> Iterator[None]:
+    """What `orchestrator up` gives its raylets so Ray's job drivers keep 127.0.0.1 (see rayport/loopback)."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "ORCHESTRATOR_KEEP_LOOPBACK")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), saved["PYTHONPATH"]) if p)
+    os.environ["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -19,7 +19,6 @@ import pytest
 
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.lease import key_digest
-from orchestrator.rayport.loopback import LOOPBACK_SITE
 from tests.integration.heads import until
 
 pytestmark = pytest.mark.ray
@@ -27,19 +26,6 @@ pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = RuntimeSettings(namespace="rgo-native", heartbeat_interval_s=0.5, agent_ttl_s=5.0, reconcile_interval_s=0.1)
 
-
-
-@pytest.fixture(scope="module")
-def job_env() -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "ORCHESTRATOR_KEEP_LOOPBACK")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO), saved["PYTHONPATH"]) if p)
-    os.environ["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

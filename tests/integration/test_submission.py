@@ -26,27 +26,12 @@ from orchestrator.core.ids import attempt_id
 from orchestrator.core.errors import InvalidRequestError, JobApiUnavailableError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.config import RuntimeSettings
-from orchestrator.rayport.loopback import LOOPBACK_SITE
 
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = RuntimeSettings(namespace="rgo-sub", heartbeat_interval_s=0.5, agent_ttl_s=5.0, reconcile_interval_s=0.1)
 PRINT_CVD = f"{sys.executable} -c \"import os; print('CVD=' + os.environ.get('CUDA_VISIBLE_DEVICES', ''))\""
-
-
-@pytest.fixture(scope="module")
-def job_env() -> Iterator[None]:
-    """What `orchestrator up` gives its raylets so Ray's job drivers keep 127.0.0.1 (see rayport/loopback)."""
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "ORCHESTRATOR_KEEP_LOOPBACK")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO), saved["PYTHONPATH"]) if p)
-    os.environ["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
