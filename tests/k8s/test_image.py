@@ -34,6 +34,7 @@ import yaml
 
 from orchestrator.core.config import load_config as load_cluster_config
 from orchestrator.deploy.k8s.config import K8sConfig, load_config
+from orchestrator.deploy.k8s.render import render_objects
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "k8s.yaml"
@@ -320,6 +321,12 @@ def test_the_kind_cluster_file_matches_the_dev_overlays_simulated_pool() -> None
     assert sims, "the dev overlay simulates GPUs"
     assert {n.name: (n.model, n.gpus) for n in cluster.nodes} == {k: (v.model, v.gpus) for k, v in sims.items()}
     assert {"training", "inference"} <= set(cluster.scheduler.classes)
+    # Every pod is told the Ray namespace and name the head runs under with this file.
+    (rc,) = [o for o in render_objects(dev) if o["kind"] == "RayCluster"]
+    for group in rc["spec"]["workerGroupSpecs"]:
+        env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert (env["ORCHESTRATOR_NAMESPACE"], env["ORCHESTRATOR_HEAD_NAME"]) == (
+            cluster.settings.namespace, cluster.settings.head_name)
 
 
 def test_hadolint_finds_nothing() -> None:

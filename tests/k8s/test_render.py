@@ -67,8 +67,15 @@ def test_worker_groups_request_what_each_sharing_mode_needs(configs: tuple[K8sCo
         "nvidia.com/mig-1g.10gb": "16", "nvidia.com/mig-2g.20gb": "8", "nvidia.com/mig-3g.40gb": "8"}
     assert limits("a10-timesliced")["nvidia.com/gpu"] == "1"
     assert limits("t4-mps")["nvidia.com/gpu"] == "1"
-    # Ray's GPU count is 0: each card the pod sees is its own resource, leased in shares by the orchestrator.
-    assert groups["a100-mig"]["rayStartParams"]["num-gpus"] == "0"
+    # Ray's GPU count is the cards the pod sees (the node's agent holds what no lease covers), each card also
+    # its own resource; every GPU pod's raylet runs the orchestrator's hook (docs/ray-native.md).
+    assert groups["a100-mig"]["rayStartParams"]["num-gpus"] == "8"
+    assert groups["a10-timesliced"]["rayStartParams"]["num-gpus"] == "1"
+    for name in ("a100-mig", "a10-timesliced", "h100-whole", "t4-mps"):
+        env = {e["name"]: e.get("value") for e in groups[name]["template"]["spec"]["containers"][0]["env"]}
+        assert env["RAY_RUNTIME_ENV_HOOK"] == "orchestrator.rayport.native.runtime_env_hook"
+        assert env["ORCHESTRATOR_RAY_AUTO_LEASE"] == "1"
+        assert env["ORCHESTRATOR_NAMESPACE"] == "rgo"  # Ray's namespace of the head, not Kubernetes'
     assert groups["a100-mig"]["resources"] == {f"rgo-gpu-{i}": "1" for i in range(8)}
     assert groups["a10-timesliced"]["resources"] == {"rgo-gpu-0": "1"}
     for g in groups.values():  # Guaranteed QoS

@@ -57,7 +57,17 @@ from orchestrator.deploy.k8s.config import (
 from orchestrator.deploy.k8s.dashboard import dashboard_json
 from orchestrator.deploy.k8s.references import DanglingReferenceError, dangling_references
 from orchestrator.core.catalogue import gpu_model
-from orchestrator.core.config import MODEL_LABEL, NODE_LABEL, NODE_RESOURCE_PREFIX, card_resources
+from orchestrator.core.config import (
+    ACCELERATOR_RESOURCE_PREFIX,
+    MODEL_LABEL,
+    NODE_LABEL,
+    NODE_RESOURCE_PREFIX,
+    RuntimeSettings,
+    SimNode,
+    card_resources,
+    ray_accelerator_type,
+    raylet_native_env,
+)
 
 FIELD_MANAGER = "ray-gpu-orchestrator"
 HEADER = (
@@ -170,12 +180,19 @@ def _volumes(cfg: K8sConfig, *, checkpoints: bool) -> tuple[list[Obj], list[Obj]
     return vols, mounts
 
 
+_SETTINGS = RuntimeSettings()
+_NAMED = ("ORCHESTRATOR_NAMESPACE", "ORCHESTRATOR_HEAD_NAME")
+
+
 def _env(cfg: K8sConfig, pool: NodePool | None) -> list[Obj]:
     env: list[Obj] = [
         # The agents name their inventory after the Kubernetes node, so the head can
         # cross-check it against the node's labels (orchestrator/deploy/k8s/inventory.py).
         {"name": "ORCHESTRATOR_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "ORCHESTRATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # The Ray namespace and name of the orchestrator head (what `orchestrator` and the SDK look up), not
+        # the Kubernetes namespace: the head runs with the default settings (deploy/kuberay.py).
+        {"name": "ORCHESTRATOR_NAMESPACE", "value": _SETTINGS.namespace},
+        {"name": "ORCHESTRATOR_HEAD_NAME", "value": _SETTINGS.head_name},
     ]
     if pool is None:
         env += [
@@ -190,6 +207,11 @@ def _env(cfg: K8sConfig, pool: NodePool | None) -> list[Obj]:
             {"name": "ORCHESTRATOR_POOL", "value": pool.name},
             {"name": "ORCHESTRATOR_SHARING", "value": pool.sharing},
         ]
+        if _pool_cards(pool):
+            # Ray's own GPU API on leases (docs/ray-native.md): the raylet runs the orchestrator's hook in every
+            # driver it starts, and a simulated pool's raylet names its cards as a real node's would.
+            native = {**raylet_native_env(_SETTINGS), **(_sim_node(pool).ray_env() if pool.simulated else {})}
+            env += [{"name": k, "value": v} for k, v in sorted(native.items()) if k not in _NAMED]
     env += _auth_env(cfg)
     return env
 
@@ -283,6 +305,17 @@ def _cards(n: int) -> dict[str, str]:
     return {k: "1" for k in card_resources(n)}
 
 
+def _sim_node(pool: NodePool) -> SimNode:
+    """The node the head's cluster file lists for a simulated pool (same name, model and count)."""
+    assert pool.simulated is not None
+    return SimNode(name=pool.name, model=pool.simulated.model, gpus=pool.simulated.gpus)
+
+
+def _pool_cards(pool: NodePool) -> int:
+    return pool.simulated.gpus if pool.simulated is not None else pool.ray_cards()
+
+
+
 def _worker_group(cfg: K8sConfig, pool: NodePool, *, serve: bool) -> Obj:
     group: Obj = {
         "groupName": pool.name,
@@ -298,12 +331,14 @@ def _worker_group(cfg: K8sConfig, pool: NodePool, *, serve: bool) -> Obj:
         # --num-gpus and --resources.
         sim = pool.simulated
         group["labels"] = {NODE_LABEL: pool.name, MODEL_LABEL: sim.model}
-        group["resources"] = {"GPU": "0", f"{NODE_RESOURCE_PREFIX}{pool.name}": "1", **_cards(sim.gpus)}
+        # Ray's accelerator_type resource, which its NVIDIA accelerator manager declares on a real GPU pod.
+        group["resources"] = {"GPU": str(sim.gpus), f"{NODE_RESOURCE_PREFIX}{pool.name}": "1", **_cards(sim.gpus),
+                              ACCELERATOR_RESOURCE_PREFIX + ray_accelerator_type(sim.model): "1"}
     elif pool.ray_cards():
-        # Ray's GPU count is 0 and each card the pod sees is its own resource (core.config.card_resource):
-        # a lease holder asks for its share of its card, so Ray places exactly what the ledger granted, and
-        # nothing outside the orchestrator can take a card (docs/runtime.md, "Ray's accounting").
-        group["rayStartParams"]["num-gpus"] = "0"
+        # Ray's GPU count is the cards the pod sees, as Ray would detect them; the node's agent holds every
+        # unit no lease covers in placement groups of its own, so nothing outside the orchestrator takes a
+        # card (docs/ray-native.md). Each card is also its own resource (core.config.card_resource).
+        group["rayStartParams"]["num-gpus"] = str(pool.ray_cards())
         group["resources"] = _cards(pool.ray_cards())
     group["template"] = _pod_template(cfg, pool, serve=serve)
     return group
