@@ -19,8 +19,8 @@ directory of its own, then runs, as users would:
   lease asked, granted, its group placed, the actor started), interleaved in the same run, each after
   ``--settle`` seconds (a start on a settled cluster); and their ratio. The ``actor_start_back_to_back_*``
   figures start each right after the one before was killed (its lease still held until the head sees its
-  holder dead, and its node's agent busy giving the card back). With the lease's two legs (``lease_grant_p50_ms``: asked to granted; ``lease_group_p50_ms``: granted to its group
-  found placed).
+  holder dead, and its node's agent busy giving the card back). With the lease's two legs for each (``lease_grant_p50_ms``: asked to granted;
+  ``lease_group_p50_ms``: granted to its group found placed; ``..._back_to_back_...`` likewise).
 
     .venv/bin/python bench/native.py --json
 """
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "jobs"
 
 
-def run(state: Any, starts: int, say: Any, settle_s: float = 2.0) -> dict[str, Any]:
+def run(state: Any, starts: int, say: Any, settle_s: float = 2.0, probes: bool = True) -> dict[str, Any]:
     import ray
 
     from orchestrator.bench import native as nb
@@ -57,7 +57,7 @@ def run(state: Any, starts: int, say: Any, settle_s: float = 2.0) -> dict[str, A
     client = ray_api.RayJobRunner().client
     out: dict[str, Any] = {}
     try:
-        for what in nb.PROBES:
+        for what in nb.PROBES if probes else ():
             t0 = time.monotonic()
             sid = client.submit_job(entrypoint=nb.probe_entrypoint(sys.executable, JOBS, what),
                                     runtime_env=nb.job_env(state.namespace))
@@ -75,15 +75,16 @@ def run(state: Any, starts: int, say: Any, settle_s: float = 2.0) -> dict[str, A
                    "serve": "serve_num_gpus"}[what]
             out[key] = verdict
             say(f"{key}: {verdict} ({time.monotonic() - t0:.1f}s)")
-        from orchestrator.sdk.jobs import Client  # noqa: F401 -- imported late: the SDK connects on its own
+        if probes:
+            from orchestrator.sdk.jobs import Client  # noqa: F401 -- imported late: the SDK connects on its own
 
-        job = Client(namespace=state.namespace).submit({"name": "native-train", "gpu": "2",
-                                                        "entrypoint": nb.probe_entrypoint(sys.executable, JOBS, "train")})
-        final = job.wait(300)
-        verdict = nb.judge("train", nb.read_probe(job.logs(), "train")) if final["state"] == "succeeded" else \
-            f"job {final['state']}: {final.get('message')}"
-        out["train_use_gpu_in_job"] = verdict
-        say(f"train_use_gpu_in_job: {verdict}")
+            job = Client(namespace=state.namespace).submit({"name": "native-train", "gpu": "2",
+                                                            "entrypoint": nb.probe_entrypoint(sys.executable, JOBS, "train")})
+            final = job.wait(300)
+            verdict = nb.judge("train", nb.read_probe(job.logs(), "train")) if final["state"] == "succeeded" else \
+                f"job {final['state']}: {final.get('message')}"
+            out["train_use_gpu_in_job"] = verdict
+            say(f"train_use_gpu_in_job: {verdict}")
         # actor start: plain Ray against the lease path, interleaved
         auto = native.lease_from_env({"ORCHESTRATOR_RAY_AUTO_LEASE": "1", "ORCHESTRATOR_NAMESPACE": state.namespace})
         native.install(auto)
@@ -99,6 +100,7 @@ def run(state: Any, starts: int, say: Any, settle_s: float = 2.0) -> dict[str, A
             plain: list[float] = []
             leased: list[float] = []
             where: list[str] = []
+            first = len(auto.timings)
             for _ in range(starts):
                 # the leased actor first; then plain Ray's on the same node (its worker pool in the same state)
                 time.sleep(pause)
@@ -108,8 +110,9 @@ def run(state: Any, starts: int, say: Any, settle_s: float = 2.0) -> dict[str, A
             out[f"actor_start{tag}_p50_ms_plain_ray"] = nb.p50(plain)
             out[f"actor_start{tag}_p50_ms_orchestrated"] = nb.p50(leased)
             out[f"actor_start{tag}_ratio"] = round(nb.p50(leased) / nb.p50(plain), 2)
-        out["lease_grant_p50_ms"] = nb.p50([t["grant_ms"] for t in auto.timings])
-        out["lease_group_p50_ms"] = nb.p50([t["group_ms"] for t in auto.timings])
+            legs = auto.timings[first:]
+            out[f"lease_grant{tag}_p50_ms"] = nb.p50([t["grant_ms"] for t in legs])
+            out[f"lease_group{tag}_p50_ms"] = nb.p50([t["group_ms"] for t in legs])
         out["actor_starts"] = starts
     finally:
         checker.stop()
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--starts", type=int, default=10, help="actor starts of each kind")
     p.add_argument("--settle", type=float, default=2.0,
                    help="seconds before each timed start (the _back_to_back figures wait none)")
+    p.add_argument("--no-probes", action="store_true", help="only the actor starts (a quicker look at them)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     from orchestrator.deploy.local import scratch_cluster
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda m: print(f"[native] {m}", file=sys.stderr)  # noqa: E731
     with stdout_to_stderr(), scratch_cluster(load_config(DEMO_CONFIG), "rgo-native-", progress=say) as state:
         try:
-            out = run(state, a.starts, say, a.settle)
+            out = run(state, a.starts, say, a.settle, probes=not a.no_probes)
         except BaseException:
             traceback.print_exc()  # now: Ray may end this process once the cluster below it is gone
             raise

@@ -40,12 +40,13 @@ def plain() -> dict:
 
 
 def train() -> dict:
+    import shutil
     import tempfile
 
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    out_dir = tempfile.mkdtemp(prefix="native-train-")
+    out_dir = tempfile.mkdtemp(prefix="native-train-")  # removed at the end: a probe leaves nothing behind
 
     def loop(config: dict) -> None:
         import ray.train
@@ -55,23 +56,34 @@ def train() -> dict:
             json.dump(seen(), f)
         ray.train.report({"rank": rank})
 
-    trainer = TorchTrainer(loop, train_loop_config={"out": out_dir}, torch_config=TorchConfig(backend="gloo"),
-                           scaling_config=ScalingConfig(num_workers=2, use_gpu=True),
-                           run_config=RunConfig(name=f"native-{os.getpid()}", storage_path=out_dir))
-    result = trainer.fit()
-    workers = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir)) if f.startswith("rank-")]
+    try:
+        trainer = TorchTrainer(loop, train_loop_config={"out": out_dir}, torch_config=TorchConfig(backend="gloo"),
+                               scaling_config=ScalingConfig(num_workers=2, use_gpu=True),
+                               run_config=RunConfig(name=f"native-{os.getpid()}", storage_path=out_dir))
+        result = trainer.fit()
+        workers = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir))
+                   if f.startswith("rank-")]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
     return {"workers": workers, "error": repr(result.error) if result.error else None}
 
 
 def tune() -> dict:
+    import shutil
+    import tempfile
+
     from ray import tune as t
 
     def trial(config: dict) -> dict:
         return {"seen": json.dumps(seen()), "x": config["x"]}
 
-    tuner = t.Tuner(t.with_resources(trial, {"gpu": 1, "cpu": 0}), param_space={"x": t.grid_search([1, 2])},
-                    run_config=t.RunConfig(storage_path=os.environ.get("TMPDIR", "/tmp"), name=f"native-{os.getpid()}"))
-    results = tuner.fit()
+    storage = tempfile.mkdtemp(prefix="native-tune-")
+    try:
+        tuner = t.Tuner(t.with_resources(trial, {"gpu": 1, "cpu": 0}), param_space={"x": t.grid_search([1, 2])},
+                        run_config=t.RunConfig(storage_path=storage, name=f"native-{os.getpid()}"))
+        results = tuner.fit()
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
     return {"trials": [r.metrics.get("seen") for r in results], "errors": [repr(r.error) for r in results if r.error]}
 
 

@@ -1,10 +1,10 @@
 """The integration tier's shared fixture: one real 3-node Ray cluster per test module.
 
 ``ray_cluster`` starts ``ray.cluster_utils.Cluster`` on 127.0.0.1 with one node
-per node of ``configs/cluster.demo.yaml`` (no ``GPU``: one ``rgo-gpu-<i>`` per card, our node resource
-and our labels, as ``orchestrator up`` gives its raylets), and connects this
-process as its driver. Everything Ray writes goes to a fresh folder under
-/tmp (``RAY_TMPDIR``; short, because Ray's unix socket paths must stay under
+per node of ``configs/cluster.demo.yaml`` (Ray's ``GPU`` one per card, one ``rgo-gpu-<i>`` per card, our
+node resource, our labels and the native hook, as ``orchestrator up`` gives its raylets), and connects this
+process as its driver. Everything Ray and its workers write goes to a fresh folder under
+/tmp (``RAY_TMPDIR`` and ``TMPDIR``; short, because Ray's unix socket paths must stay under
 107 bytes), which is removed afterwards. Token auth stays on, with a token in
 that folder, not in ``~/.ray``. Ports are picked free, so two modules (or two
 developers) never collide.
@@ -40,7 +40,7 @@ class RayCluster:
 
 
 _ENV_KEYS = ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED", "PYTHONPATH",
-             "ORCHESTRATOR_KEEP_LOOPBACK", "PATH")
+             "ORCHESTRATOR_KEEP_LOOPBACK", "PATH", "TMPDIR")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     token = tmp / "auth_token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
-    os.environ.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
+    os.environ.update(RAY_TMPDIR=str(tmp), TMPDIR=str(tmp), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
                       RAY_USAGE_STATS_ENABLED="0", ORCHESTRATOR_KEEP_LOOPBACK="1",
                       # job entrypoints say `python ...`: the venv's interpreter
                       PATH=os.pathsep.join(p for p in (os.path.dirname(sys.executable), saved.get("PATH") or "") if p),
