@@ -23,7 +23,8 @@ card the ledger named. Shares are in grid units of 1/10,000 (Ray's own fixed poi
 :func:`plan` turns (what exists, what the ledger wants) into a list of steps; :mod:`orchestrator.rayport.holds`
 carries them out against Ray. A piece is never shrunk in place (Ray cannot): a grant removes the fewest,
 largest pieces that cover its share and holds the rest again as one new piece (or, where a piece holds exactly
-its share of one card and it asks for no CPU, adopts that piece as its group: no Ray call on the grant's path);
+its share of one card and it asks for no CPU, adopts that piece as its group: no Ray call on the grant's path,
+and first in the plan, so it never waits behind a release being held again);
 a release holds its share again as a new piece at once, so no capacity is left outside a group longer than
 one step.
 """
@@ -148,6 +149,20 @@ def plan(cards: Sequence[int], pieces: Sequence[Piece], current: Mapping[str, Le
     for p in pieces:
         by_card.setdefault(p.card, []).append(p)
     steps: list[Step] = []
+    # 0. New leases that take exactly what one existing piece holds (one card's share, no CPUs) adopt it: no
+    #    capacity moves, so they go first, before anything that waits on Ray (a grant in the same beat as a
+    #    release is handed its group without waiting for the released capacity to be held again).
+    fresh = sorted(set(desired) - set(current))
+    adopted: set[str] = set()
+    for lid in fresh:
+        shape = desired[lid]
+        if len(shape.cards) == 1 and shape.cpus == 0:
+            c, u = shape.cards[0]
+            same = sorted((p for p in by_card.setdefault(c, []) if p.units == u), key=lambda p: p.name)
+            if same:
+                steps.append(AdoptPiece(same[0].name, lid, shape))
+                by_card[c].remove(same[0])
+                adopted.add(lid)
     # 1. Leases that ended here: remove each group and hold its share again at once.
     for lid in sorted(set(current) - set(desired)):
         steps.append(RemoveLease(lid))
@@ -162,7 +177,7 @@ def plan(cards: Sequence[int], pieces: Sequence[Piece], current: Mapping[str, Le
     #    piece takes instance c. New leases then take their share out of these pieces.
     existing: dict[int, int] = {c: 0 for c in known}
     for lid, shape in desired.items():
-        if lid in current and shape is not None:
+        if (lid in current or lid in adopted) and shape is not None:
             for c, u in shape.cards:
                 existing[c] = existing.get(c, 0) + u
     for c in sorted(known):
@@ -172,17 +187,11 @@ def plan(cards: Sequence[int], pieces: Sequence[Piece], current: Mapping[str, Le
             key = f"<new {len(steps)}>"
             steps.append(HoldPiece(c, want - held, key))
             by_card[c].append(Piece(c, want - held, key))
-    # 3. New leases: free their share from the pieces, make the group, hold the rest again.
-    for lid in sorted(set(desired) - set(current)):
+    # 3. The other new leases: free their share from the pieces, make the group, hold the rest again.
+    for lid in fresh:
+        if lid in adopted:
+            continue
         shape = desired[lid]
-        if len(shape.cards) == 1 and shape.cpus == 0:
-            c, u = shape.cards[0]
-            same = sorted((p for p in by_card.setdefault(c, []) if p.units == u and not p.name.startswith("<new")),
-                          key=lambda p: p.name)
-            if same:
-                steps.append(AdoptPiece(same[0].name, lid, shape))
-                by_card[c].remove(same[0])
-                continue
         rest: list[tuple[int, int]] = []
         for c, u in shape.cards:
             taken, over = _take(by_card.setdefault(c, []), u)

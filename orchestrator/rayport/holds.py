@@ -3,8 +3,13 @@
 One :class:`RayHolds` per agent. Its groups are detached placement groups in the agent's Ray namespace,
 each bundle pinned to the node by Ray's own node-id label, so an agent that dies leaves them in place and
 its successor finds them by name (:meth:`RayHolds.sync` reads the placement-group table once, on its first
-call). Steps run one after another and each new group is awaited until placed (bounded by ``place_timeout_s``):
-that order is what makes a group land on the card the plan freed for it (``control/holds.py``).
+call). Steps run one after another and a new group is awaited until placed (bounded by ``place_timeout_s``)
+before any later step moves capacity (removes a group or makes one): that order is what makes a group land on
+the card the plan freed for it (``control/holds.py``). A step that moves none (a lease adopting a piece that
+already holds its card) does not wait, and neither does the end of :meth:`RayHolds.sync`: a lease granted
+while a released card is being held again is handed its group at once. A group made right after another was
+removed first waits until the GCS sees the removed capacity free again (50-100 ms): made sooner, the GCS fails
+to place it and tries again only 0.3-1 s later (``docs/ray-native.md``, "Figures").
 
 A node that advertises no Ray ``GPU`` (a cluster we attached to whose nodes were started otherwise) gets
 no holds: :meth:`sync` does nothing there, and holders use the per-card resources as before.
@@ -21,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import ray
 
-from orchestrator.control.holds import (AdoptPiece, CreateLease, HoldPiece, LeaseShape, Piece, RemoveLease, RemovePiece,
+from orchestrator.control.holds import (GRID, AdoptPiece, CreateLease, HoldPiece, LeaseShape, Piece, RemoveLease, RemovePiece,
                                         lease_group_name, parse_lease_group, parse_piece, piece_name, plan)
 from orchestrator.core.config import CARD_RESOURCE_PREFIX, RAY_NODE_ID_LABEL, card_resource
 
@@ -29,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: How long one new group may take to be placed before the agent moves on (and tries again next beat).
 PLACE_TIMEOUT_S = 10.0
+#: How long a new group waits for a removed group's capacity to be seen free before it is made anyway.
+RETURN_WAIT_S = 2.0
 #: The GCS key-value namespace of the agents' record of adopted pieces.
 KV_NS = "rgo-holds"
 #: How long a lease's capacity may stay lent (its own group removed) before its holder's group is adopted.
@@ -48,6 +55,8 @@ class RayHolds:
         self.enabled: bool | None = None  # None: not looked at yet
         self.card_resources = False  # the node declares rgo-gpu-<i> (ours do)
         self.unplaced: set[str] = set()  # groups made but not placed within the timeout
+        self.pending: dict[str, asyncio.Future] = {}  # groups made, not yet seen placed: awaited before capacity moves
+        self._returning = False  # a group was removed since the last one was made: its capacity is on its way back
         self.lending: dict[str, float] = {}  # lease id -> when its loan lapses (monotonic)
         self.adopted: set[str] = set()  # leases whose group is one their holder made
         self.adopted_pieces: dict[str, str] = {}  # lease id -> the hold piece that became its group
@@ -129,20 +138,50 @@ class RayHolds:
 
         pg = self.groups.pop(name, None)
         self.unplaced.discard(name)
+        self.pending.pop(name, None)
+        self._returning = self._returning or pg is not None
         if pg is not None:
             try:
                 remove_placement_group(pg)
             except Exception as e:  # gone already
                 log.info("holds %s: removing %s: %s", self.node_name, name, e)
 
-    async def _placed(self, name: str, pg: Any) -> None:
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(pg.ready().future()), self.place_timeout_s)
-            self.unplaced.discard(name)
-        except asyncio.TimeoutError:
-            self.unplaced.add(name)
-            log.warning("holds %s: group %s not placed within %.0fs (the capacity it stands for is taken by work "
-                        "outside every group?)", self.node_name, name, self.place_timeout_s)
+    async def _capacity_back(self, gpu: float, cpu: float) -> None:
+        """After a removal, wait (bounded by ``RETURN_WAIT_S``) until the GCS sees ``gpu`` and ``cpu`` free on this
+        node. The raylet returns a removed group's capacity some 50-100 ms later; a group made before then is not
+        placed at once but at the GCS's next try, 0.3-1 s later (measured: docs/ray-native.md, "Figures")."""
+        if not self._returning:
+            return
+        from ray._private.state import state
+
+        deadline = time.monotonic() + RETURN_WAIT_S
+        while time.monotonic() < deadline:
+            free = state.available_resources_per_node().get(self.ray_node_id, {})
+            if free.get("GPU", 0.0) >= gpu - 1e-4 and free.get("CPU", 0.0) >= cpu - 1e-4:
+                break
+            await asyncio.sleep(0.01)
+        self._returning = False
+
+    def _pend(self, name: str, pg: Any) -> None:
+        """``pg`` was just made: it is awaited (:meth:`settle`) before the next step that moves capacity."""
+        self.pending[name] = asyncio.ensure_future(asyncio.wrap_future(pg.ready().future()))
+
+    async def settle(self) -> None:
+        """Wait until every group made so far is placed (or its ``place_timeout_s`` ran out): called before
+        anything that moves capacity, so that a group can only ever land on the capacity freed for it."""
+        while self.pending:
+            name, fut = next(iter(self.pending.items()))
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), self.place_timeout_s)
+                self.unplaced.discard(name)
+            except asyncio.TimeoutError:
+                self.unplaced.add(name)
+                log.warning("holds %s: group %s not placed within %.0fs (the capacity it stands for is taken by "
+                            "work outside every group?)", self.node_name, name, self.place_timeout_s)
+            except Exception as e:  # removed meanwhile
+                log.info("holds %s: group %s: %s", self.node_name, name, e)
+            finally:
+                self.pending.pop(name, None)
 
     async def sync(self, cards: Sequence[int], desired: Mapping[str, LeaseShape]) -> bool:
         """Make the node's groups match ``desired`` (lease id -> shape). Returns False where the node
@@ -156,6 +195,8 @@ class RayHolds:
         self._lapsed_loans(time.monotonic())
         keys: dict[str, str] = {}
         for step in plan(cards, list(self.pieces.values()), self.leases, desired):
+            if not isinstance(step, AdoptPiece):
+                await self.settle()  # this step moves capacity: every group made before it is placed first
             if isinstance(step, RemoveLease):
                 self._remove(lease_group_name(self.node_name, step.lease_id))  # its own, or the one it adopted
                 if self.adopted_pieces.pop(step.lease_id, None) is not None:
@@ -171,18 +212,23 @@ class RayHolds:
                 name = piece_name(self.node_name, step.card, step.units, uuid.uuid4().hex[:8])
                 keys[step.key] = name
                 self.pieces[name] = Piece(step.card, step.units, name)
-                await self._placed(name, self._make(name, self._piece_bundle(step.card, step.units)))
+                await self._capacity_back(step.units / GRID, 0.0)
+                self._pend(name, self._make(name, self._piece_bundle(step.card, step.units)))
             elif isinstance(step, AdoptPiece):
                 piece = keys.get(step.name, step.name)
                 self.pieces.pop(piece, None)
-                self.groups[lease_group_name(self.node_name, step.lease_id)] = self.groups.pop(piece)
+                name = lease_group_name(self.node_name, step.lease_id)
+                self.groups[name] = self.groups.pop(piece)
+                if piece in self.pending:  # a piece made moments ago: the lease's group once it is placed
+                    self.pending[name] = self.pending.pop(piece)
                 self.leases[step.lease_id] = step.shape
                 self.adopted_pieces[step.lease_id] = piece
                 self._save()
             elif isinstance(step, CreateLease):
                 name = lease_group_name(self.node_name, step.lease_id)
                 self.leases[step.lease_id] = step.shape
-                await self._placed(name, self._make(name, self._lease_bundle(step.shape)))
+                await self._capacity_back(step.shape.units / GRID, step.shape.cpus)
+                self._pend(name, self._make(name, self._lease_bundle(step.shape)))
         return True
 
     # ---- lending a lease's capacity to a placement group its holder makes (Ray Train, Tune, Serve) ----
@@ -240,5 +286,8 @@ class RayHolds:
         name = lease_group_name(self.node_name, lease_id)
         pg = self.groups.get(name)
         if pg is None or name in self.unplaced or lease_id not in self.leases or lease_id in self.lending:
+            return None
+        fut = self.pending.get(name)
+        if fut is not None and not (fut.done() and not fut.cancelled() and fut.exception() is None):
             return None
         return pg.id.hex()

@@ -148,6 +148,19 @@ def test_a_release_is_held_again_before_anything_else() -> None:
     assert len(steps) == 2
 
 
+def test_a_grant_that_adopts_a_piece_goes_before_a_release_in_the_same_plan() -> None:
+    # A holder killed and the next one granted before the agent heard of either: the grant moves no capacity,
+    # so it must not wait behind the release's new piece being placed (the executor waits before every step
+    # that moves capacity).
+    node = Node()
+    old = LeaseShape(((0, GRID),))
+    node.apply(plan(CARDS, [], {}, {"old": old}), ending={})
+    steps = plan(CARDS, list(node.pieces.values()), {"old": old}, {"new": LeaseShape(((1, GRID),))})
+    assert [type(s).__name__ for s in steps] == ["AdoptPiece", "RemoveLease", "HoldPiece"], steps
+    node.apply(steps, ending={"old": old})
+    assert node.free() == {c: 0 for c in CARDS}
+
+
 def test_a_group_found_after_a_restart_with_no_shape_is_removed_and_its_cards_held_again() -> None:
     pieces = [Piece(c, GRID, f"p{c}") for c in (0, 1, 3)]
     steps = plan(CARDS, pieces, {"old": None}, {})
