@@ -52,7 +52,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 from orchestrator.control.discovery.base import DiscoveryBackend, apply_events, measured_utilization
 from orchestrator.control.mps import MpsDaemons, RecordingPort, SubprocessPort
-from orchestrator.control.revocation import parse_workload
+from orchestrator.control.revocation import parse_workload, protected_workload
+from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import InvalidRequestError, StaleFencingTokenError
@@ -68,8 +69,8 @@ CheckpointPoll = Callable[[], "str | None"]
 class WorkloadPort(Protocol):
     """How an agent reaches what runs on its leases (``rayport.agent.RayWorkloads`` is the real one)."""
 
-    def stop(self, workload: str) -> bool:
-        """Stop ``workload`` (idempotent); True once nothing of it runs any more."""
+    def stop(self, workload: str, lease_id: str = "") -> bool:
+        """Stop ``workload`` of lease ``lease_id`` (idempotent); True once nothing of it runs any more."""
         ...
 
     def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
@@ -81,6 +82,19 @@ class WorkloadPort(Protocol):
         ...
 
 
+def process_names_lease(pid: int, lease_id: str) -> bool:
+    """Whether process ``pid`` was started with lease ``lease_id``'s hand-out (``ORCHESTRATOR_LEASE_ID`` in the
+    environment it started with). False when its environment cannot be read (another user's) or it is gone."""
+    if not lease_id:
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{E.LEASE_ID}={lease_id}".encode() in environ
+
+
 class LocalWorkloads:
     """The port without Ray: processes (``pid:``) are killed; actors and Ray jobs, which only exist on a
     Ray cluster, are recorded as stopped. What a simulated node and the unit tests use."""
@@ -88,10 +102,15 @@ class LocalWorkloads:
     def __init__(self) -> None:
         self.stopped: list[str] = []
 
-    def stop(self, workload: str) -> bool:
+    def stop(self, workload: str, lease_id: str = "") -> bool:
         kind, ref = parse_workload(workload)
         self.stopped.append(workload)
         if kind != "pid":
+            return True
+        if not process_names_lease(int(ref), lease_id):
+            # A holder names its process itself: only one started with the lease's hand-out is stopped, never
+            # any other process of the node (a raylet, the GCS, the head). Nothing of the lease's to stop.
+            log.warning("process %s does not carry lease %s in its environment: not stopped", ref, lease_id)
             return True
         try:
             os.kill(int(ref), signal.SIGKILL)
@@ -158,7 +177,7 @@ class AgentCore:
     def check_holder(self, lease_id: str, token: int) -> None:
         """A holder on this node presents its token: refused unless it is the token of a lease held here."""
         if self.tokens.get(lease_id) != int(token):
-            raise StaleFencingTokenError(lease_id, int(token), self.tokens.get(lease_id, -1))
+            raise StaleFencingTokenError(lease_id, int(token))
 
     def allocate(self, lease_id: str, allocation: Allocation) -> str | None:
         """Allocate: check the devices are here; make the MIG instance on demand. Returns the UUID it made, if any."""
@@ -303,8 +322,14 @@ class AgentCore:
             if lease_id in self.revoked:
                 continue
             workload = r.get("workload")
+            why = workload and protected_workload(workload, namespace=self.settings.namespace,
+                                                  head_name=self.settings.head_name)
+            if why:  # recorded before the head refused such names, or a head that does not: never stopped
+                log.warning("agent %s: lease %s names %s as its workload; not stopped: %s", self.node_name,
+                            lease_id, workload, why)
+                workload = None
             try:
-                gone = True if not workload else self.workloads.stop(workload)
+                gone = True if not workload else self.workloads.stop(workload, lease_id)
             except Exception as e:  # not confirmed: the next beat tries again
                 log.warning("agent %s: could not stop %s of %s: %s", self.node_name, workload, lease_id, e)
                 gone = False

@@ -196,7 +196,11 @@ class HeadController:
         e = self.ledger.get(lease_id)
         self._check_token(e, token)
         if workload is not None:
-            revocation.parse_workload(workload)
+            why = revocation.protected_workload(workload, namespace=self.settings.namespace,
+                                                head_name=self.settings.head_name)
+            if why is not None:
+                raise InvalidRequestError("workload", workload, "an actor, Ray job or process of the lease's holder",
+                                          detail=f"a revocation never stops it: {why}")
         if e.lease.state is LeaseState.ACTIVE:
             if (holder and e.holder != holder) or (workload and e.workload != workload):
                 self.ledger.commit([replace(e, holder=holder or e.holder, workload=workload or e.workload)])
@@ -630,7 +634,7 @@ class HeadController:
     def check_token(self, e: LedgerEntry, token: int | None) -> None:
         """Raise ``StaleFencingTokenError`` unless ``token`` is the lease's (None never is)."""
         if token is None or int(token) != e.lease.fencing_token:
-            raise StaleFencingTokenError(e.lease_id, -1 if token is None else int(token), e.lease.fencing_token)
+            raise StaleFencingTokenError(e.lease_id, -1 if token is None else int(token))
 
     _check_token = check_token
 

@@ -50,6 +50,28 @@ def parse_workload(workload: str) -> tuple[str, str]:
     return kind, ref
 
 
+#: The name of node N's agent actor is this prefix and N (in the orchestrator's Ray namespace).
+AGENT_ACTOR_PREFIX = "rgo-agent-"
+#: Ray's own named actors that a revocation never stops, by namespace (Serve's controller and proxies).
+_RAY_SYSTEM = {"serve": ("SERVE_",)}
+
+
+def protected_workload(workload: str, *, namespace: str, head_name: str) -> str | None:
+    """Why a revocation may never stop ``workload`` (None: it may): the orchestrator's head or one of its
+    agents, or one of Ray's own system actors (any namespace Ray keeps to itself, ``_ray...``; Serve's
+    controller and proxies). A lease's holder names its workload itself, so the head refuses these at
+    ``activate`` and the agent checks again before it stops anything (``docs/security.md``)."""
+    kind, ref = parse_workload(workload)
+    if kind != "actor":
+        return None
+    ns, name = ref.split("/", 1)
+    if ns == namespace and (name == head_name or name.startswith(AGENT_ACTOR_PREFIX)):
+        return f"actor {name} in namespace {ns} is the orchestrator's own"
+    if ns.startswith("_ray") or name.startswith(_RAY_SYSTEM.get(ns, ("\0",))):
+        return f"actor {name} in namespace {ns} is one of Ray's own"
+    return None
+
+
 def actor_workload(namespace: str, name: str) -> str:
     return f"actor:{namespace}/{name}"
 

@@ -83,11 +83,14 @@ class UnknownObjectError(OrchestratorError, KeyError):
 
 
 class StaleFencingTokenError(OrchestratorError):
-    """A lease was used with a fencing token older than the ledger's."""
+    """A lease was used with a fencing token that is not the lease's (older, revoked, or never its).
 
-    def __init__(self, lease_id: str, token: int, current: int) -> None:
-        self.lease_id, self.token, self.current = lease_id, token, current
-        super().__init__(f"lease {lease_id}: fencing token {token} is stale (current {current})")
+    It names the token the caller sent and never the lease's own: a refusal must not tell a caller that
+    is not the holder what the holder's token is (docs/security.md)."""
+
+    def __init__(self, lease_id: str, token: int) -> None:
+        self.lease_id, self.token = lease_id, token
+        super().__init__(f"lease {lease_id}: fencing token {token} is not the lease's (stale, revoked or wrong)")
 
 
 class LeaseTimeoutError(OrchestratorError, TimeoutError):

@@ -63,7 +63,7 @@ class RayWorkloads:
         self._pids: dict[str, int | None] = {}  # workload being stopped -> its process id
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-holders")
 
-    def stop(self, workload: str) -> bool:
+    def stop(self, workload: str, lease_id: str = "") -> bool:
         kind, ref = parse_workload(workload)
         if kind == "actor":
             namespace, name = ref.split("/", 1)
@@ -86,7 +86,7 @@ class RayWorkloads:
                 return True
             self._jobs.stop(ref)
             return False  # confirmed once the job API says it ended
-        return self._local.stop(workload)
+        return self._local.stop(workload, lease_id)
 
     def watch(self, workload: str) -> None:
         """Look the holder actor up and send it a no-op, so a later checkpoint request goes over a channel

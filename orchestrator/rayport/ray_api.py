@@ -49,6 +49,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import ray
 
 from orchestrator.control.nodes import RayNodeInfo
+from orchestrator.control.revocation import AGENT_ACTOR_PREFIX
 from orchestrator.core.config import CARD_RESOURCE_PREFIX, NODE_LABEL
 from orchestrator.core import env as E
 from orchestrator.core.errors import (ClusterAuthError, ClusterNotFoundError, InvalidRequestError, JobApiUnavailableError,
@@ -295,7 +296,7 @@ class GcsKv:
 
 # ---- actors -------------------------------------------------------------------------------------
 def agent_name(node_name: str) -> str:
-    return f"rgo-agent-{node_name}"
+    return f"{AGENT_ACTOR_PREFIX}{node_name}"
 
 
 def pin(node_id: str, soft: bool = False) -> Any:

@@ -126,6 +126,34 @@ def test_malformed_calls_get_typed_answers_and_the_head_keeps_its_lease(head: An
     assert len(_ok(_call(head, "status"))["nodes"]) == 3
 
 
+def test_a_second_driver_learns_no_token_from_a_refusal_and_cannot_make_the_head_its_workload(head: Any) -> None:
+    # Issue #38's attacks, from a driver that is not the lease's requester (this test process, holding no key):
+    # "steal a lease in two calls" (the refusal carried the real token) and "kill the head in three calls" (a
+    # lease of one's own, activated with the head as its workload, then preempted: the agent ray.killed it).
+    _ok(_call(head, "request_lease", {"lease_id": "honest", "request": "timeslice:0.1",
+                                      "requester_digest": key_digest(KEY)}))
+    honest = _ok(_call(head, "wait_lease", "honest", 30.0, KEY))
+    token = honest["fencing_token"]
+    for guess in (0, token + 1):
+        refused = _call(head, "release", "honest", guess)
+        assert refused["error"]["type"] == "StaleFencingTokenError", refused
+        assert token not in refused["error"]["fields"].values(), refused
+        assert str(token) not in refused["error"]["message"].replace(f"fencing token {guess}", ""), refused
+    before = _ok(_call(head, "ping"))
+    mine, my_key = "attacker", "attacker-key"
+    _ok(_call(head, "request_lease", {"lease_id": mine, "request": "timeslice:0.1", "requester_digest": key_digest(my_key)}))
+    my_token = _ok(_call(head, "wait_lease", mine, 30.0, my_key))["fencing_token"]
+    for target in (SETTINGS.head_name, "rgo-agent-a100-0"):
+        reply = _call(head, "activate", mine, my_token, None, f"actor:{SETTINGS.namespace}/{target}")
+        assert reply["error"]["type"] == "InvalidRequestError" and reply["error"]["fields"]["field"] == "workload", reply
+    after = _ok(_call(head, "ping"))
+    assert (after["pid"], after["started_at"]) == (before["pid"], before["started_at"])
+    kept = _ok(_call(head, "get_lease", "honest", KEY))
+    assert kept["state"] == "granted" and kept["fencing_token"] == token
+    _ok(_call(head, "release", mine, my_token))
+    _ok(_call(head, "release", "honest", token))
+
+
 def test_malformed_batches_get_typed_answers_each_call_its_own(head: Any) -> None:
     # call_many (the client's threads' calls sent together): the batch is refused whole, naming the malformed
     # call's field, or each call is answered with its own envelope -- and the head keeps what it held.

@@ -7,7 +7,7 @@ and a :class:`RecordingPort` at its process boundary (``nvidia-cuda-mps-control`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -37,7 +37,7 @@ class FakeWorkloads:
     asked: list[tuple[str, str]] = field(default_factory=list)
     watched: list[str] = field(default_factory=list)
 
-    def stop(self, workload: str) -> bool:
+    def stop(self, workload: str, lease_id: str = "") -> bool:
         self.stopped.append(workload)
         return self.stoppable
 
@@ -161,6 +161,51 @@ def test_a_malformed_workload_is_refused_naming_the_field(head: HeadController, 
     with pytest.raises(InvalidRequestError) as e:
         head.activate("t", head.get_lease("t", KEY)["fencing_token"], None, "actor:no-namespace")
     assert e.value.field == "workload"
+
+
+@pytest.mark.parametrize("workload", ["actor:{ns}/{head}", "actor:{ns}/rgo-agent-a100-0", "actor:serve/SERVE_CONTROLLER_ACTOR",
+                                      "actor:_ray_internal_dashboard/x"])
+def test_a_holder_cannot_name_the_head_an_agent_or_rays_own_actors_as_its_workload(
+        head: HeadController, h100: SimAgent, workload: str) -> None:
+    # Issue #38's three-call attack: a lease of one's own, activated with the head as its "workload", then
+    # preempted, had the agent ray.kill the head. The head refuses the name at the edge.
+    _ask(head, "t", "training")
+    _cycle(head, h100)
+    token = head.get_lease("t", KEY)["fencing_token"]
+    named = workload.format(ns=head.settings.namespace, head=head.settings.head_name)
+    with pytest.raises(InvalidRequestError) as e:
+        head.activate("t", token, None, named)
+    assert e.value.field == "workload" and "never stops" in str(e.value)
+    assert head.get_lease("t")["state"] == "granted" and head.ledger.get("t").workload is None
+
+
+def test_the_agent_never_stops_the_head_even_when_a_lease_names_it(
+        head: HeadController, h100: SimAgent, clock: FakeClock) -> None:
+    # Defence in depth: a ledger written before the head checked names (restored from its store) still names
+    # the head; the agent confirms the revocation without stopping anything, so the preemptor is not held up.
+    fake: FakeWorkloads = h100.core.workloads  # type: ignore[assignment]
+    fake.answers_checkpoint = False
+    _running_victim(head, h100)
+    the_head = revocation.actor_workload(head.settings.namespace, head.settings.head_name)
+    head.ledger.commit([replace(head.ledger.get("t"), workload=the_head)])
+    clock.advance(11)  # past the grace period: revoked, fenced until the agent confirms
+    _cycle(head, h100, 4)
+    assert head.get_lease("t")["state"] == "preempted"
+    assert the_head not in fake.stopped
+    assert head.get_lease("t")["revoking"] is False and head.get_lease("i")["state"] == "granted"
+
+
+def test_a_refused_token_does_not_tell_the_caller_the_lease_s_own(head: HeadController, h100: SimAgent) -> None:
+    # Issue #38: the refusal carried the real token, so a second driver released anyone's lease in two calls.
+    _ask(head, "t", "training")
+    _cycle(head, h100)
+    token = head.get_lease("t", KEY)["fencing_token"]
+    for wrong in (0, token + 1000):
+        with pytest.raises(StaleFencingTokenError) as e:
+            head.release("t", wrong)
+        assert str(token) not in str(e.value).replace(f"lease t: fencing token {wrong}", "")
+        assert token not in vars(e.value).values()
+    assert head.get_lease("t")["state"] == "granted"
 
 
 def test_mps_daemons_run_exactly_on_gpus_with_mps_leases(head: HeadController, h100: SimAgent) -> None:
@@ -295,3 +340,29 @@ def test_a_node_that_left_ray_frees_its_lost_leases_at_once(head: HeadController
     head.nodes.observe([RayNodeInfo("ray-other", "a100-0", True)])  # h100-0's raylet is gone now
     head.reconcile()
     assert head.get_lease("t")["revoking"] is False
+
+
+def test_a_process_workload_is_stopped_only_when_it_carries_the_lease() -> None:
+    # `pid:<n>` is named by the holder: the agent kills only a process started with the lease's hand-out, never
+    # another process of the node (issue #38: a raylet, the GCS or the head named as a lease's workload).
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.control.agent import LocalWorkloads
+
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    other = subprocess.Popen(cmd, env={k: v for k, v in os.environ.items() if k != "ORCHESTRATOR_LEASE_ID"})
+    holder = subprocess.Popen(cmd, env={**os.environ, "ORCHESTRATOR_LEASE_ID": "t"})
+    try:
+        port = LocalWorkloads()
+        assert port.stop(f"pid:{other.pid}", "t") is True  # nothing of the lease's to stop ...
+        assert other.poll() is None  # ... and the process lives
+        assert port.stop(f"pid:{holder.pid}", "u") is True and holder.poll() is None  # another lease's name
+        assert port.stop(f"pid:{holder.pid}", "t") is False  # the holder: killed, confirmed once gone
+        assert holder.wait(timeout=10) == -9
+        assert port.stop(f"pid:{holder.pid}", "t") is True
+    finally:
+        for p in (other, holder):
+            p.kill()
+            p.wait()

@@ -14,7 +14,7 @@ from orchestrator.rayport.wire import answer, decode, encode, unwrap
     E.ConfigError("settings.agent_ttl_s", -1, "> 0"),
     E.IllegalTransitionError("lease", "released", "active"),
     E.UnknownObjectError("lease", "x"),
-    E.StaleFencingTokenError("x", 1, 2),
+    E.StaleFencingTokenError("x", 1),
     E.LeaseTimeoutError("1x whole", 5.0, "no node fits"),
     E.CapacityError("does not fit"),
 ])
