@@ -52,8 +52,9 @@ def parse_workload(workload: str) -> tuple[str, str]:
 
 #: The name of node N's agent actor is this prefix and N (in the orchestrator's Ray namespace).
 AGENT_ACTOR_PREFIX = "rgo-agent-"
-#: Ray's own named actors that a revocation never stops, by namespace (Serve's controller and proxies).
-_RAY_SYSTEM = {"serve": ("SERVE_",)}
+#: Ray's own named actors that a revocation never stops, by namespace and name prefix: Serve's controller and
+#: its proxies (``SERVE_PROXY_ACTOR-<node>``). Serve's replicas (``SERVE_REPLICA::...``) are holders like any other.
+_RAY_SYSTEM = {"serve": ("SERVE_CONTROLLER_ACTOR", "SERVE_PROXY_ACTOR")}
 
 
 def protected_workload(workload: str, *, namespace: str, head_name: str) -> str | None:

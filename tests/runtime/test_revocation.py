@@ -163,6 +163,13 @@ def test_a_malformed_workload_is_refused_naming_the_field(head: HeadController, 
     assert e.value.field == "workload"
 
 
+def test_a_serve_replica_may_be_a_lease_s_workload() -> None:
+    # Serve's replicas are named actors in Serve's namespace too; they hold leases (docs/ray-native.md).
+    assert revocation.protected_workload("actor:serve/SERVE_REPLICA::app#Where#x1", namespace="rgo",
+                                         head_name="rgo-head") is None
+    assert revocation.protected_workload("actor:serve/SERVE_PROXY_ACTOR-0123", namespace="rgo", head_name="rgo-head")
+
+
 @pytest.mark.parametrize("workload", ["actor:{ns}/{head}", "actor:{ns}/rgo-agent-a100-0", "actor:serve/SERVE_CONTROLLER_ACTOR",
                                       "actor:_ray_internal_dashboard/x"])
 def test_a_holder_cannot_name_the_head_an_agent_or_rays_own_actors_as_its_workload(

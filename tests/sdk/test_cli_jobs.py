@@ -50,7 +50,9 @@ def no_head(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(*args: str) -> Any:
-    return runner.invoke(cli.app, list(args))
+    # Tables fit the terminal's width (COLUMNS when set, as pytest-xdist's workers set it to 80): a fixed wide one
+    # here, so what a table shows does not depend on where the suite runs.
+    return runner.invoke(cli.app, list(args), env={"COLUMNS": "200"})
 
 
 @pytest.mark.parametrize("args, field, shown", [
