@@ -75,6 +75,31 @@ def up(
     typer.echo(state.address)
 
 
+@app.command("env")
+def env_(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of shell exports"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
+) -> None:
+    """Shell exports that make `python script.py` a driver of the cluster `up` started, its `num_gpus` work on
+    leases: eval "$(orchestrator env)"."""
+    import shlex
+
+    from orchestrator.core.errors import NotConnectedError
+    from orchestrator.core.statefile import State
+    from orchestrator.deploy import local as launcher
+
+    sd = _state_dir(state_dir)
+    state = State.load(sd)
+    if state is None:
+        raise _fail(NotConnectedError(f"no cluster started by `orchestrator up` in {sd}: run `orchestrator up` "
+                                      "(or pass --state-dir)"), as_json) from None
+    out = launcher.driver_env(state)
+    if as_json:
+        typer.echo(json.dumps(out, sort_keys=True))
+    else:
+        typer.echo("\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(out.items())))
+
+
 @app.command()
 def down(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),

@@ -51,6 +51,9 @@ class State:
     #: too, though Ray starts it in a session of its own): how ``down`` finds what the sessions miss.
     run_id: str = ""
     watchdog: Proc | None = None  # stops the cluster if the command that owns it dies (deploy/watchdog.py)
+    #: What a driver of this cluster needs for Ray's own GPU API to reach the orchestrator (the hook its raylets
+    #: run in every job's driver; ``orchestrator env``): empty for a cluster ``up`` attached to.
+    driver_env: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def path(state_dir: Path) -> Path:

@@ -313,7 +313,7 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     s = config.settings
     state = State(plan.address, s.namespace, s.head_name, attached=False,
                   env={k: env[k] for k in (*auth, "RAY_TMPDIR")}, started_at=time.time(), dashboard=plan.dashboard,
-                  run_id=run_id)
+                  run_id=run_id, driver_env=raylet_native_env(config.settings))
     state.save(state_dir)  # the run id first: a raylet started but not yet recorded still carries it
     try:  # from here on, whatever happens, `down` (ours, the watchdog's or the user's) cleans up
         dog_env = dict(os.environ)
@@ -565,6 +565,21 @@ def load_state(state_dir: Path) -> State | None:
     if state is not None:
         _apply_env(state.env)
     return state
+
+
+def driver_env(state: State, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that makes a plain ``python script.py`` on this machine a driver of the cluster ``up``
+    started, as a job's driver is: Ray's address, auth and temp folder, 127.0.0.1 kept, the head's namespace and
+    name and, on a cluster whose raylets ``up`` started, the hook through which the script's ``num_gpus`` tasks,
+    actors and placement groups get leases (``docs/ray-native.md``). What ``orchestrator env`` prints."""
+    environ = dict(os.environ if environ is None else environ)
+    out = {**state.env, "RAY_ADDRESS": state.address, "ORCHESTRATOR_NAMESPACE": state.namespace,
+           "ORCHESTRATOR_HEAD_NAME": state.head_name, **state.driver_env}
+    if not state.attached:
+        out["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
+        out["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), environ.get("PYTHONPATH", ""))
+                                            if p)
+    return out
 
 
 def describe(state: State) -> dict[str, Any]:

@@ -75,6 +75,19 @@ def test_up_status_down_leaves_nothing_behind() -> None:
         logs = subprocess.run([sys.executable, "-m", "orchestrator.cli.jobs", "logs", done["job_id"]],
                               env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert logs.returncode == 0 and "hello from a100-1" in logs.stdout, (logs.stdout, logs.stderr)
+        # A user's own driver, given nothing but `orchestrator env`'s exports: its plain num_gpus task gets a lease
+        # of its own and sees its card (without the hook it would wait: every unit of Ray's GPU is held).
+        exported = _cli("env", "--json", env=env)
+        assert exported.returncode == 0, exported.stderr
+        assert _cli("env", env=env).stdout.startswith("export ")
+        script = ("import json, os, ray\nray.init()\n@ray.remote(num_gpus=1)\ndef f():\n"
+                  "    return [str(i) for i in ray.get_gpu_ids()], os.environ.get('CUDA_VISIBLE_DEVICES')\n"
+                  "print('SEEN', json.dumps(ray.get(f.remote(), timeout=60)))\n")
+        user = subprocess.run([sys.executable, "-c", script], env={**env, **json.loads(exported.stdout)},
+                              cwd=state_dir, capture_output=True, text=True, timeout=180)
+        assert user.returncode == 0, user.stderr[-3000:]
+        ids, visible = json.loads(next(x for x in user.stdout.splitlines() if x.startswith("SEEN ")).split(" ", 1)[1])
+        assert len(ids) == 1 and ids[0].startswith("GPU-") and visible == ids[0], (ids, visible)
     finally:
         t1 = time.monotonic()
         down = _cli("down", env=env, timeout=120)
