@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit integration demo bench clean
+.PHONY: install test test-fast unit integration demo bench clean
 
 install: $(STAMP)
 
@@ -16,9 +16,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,sim,train,serve]'
 	@touch $(STAMP)
 
+# Two workers, one test module each at a time (a module shares one Ray cluster between its tests): the
+# integration tier mostly waits on Ray, so two modules side by side keep both cores busy.
 test: install
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# Everything that starts no Ray cluster (about a minute).
+test-fast: install
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not ray" --ignore=tests/integration
 
 unit: install
 	$(BIN)/python -m pytest -q tests/unit

@@ -25,6 +25,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+#: The modules that take longest (one to three minutes each on 2 cores) are handed out first: `make test` runs two
+#: workers that each take a whole module at a time (one Ray cluster per module), and a long module started last
+#: would leave one worker running it alone at the end. The others keep their order.
+_LONG_FIRST = ("tests/integration/test_native.py", "tests/integration/test_gang_train.py",
+               "tests/integration/test_chaos.py", "tests/integration/test_preemption_scenario.py",
+               "tests/integration/test_signals.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {m: i for i, m in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))  # stable
+
+
 @pytest.fixture(autouse=True)
 def _forbid_ray_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("ray") is not None:
