@@ -10,7 +10,8 @@ naming the parameter. The typed models inside (``LeaseRequest``, ``JobSpec``,
 
 Checks are plain ``isinstance`` tests built once per method from the
 declaration (no pydantic on the heartbeat path). Numbers must be finite, ints
-fit in 64 bits, a timeout is at most :data:`MAX_TIMEOUT_S`. Invariant: a call
+fit in 64 bits, a timeout is at most :data:`MAX_TIMEOUT_S`, a lease or job id
+matches :data:`~orchestrator.core.ids.ID_PATTERN`. Invariant: a call
 that passes here reaches the service with exactly the declared types.
 """
 
@@ -27,12 +28,16 @@ from typing import Any
 
 from orchestrator.core.api import BATCHED, MAX_BATCH_CALLS, HeadApi
 from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN
 
 #: The longest a caller may ask the head to wait for a lease (a week): a bound on what a call holds.
 MAX_TIMEOUT_S = 7 * 86400.0
 _INT64 = 1 << 63
 
 Check = Callable[[Any], str | None]  # None when the value is acceptable, else what is allowed
+#: Parameters that name a lease or a job: one pattern everywhere (``core.ids.ID_PATTERN``). A job id becomes a
+#: Ray job submission id, which Ray's job API puts in a URL: no ``/``, ``?``, ``#``, space or ``..`` path can.
+_ID_PARAMS = frozenset({"lease_id", "job_id"})
 
 
 def _number(v: Any) -> bool:
@@ -113,6 +118,9 @@ class _Method:
                 raise InvalidRequestError(k, v, why, detail=f"not accepted by {self.name}")
         if "timeout" in given and not 0 <= given["timeout"] <= MAX_TIMEOUT_S:
             raise InvalidRequestError("timeout", given["timeout"], f"seconds from 0 to {MAX_TIMEOUT_S:g}")
+        for k in _ID_PARAMS.intersection(given):
+            if given[k] is not None and not ID_PATTERN.match(given[k]):
+                raise InvalidRequestError(k, given[k], ID_ALLOWED, detail=f"not accepted by {self.name}")
 
 
 @functools.cache

@@ -68,7 +68,7 @@ from orchestrator.control.store import StateStore
 from orchestrator.core import env as envvars
 from orchestrator.core.config import RAY_NODE_ID_LABEL
 from orchestrator.core.errors import InvalidRequestError, JobApiUnavailableError, UnknownObjectError
-from orchestrator.core.ids import attempt_id, job_slug
+from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN, attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
 from orchestrator.core.lease import LeaseRequest, LeaseState
 from orchestrator.core.request import GangMember
@@ -344,6 +344,8 @@ class JobManager:
     # ---- public API ----------------------------------------------------------------------------
     def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
         """Queue a validated spec (the head's edge validated it) or refuse it at once, naming the field."""
+        if job_id is not None and not ID_PATTERN.match(job_id):  # it becomes a Ray submission id, in URLs
+            raise InvalidRequestError("job_id", job_id, ID_ALLOWED)
         if job_id is not None and job_id in self._jobs:
             known = self._jobs[job_id]
             if known.spec != spec:

@@ -19,6 +19,8 @@ import re
 _ATTEMPT = re.compile(r"^(?P<root>.+)\.a(?P<n>[1-9][0-9]*)$")
 #: Lease and job ids a client may choose: 1-128 of letters, digits and ``_ . : -``, starting with a letter or digit.
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+#: What :data:`ID_PATTERN` allows, in words (for errors that name the field).
+ID_ALLOWED = "1-128 letters, digits and _ . : -, starting with a letter or digit"
 
 
 def attempt_id(root: str, n: int) -> str:

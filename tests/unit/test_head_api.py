@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from orchestrator.control.service import HeadService
-from orchestrator.control.edge import check_batch
+from orchestrator.control.edge import check_args, check_batch
 from orchestrator.core.api import BATCHED, HEAD_METHODS, MAX_BATCH_CALLS, HeadApi
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.rayport.client import CALL_TIMEOUT_S, WAITING, HeadClient
@@ -97,3 +97,22 @@ def test_a_malformed_batch_is_refused_naming_the_call_and_field(calls: Any, fiel
 def test_a_wellformed_batch_is_read_as_triples() -> None:
     assert check_batch([("get_job", ("a",), {}), ["release", ["l"], {"token": 3}]]) == [
         ("get_job", ["a"], {}), ("release", ["l"], {"token": 3})]
+
+
+@pytest.mark.parametrize("method, args", [
+    ("get_job", ("../../api/jobs/",)), ("cancel_job", ("a/b",)), ("job_logs", ("x?y=1",)),
+    ("get_lease", ("a b",)), ("release", ("-x", 1)), ("submit_job", ({"name": "x", "entrypoint": "true"}, "e/..%2F")),
+    ("explain_job", ("x" * 129,)),
+])
+def test_a_lease_or_job_id_outside_the_one_pattern_is_refused_at_the_edge(method: str, args: tuple) -> None:
+    # Issue #38: a job id reached Ray's job API inside a URL unchecked. One pattern (core.ids.ID_PATTERN) for every
+    # parameter that names a lease or a job.
+    with pytest.raises(InvalidRequestError) as e:
+        check_args(method, args, {})
+    assert e.value.field in ("job_id", "lease_id"), e.value
+
+
+def test_ids_the_head_makes_pass_the_edge() -> None:
+    for ident in ("train-1", "train-1.a2", "ray-02000000-123-4", "gang-7-w0", "lease-3f2a", "ns:x_y"):
+        check_args("get_job", (ident,), {})
+        check_args("get_lease", (ident,), {})
