@@ -8,14 +8,23 @@ exactly the processes it lists. The state directory is ``--state-dir``, else
 
 Invariant: the file is replaced atomically (write to a temporary name, then
 rename), so a reader sees the old state or the new one, never half of one.
+
+The folder holds the cluster's auth token and the list of processes ``down``
+stops, and its default name is predictable, so it is used only when it is a
+directory of this user's that nobody else may write to (:func:`checked_state_dir`):
+``up`` makes it 0700, and a folder someone else made (or opened up) is refused,
+never adopted with whatever token it holds (docs/security.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from orchestrator.core.errors import ConfigError
 
 
 def default_state_dir() -> Path:
@@ -23,6 +32,29 @@ def default_state_dir() -> Path:
     if base:
         return Path(base)
     return Path(os.environ.get("TMPDIR") or "/tmp") / f"rgo-{os.getuid()}"
+
+
+def checked_state_dir(state_dir: Path, *, create: bool = False) -> Path:
+    """``state_dir``, made 0700 when ``create`` and it is missing. Refused (:class:`ConfigError` naming
+    ``state_dir``) when it is a symbolic link or not a directory, belongs to another user, or others may write
+    to it. A missing folder is fine when not ``create`` (nothing to read in it)."""
+    if create and not os.path.lexists(state_dir):
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        st = state_dir.lstat()
+    except FileNotFoundError:
+        return state_dir
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError("state_dir", str(state_dir), "a directory of yours (not a symbolic link or a file)")
+    if st.st_uid != os.getuid():
+        raise ConfigError("state_dir", str(state_dir), "a directory you own",
+                          detail=f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): someone else made "
+                                 "it, maybe to hand you their auth token; pass --state-dir or ORCHESTRATOR_STATE_DIR")
+    if st.st_mode & 0o022:
+        raise ConfigError("state_dir", str(state_dir), "a directory only you may write to",
+                          detail=f"its mode is {stat.S_IMODE(st.st_mode):04o}: chmod 700 it, or pass another "
+                                 "--state-dir")
+    return state_dir
 
 
 @dataclass(slots=True)
@@ -60,13 +92,15 @@ class State:
         return state_dir / "state.json"
 
     def save(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        checked_state_dir(state_dir, create=True)
         tmp = state_dir / "state.json.tmp"
         tmp.write_text(json.dumps(asdict(self), indent=2))
         tmp.replace(self.path(state_dir))
 
     @classmethod
     def load(cls, state_dir: Path) -> "State | None":
+        """The state ``up`` recorded in ``state_dir`` (None: none); a folder others may have written is refused."""
+        checked_state_dir(state_dir)
         p = cls.path(state_dir)
         if not p.is_file():
             return None

@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterator
 
 from orchestrator.core.config import ClusterConfig, raylet_native_env
 from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
-from orchestrator.core.statefile import Proc, State
+from orchestrator.core.statefile import Proc, State, checked_state_dir
 from orchestrator.rayport.loopback import LOOPBACK_SITE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -299,6 +299,7 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     own ``down`` or else by the watchdog. True (``orchestrator up``): once up, it runs until ``down``."""
     from orchestrator.deploy import watchdog
 
+    checked_state_dir(state_dir, create=True)  # 0700, ours, nobody else's token in it
     if State.load(state_dir) is not None:
         raise ConfigError("state_dir", str(state_dir), "a directory without a running orchestrator",
                           detail="one is already up there: run `orchestrator down` first, or pass --state-dir")
