@@ -18,6 +18,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    typer.echo(f"orchestrator {of('ray-gpu-orchestrator')} (ray {of('ray')})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="Print the version (and Ray's) and exit")) -> None:
+    pass
+
+
 bench_app = typer.Typer(help="Benchmarks that print figures (not tests).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 

@@ -54,7 +54,7 @@ def openb(
     per_seed: bool = typer.Option(False, "--per-seed", help="--json: include every seed's run"),
     compare: Optional[Tuple[str, str]] = typer.Option(
         None, "--compare", help="arrival mode: run policies A and B (instead of --policy) and print A - B at every "
-                                "10%% checkpoint from 50%% to 130%% and for the AUC, mean and spread over seeds"),
+                                "10% checkpoint from 50% to 130% and for the AUC, mean and spread over seeds"),
 ) -> None:
     """Replay an openb pod list against the node list under one or all policies."""
     from orchestrator.core.priorities import POLICY_NAMES

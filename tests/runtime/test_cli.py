@@ -47,3 +47,31 @@ def test_render_status(ctl: HeadController, agents: dict[str, SimAgent], demo: C
     assert "node a100-1: registered" in text and "mig 1g.20gb@6" in text and "lease: m" in text
     assert "wait: 4x whole" in text and "no node fits" in text  # none free now
     assert "big: 16x whole" in text and "no node in the cluster has 16 whole cards; the largest has 4" in text
+
+
+def test_version_prints_ours_and_rays() -> None:
+    from importlib.metadata import version
+
+    from orchestrator.cli import main
+
+    r = runner.invoke(main.app, ["--version"])
+    assert r.exit_code == 0, r.output
+    assert r.output.strip() == f"orchestrator {version('ray-gpu-orchestrator')} (ray {version('ray')})"
+
+
+def test_no_help_text_shows_a_doubled_percent_sign() -> None:
+    # Click does not %-format help: "10%%" was shown as is (issue #39).
+    import typer.main
+
+    from orchestrator.cli import main
+
+    def walk(cmd, path):  # every command and group, with each option's help
+        yield path, cmd.help or ""
+        for p in cmd.params:
+            yield f"{path} {p.name}", getattr(p, "help", None) or ""
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from walk(sub, f"{path} {name}")
+
+    texts = list(walk(typer.main.get_command(main.app), "orchestrator"))
+    assert len(texts) > 100
+    assert [where for where, text in texts if "%%" in text] == []
