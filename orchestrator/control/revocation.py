@@ -68,7 +68,7 @@ def protected_workload(workload: str, *, namespace: str, head_name: str) -> str 
     ns, name = ref.split("/", 1)
     if ns == namespace and (name == head_name or name.startswith(AGENT_ACTOR_PREFIX)):
         return f"actor {name} in namespace {ns} is the orchestrator's own"
-    if ns.startswith("_ray") or name.startswith(_RAY_SYSTEM.get(ns, ("\0",))):
+    if ns.startswith("_ray") or name.startswith(_RAY_SYSTEM.get(ns, ())):
         return f"actor {name} in namespace {ns} is one of Ray's own"
     return None
 

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import InvalidRequestError
-from orchestrator.core.ids import ID_PATTERN
+from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN
 from orchestrator.core.request import GangMember, GpuRequest, fields_of, typed_error
 from orchestrator.core.statemachine import Transition, TransitionTable
 
@@ -98,8 +98,7 @@ class LeaseRequest(BaseModel):
         except ValidationError as e:
             raise typed_error(e, "lease_request", LeaseRequest) from None
         if not ID_PATTERN.match(out.lease_id):
-            raise InvalidRequestError("lease_request.lease_id", out.lease_id,
-                                      "1-128 characters: letters, digits and _ . : - (not first)")
+            raise InvalidRequestError("lease_request.lease_id", out.lease_id, ID_ALLOWED)
         return out
 
 

@@ -265,6 +265,14 @@ def _spawn(node: NodeLaunch, env: dict[str, str], cwd: Path) -> Proc:
     raise OrchestratorError(f"raylet of {node.name} exited at once; see {node.log}")
 
 
+def _loopback_env(environ: dict[str, str]) -> dict[str, str]:
+    """What keeps a process of ours (a raylet, a job's driver, a user's script) on 127.0.0.1 (rayport/loopback),
+    ``environ``'s own ``PYTHONPATH`` kept after ours."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), environ.get("PYTHONPATH", ""))
+                                          if p),
+            "ORCHESTRATOR_KEEP_LOOPBACK": "1"}
+
+
 def _child_env(state_dir: Path, auth: dict[str, str], run_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(auth)
@@ -275,8 +283,7 @@ def _child_env(state_dir: Path, auth: dict[str, str], run_id: str) -> dict[str, 
     # `down` stops the whole cluster: a SIGTERMed raylet need not wait (30 s by default) for
     # its detached actors to drain away first.
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    env["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
+    env.update(_loopback_env(env))
     # Job entrypoints say `python ...`: make that the interpreter the orchestrator runs on (its venv).
     env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
     return env
@@ -577,9 +584,7 @@ def driver_env(state: State, environ: dict[str, str] | None = None) -> dict[str,
     out = {**state.env, "RAY_ADDRESS": state.address, "ORCHESTRATOR_NAMESPACE": state.namespace,
            "ORCHESTRATOR_HEAD_NAME": state.head_name, **state.driver_env}
     if not state.attached:
-        out["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
-        out["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), environ.get("PYTHONPATH", ""))
-                                            if p)
+        out.update(_loopback_env(environ))
     return out
 
 

@@ -203,8 +203,7 @@ class AgentActor:
         a Serve replica's) for the lease's capacity: the lease's group is removed for it (:meth:`RayHolds.lend`).
         Only with the lease's fencing token."""
         self.core.check_holder(lease_id, token)
-        await self.holds.settle()  # lending frees capacity: groups made before it are placed first
-        return self.holds.lend(lease_id, time.monotonic())
+        return await self.holds.lend(lease_id, time.monotonic())
 
     async def adopt(self, lease_id: str, token: int, pg_hex: str) -> bool:
         """That group now stands for the lease (removed with it)."""

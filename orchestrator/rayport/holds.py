@@ -232,12 +232,13 @@ class RayHolds:
         return True
 
     # ---- lending a lease's capacity to a placement group its holder makes (Ray Train, Tune, Serve) ----
-    def lend(self, lease_id: str, now: float) -> bool:
+    async def lend(self, lease_id: str, now: float) -> bool:
         """Remove ``lease_id``'s own group so that a placement group its holder makes next, pinned to this node,
         lands on exactly that capacity; until :meth:`adopt` (or ``LEND_TIMEOUT_S``), the plan sees the lease as
         covered and makes nothing for it. False for a lease this node does not hold."""
         if lease_id not in self.leases or lease_id in self.lending or lease_id in self.adopted:
             return False  # one group of the holder's per lease: a second would take the first one's capacity
+        await self.settle()  # lending frees capacity: every group made before it is placed first
         self._remove(lease_group_name(self.node_name, lease_id))
         if self.adopted_pieces.pop(lease_id, None) is not None:
             self._save()
