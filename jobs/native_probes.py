@@ -126,10 +126,51 @@ def serve_hold() -> dict:
     return {"answers": answers, "errors": errors}
 
 
+def serve_wait() -> dict:
+    """Serve's controller while its replicas' leases wait in the queue (the test holds every card): an application
+    whose two replicas wait is deleted (their leases must be withdrawn), another's two replicas wait until the test
+    frees two cards. Meanwhile ``serve.status()`` is timed: the controller must keep answering."""
+    from ray import serve as s
+
+    def status_ms(seconds: float) -> list[float]:
+        out, end = [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            s.status()
+            out.append(round((time.monotonic() - t0) * 1000, 1))
+            time.sleep(0.25)
+        return out
+
+    @s.deployment(ray_actor_options={"num_gpus": 1, "num_cpus": 0})
+    class Where:
+        def __call__(self, request=None) -> dict:
+            return {"gpu_ids": [str(i) for i in ray.get_gpu_ids()], "lease": os.environ.get("ORCHESTRATOR_LEASE_ID"),
+                    "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    s.run_many([s.RunTarget(Where.options(num_replicas=2).bind(), name="gone", route_prefix=None)],
+               wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    print("NATIVE_GONE_ASKED", flush=True)
+    waited = status_ms(8)
+    s.delete("gone")
+    print("NATIVE_GONE_DELETED", flush=True)
+    s.run_many([s.RunTarget(Where.options(num_replicas=2).bind(), name="waits", route_prefix=None)],
+               wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    print("NATIVE_WAITS_ASKED", flush=True)
+    waited += status_ms(4)
+    end = time.monotonic() + float(os.environ.get("NATIVE_SERVE_S", "240"))
+    while s.status().applications["waits"].status != "RUNNING" and time.monotonic() < end:
+        time.sleep(0.5)
+    handle = s.get_app_handle("waits")
+    answers = [handle.remote().result(timeout_s=60) for _ in range(8)]
+    s.delete("waits")
+    return {"status_ms": waited, "answers": answers}
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "plain"
     ray.init()
     t0 = time.monotonic()
-    out = {"plain": plain, "train": train, "tune": tune, "serve": serve, "serve-hold": serve_hold}[what]()
+    out = {"plain": plain, "train": train, "tune": tune, "serve": serve, "serve-hold": serve_hold,
+           "serve-wait": serve_wait}[what]()
     out["seconds"] = round(time.monotonic() - t0, 2)
     print(f"NATIVE_{what.upper().replace('-', '_')}=" + json.dumps(out, default=str), flush=True)

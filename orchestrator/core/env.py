@@ -48,6 +48,12 @@ RAY_AUTO_LEASE = "ORCHESTRATOR_RAY_AUTO_LEASE"
 FRACTIONAL_GPU = "ORCHESTRATOR_FRACTIONAL_GPU"
 #: How long such a task's ``.remote()`` waits for its lease before it fails (seconds; default an hour).
 AUTO_LEASE_WAIT_S = "ORCHESTRATOR_AUTO_LEASE_WAIT_S"
+#: What a task or actor's own lease asks, read from its ``runtime_env`` env vars (else this process's): the
+#: request in the CLI's ``--gpu`` grammar (instead of the ``num_gpus`` mapping; the task then takes the lease's whole
+#: share), its priority class and its queue. A Serve deployment names them in ``ray_actor_options``.
+GPU_REQUEST = "ORCHESTRATOR_GPU_REQUEST"
+PRIORITY_CLASS = "ORCHESTRATOR_PRIORITY_CLASS"
+QUEUE = "ORCHESTRATOR_QUEUE"
 #: Tells Ray not to overwrite ``CUDA_VISIBLE_DEVICES`` with the ids of its own bookkeeping.
 RAY_NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 

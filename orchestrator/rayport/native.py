@@ -21,9 +21,11 @@ and what the orchestrator does for each Ray API that asks for GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import threading
 import time
 from typing import Any, Mapping
 
@@ -176,20 +178,38 @@ def steer(lease: _Lease, options: dict[str, Any], what: str) -> dict[str, Any]:
     return out
 
 
+class Ticket:
+    """One lease asked for without waiting (:meth:`_AutoLeases.ask`): a thread waits for its grant and finds its
+    group, then sets :attr:`ready`. ``error`` is why it will not be granted; ``used`` once something holds it."""
+
+    def __init__(self, lease_id: str, key: str, what: str) -> None:
+        self.lease_id, self.key, self.what = lease_id, key, what
+        self.ready = threading.Event()
+        self.token: int | None = None
+        self.handout: dict[str, Any] = {}
+        self.pg: Any = None
+        self.error: BaseException | None = None
+        self.used = False
+        self.t0 = time.perf_counter()
+
+
 class _AutoLeases:
     """A process that holds no lease: each task or actor it starts that asks for GPUs, and each placement group
     it makes with GPUs (Ray Train's worker group, a Tune trial, a Serve replica's), gets a lease of its own,
-    asked of the head at the config's default priority (``ray_request.request_for`` maps the request), and
-    runs inside that lease's group. The call blocks until the head grants it (the queue decides, as for any
-    lease; a log line names the lease for ``orchestrator leases``). A task's lease is released when the task
-    ends, a placement group's when it is removed, an actor's when the actor dies; every one of them also when
-    this process dies (they are activated by a small holder actor it owns, as ``orchestrator.lease`` does)."""
+    asked of the head at the config's default priority (``ray_request.request_for`` maps the request; the
+    call's ``runtime_env`` may name the request, priority class and queue: :func:`lease_request`), and runs
+    inside that lease's group. The call blocks until the head grants it (the queue decides, as for any lease; a
+    log line names the lease for ``orchestrator leases``) -- except in Serve's controller, which asks without
+    waiting (:mod:`orchestrator.rayport.serve_leases`). A task's lease is released when the task ends, a
+    placement group's when it is removed, an actor's when the actor dies; every one of them also when this
+    process dies (they are activated by a small holder actor it owns, as ``orchestrator.lease`` does)."""
 
     def __init__(self, namespace: str, head_name: str, fractional: str, wait_s: float) -> None:
         self.namespace, self.head_name, self.fractional, self.wait_s = namespace, head_name, fractional, wait_s
         self._head: Any = None
         self._holder: tuple[str, Any, str] | None = None  # (job id, actor, actor id)
         self._n = 0
+        self._prepared = threading.local()  # .ticket: a granted lease the next call on this thread takes
         self.timings: list[dict[str, float]] = []  # the last leases' legs: grant, then its group found (ms)
 
     @property
@@ -208,51 +228,114 @@ class _AutoLeases:
             self._holder = (job, actor, actor._actor_id.hex())
         return self._holder[2]
 
-    def acquire(self, request: Any, what: str) -> tuple[str, int, dict[str, Any], Any]:
-        """Lease ``request`` for ``what``: (lease id, token, hand-out, its placed group). Blocks until granted."""
+    def lease_request(self, gpus: float, options: Mapping[str, Any], lease_id: str) -> dict[str, Any]:
+        """The lease request for a call asking Ray for ``gpus``: the request its env names (``ORCHESTRATOR_GPU_REQUEST``,
+        the CLI's ``--gpu`` grammar) or ``request_for``'s mapping, and the priority class and queue its env names;
+        the call's ``runtime_env`` env vars first, then this process's. Raises a typed error naming the field."""
+        from orchestrator.core.ray_request import request_for
+        from orchestrator.core.request import GpuRequest
+
+        env = {**{k: v for k, v in os.environ.items() if k in _LEASE_ENV}, **_env_vars(options.get("runtime_env"))}
+        if env.get(E.GPU_REQUEST):
+            req = GpuRequest.parse(env[E.GPU_REQUEST])
+        else:
+            req = request_for(gpus, accelerator_type=options.get("accelerator_type"),
+                              memory_bytes=options.get("memory"), fractional=self.fractional)
+        ctx = ray.get_runtime_context()
+        out: dict[str, Any] = {"lease_id": lease_id, "request": req.model_dump(mode="json"),
+                               "owner": f"ray-job:{ctx.get_job_id()}"}
+        if env.get(E.PRIORITY_CLASS):
+            out["priority_class"] = env[E.PRIORITY_CLASS]
+        if env.get(E.QUEUE):
+            out["queue"] = env[E.QUEUE]
+        return out
+
+    def next_lease_id(self) -> str:
+        self._n += 1
+        return f"ray-{ray.get_runtime_context().get_job_id()}-{os.getpid()}-{self._n}"
+
+    def ask(self, lease_request: dict[str, Any], what: str, *, wait: bool) -> Ticket:
+        """Ask the head for ``lease_request`` (``what`` names the caller in logs). ``wait``: return once it is
+        granted and its group found (or raise); else at once, with a thread that does that and sets ``ready``."""
         import secrets
 
         from orchestrator.core.lease import key_digest
 
-        self._n += 1
-        t0 = time.perf_counter()
-        ctx = ray.get_runtime_context()
-        lid = f"ray-{ctx.get_job_id()}-{os.getpid()}-{self._n}"
         key = secrets.token_hex(16)
-        info = self.head.acquire_lease_now({"lease_id": lid, "request": request.model_dump(mode="json"),
-                                            "owner": f"ray-job:{ctx.get_job_id()}", "requester_digest": key_digest(key)},
-                                           key, None)
-        if info.get("state") == "pending":
-            log.warning("orchestrator: %s holds no lease: waiting for lease %s (orchestrator leases, explain)", what, lid)
-            try:
-                info = self.head.wait_lease(lid, self.wait_s, key)
-            except Exception:
-                _quietly(self.head.release, lid, None, "withdrawn: not granted in time")
-                raise
-        token = int(info["fencing_token"])
-        t1 = time.perf_counter()
+        ticket = Ticket(lease_request["lease_id"], key, what)
+        info = self.head.acquire_lease_now({**lease_request, "requester_digest": key_digest(key)}, key, None)
+        if wait:
+            self._settle(ticket, info)
+            if ticket.error is not None:
+                raise ticket.error
+            return ticket
+        threading.Thread(target=self._settle, args=(ticket, info), daemon=True,
+                         name=f"rgo-lease-{ticket.lease_id}").start()
+        return ticket
+
+    def _settle(self, ticket: Ticket, info: dict[str, Any]) -> None:
+        """Wait for ``ticket``'s grant and find its group; on failure withdraw it. Sets ``ready`` either way."""
+        lid = ticket.lease_id
         try:
-            pg = lease_group(info["handout"]["node_name"], lid, self.namespace)
-        except Exception:
-            _quietly(self.head.release, lid, token, "its placement group was not made")
-            raise
-        self.timings.append({"grant_ms": (t1 - t0) * 1000, "group_ms": (time.perf_counter() - t1) * 1000})
-        del self.timings[:-256]
-        return lid, token, info["handout"], pg
+            if info.get("state") == "pending":
+                log.warning("orchestrator: %s holds no lease: waiting for lease %s (orchestrator leases, explain)",
+                            ticket.what, lid)
+                try:
+                    info = self.head.wait_lease(lid, self.wait_s, ticket.key)
+                except Exception:
+                    _quietly(self.head.release, lid, None, "withdrawn: not granted in time")
+                    raise
+            ticket.token, ticket.handout = int(info["fencing_token"]), info["handout"]
+            t1 = time.perf_counter()
+            try:
+                ticket.pg = lease_group(ticket.handout["node_name"], lid, self.namespace)
+            except Exception:
+                _quietly(self.head.release, lid, ticket.token, "its placement group was not made")
+                raise
+            self.timings.append({"grant_ms": (t1 - ticket.t0) * 1000, "group_ms": (time.perf_counter() - t1) * 1000})
+            del self.timings[:-256]
+        except BaseException as e:  # noqa: BLE001 -- handed to whoever takes the ticket
+            ticket.error = e
+        finally:
+            ticket.ready.set()
+
+    def withdraw(self, ticket: Ticket, reason: str) -> None:
+        """Give back a ticket nothing took: withdrawn while pending, released once granted."""
+        if not ticket.used:
+            ticket.used = True
+            _quietly(self.head.release, ticket.lease_id, ticket.token, reason)
+
+    @contextlib.contextmanager
+    def prepared(self, ticket: Ticket) -> Any:
+        """Within this block, the next lease this thread asks for is ``ticket`` (granted already)."""
+        self._prepared.ticket = ticket
+        try:
+            yield
+        finally:
+            self._prepared.ticket = None
+
+    def acquire(self, gpus: float, options: Mapping[str, Any], what: str) -> Ticket:
+        """A granted lease for a call asking for ``gpus``: the prepared one, else one asked now (blocks)."""
+        ticket = getattr(self._prepared, "ticket", None)
+        if ticket is not None:
+            self._prepared.ticket = None
+            if ticket.error is not None:
+                raise ticket.error
+            return ticket
+        return self.ask(self.lease_request(gpus, options, self.next_lease_id()), what, wait=True)
 
     def lease_for(self, options: dict[str, Any], what: str, *, actor: bool) -> tuple[dict[str, Any], Any]:
         """Options inside a new lease for this call, and what to do once it is submitted (``done(result)``)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from orchestrator.core.ray_request import request_for
-
-        req = request_for(_gpus_asked(options), accelerator_type=options.get("accelerator_type"),
-                          memory_bytes=options.get("memory"), fractional=self.fractional)
-        lid, token, handout, pg = self.acquire(req, what)
+        ticket = self.acquire(_gpus_asked(options), options, what)
+        lid, token, handout, pg = ticket.lease_id, int(ticket.token or 0), ticket.handout, ticket.pg
         out = dict(options)
         out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0, placement_group_capture_child_tasks=True)
         out.pop("accelerator_type", None)  # the lease chose the card; its group has no such resource
         bundle = {k: float(v) for k, v in pg.bundle_specs[0].items()}
+        if _env_vars(options.get("runtime_env")).get(E.GPU_REQUEST) or os.environ.get(E.GPU_REQUEST):
+            out["num_gpus"] = bundle.get("GPU", out.get("num_gpus"))  # the request named the share: take all of it
         if "CPU" not in bundle and options.get("num_cpus") is None:
             out["num_cpus"] = 0
         if handout["env_vars"].get(E.SHARE_KIND) != "whole":
@@ -272,6 +355,7 @@ class _AutoLeases:
         holder = None if actor else self.holder_id()
 
         def done(result: Any) -> None:
+            ticket.used = True
             if actor:  # the actor holds it: dead actor, freed lease; revoked lease, stopped actor
                 head.activate(lid, token, result._actor_id.hex(), f"actor:{ns}/{out['name']}")
                 return
@@ -286,8 +370,6 @@ class _AutoLeases:
         """A placement group with GPUs: one lease for all its bundles (whole cards when every bundle asks for
         whole GPUs, on one node; one fractional share for a one-bundle group), lent to the group (the agent
         removes the lease's own group, the new one is pinned to the node and adopted)."""
-        from orchestrator.core.ray_request import request_for
-
         if not advertises_any_gpus():
             return original(bundles, *args, **kwargs)
         gpus = _gpus_in(bundles)
@@ -295,9 +377,10 @@ class _AutoLeases:
         if len([g for g in gpus if g > 0]) > 1 and not all(float(g).is_integer() for g in gpus):
             raise LeaseCapacityError("placement_group.bundles", gpus, "whole GPUs per bundle, or one bundle",
                                      detail="a lease is whole cards on one node or one share of one card")
-        req = request_for(total, fractional=self.fractional)
-        lid, token, handout, _own = self.acquire(req, f"a placement group of {total:g} GPU")
-        lease = _Lease(lid, handout["node_name"], self.namespace, token, handout["node_id"])
+        ticket = self.acquire(total, {}, f"a placement group of {total:g} GPU")
+        lid, token = ticket.lease_id, int(ticket.token or 0)
+        lease = _Lease(lid, ticket.handout["node_name"], self.namespace, token, ticket.handout["node_id"])
+        ticket.used = True
         self.head.activate(lid, token, self.holder_id())
         try:
             group = make_group_in_lease(lease, original, bundles, args, kwargs)
@@ -371,6 +454,19 @@ def _with_env(runtime_env: Any, env: Mapping[str, str]) -> Any:
     out = copy.deepcopy(runtime_env) if runtime_env else {}
     out["env_vars"] = {**(out.get("env_vars") or {}), **env}
     return out
+
+
+#: The env vars that shape a call's own lease (:meth:`_AutoLeases.lease_request`).
+_LEASE_ENV = (E.GPU_REQUEST, E.PRIORITY_CLASS, E.QUEUE)
+
+
+def _env_vars(runtime_env: Any) -> dict[str, str]:
+    """The env vars a call's ``runtime_env`` (a dict or Ray's ``RuntimeEnv``) sets, of those in :data:`_LEASE_ENV`."""
+    try:
+        got = (runtime_env or {}).get("env_vars") or {}
+    except AttributeError:
+        return {}
+    return {k: str(v) for k, v in got.items() if k in _LEASE_ENV}
 
 
 def _quietly(fn: Any, *args: Any) -> None:
@@ -496,6 +592,10 @@ def install(lease: "_Lease | _AutoLeases | _GangLeases") -> None:
 
     wrap(remote_function.RemoteFunction, False)
     wrap(actor.ActorClass, True)
+    if isinstance(lease, _AutoLeases):
+        from orchestrator.rayport import serve_leases
+
+        serve_leases.install(lease)  # in Serve's controller: replicas ask without stopping its loop
     if isinstance(lease, (_AutoLeases, _GangLeases)):
         _wrap_groups(lambda original, bundles, args, kwargs: lease.group_for(original, bundles, args, kwargs))
     else:

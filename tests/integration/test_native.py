@@ -258,3 +258,66 @@ def test_a_serve_replica_on_a_lease_is_preempted_and_serve_starts_it_again_on_an
     assert cards[0] == replica["allocation"]["gpu_uuids"][0], cards  # first the preempted lease's card,
     assert cards[-1] == again["allocation"]["gpu_uuids"][0], cards  # then its new lease's
     assert not checker.events, checker.events[:3]
+
+
+def test_serves_controller_keeps_answering_while_its_replicas_leases_wait(head: Any) -> None:
+    """Every card held at inference priority; a plain Ray job's Serve applications ask for replicas with num_gpus=1.
+    Serve's controller must not wait for those leases inside its loop (rayport/serve_leases.py): the replicas'
+    leases are all in the queue at once, ``serve.status()`` keeps answering meanwhile, an application deleted
+    while its replicas wait withdraws their leases, and two cards freed start the other's two replicas on them."""
+    import threading
+
+    from orchestrator.bench import native as nb
+    from orchestrator.core.request import GpuRequest
+
+    def pending(prefix: str) -> list[dict[str, Any]]:
+        return [le for le in head.status()["leases"] if le["lease_id"].startswith(prefix) and le["state"] == "pending"]
+
+    checker = nb.CardChecker(head, SETTINGS.namespace, ["a100-0", "a100-1", "h100-0"], interval_s=0.3).start()
+    blockers: list[str] = []
+    result: dict[str, Any] = {}
+    try:
+        for i in range(10):  # every card a whole lease can take, taken at inference priority
+            lid = f"sw-block-{i}"
+            got = head.acquire_lease_now({"lease_id": lid, "request": GpuRequest.whole(1).model_dump(mode="json"),
+                                          "owner": "it", "priority_class": "inference",
+                                          "requester_digest": key_digest("k")}, "k")
+            if got["state"] == "pending":
+                head.release(lid, None, "the cluster is full")
+                break
+            blockers.append(lid)
+        assert len(blockers) >= 2, blockers
+        sid = _submit_plain("serve-wait")
+        job = threading.Thread(target=lambda: result.update(zip(("status", "logs"), _wait_plain(sid, 400))))
+        job.start()
+        gone = until("both of gone's replicas asking at once", lambda: len(pending("serve-gone-")) == 2 or None,
+                     180, every_s=0.25)
+        gone_ids = [le["lease_id"] for le in pending("serve-gone-")]
+        until("gone's leases withdrawn with their application",
+              lambda: all(head.get_lease(lid)["state"] == "released" for lid in gone_ids), 120, every_s=0.5)
+        until("both of waits' replicas asking at once", lambda: len(pending("serve-waits-")) == 2 or None, 120,
+              every_s=0.25)
+        waits_ids = [le["lease_id"] for le in pending("serve-waits-")]
+        freed = []
+        for lid in blockers[:2]:
+            le = head.get_lease(lid, "k")
+            freed += le["allocation"]["gpu_uuids"]
+            head.release(lid, le["fencing_token"])
+        job.join(400)
+    finally:
+        checker.stop()
+        for lid in blockers:
+            le = head.get_lease(lid, "k")
+            if le["state"] in ("granted", "active"):
+                head.release(lid, le.get("fencing_token"))
+    assert gone
+    out = nb.read_probe(result.get("logs", ""), "serve-wait")
+    assert result.get("status") == "SUCCEEDED" and out, result.get("logs", "")[-3000:]
+    # the controller answered within seconds the whole time its replicas waited (blocked, it would not at all)
+    assert out["status_ms"] and max(out["status_ms"]) < 5000, out["status_ms"]
+    # each replica ran on its own lease's card, one of the two freed
+    cards = {head.get_lease(lid)["allocation"]["gpu_uuids"][0] for lid in waits_ids}
+    assert cards == set(freed), (cards, freed)
+    assert {a["gpu_ids"][0] for a in out["answers"]} <= cards, (out["answers"], cards)
+    assert all(a["gpu_ids"] == [a["cvd"]] for a in out["answers"]), out["answers"]
+    assert not checker.events, checker.events[:3]
