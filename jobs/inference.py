@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--report-every", type=float, default=2.0)
     p.add_argument("--slo-ms", type=float, default=None, help="Latency SLO: slower requests count as misses")
-    p.add_argument("--service", default=None, help="Service name in the head's metrics (default: the job id); "
+    p.add_argument("--service", default=None, help="Service name in the head's metrics (default: the job id; "
+                   "a name the head's settings.inference_services does not register counts as 'other'); "
                    "under the orchestrator each interval's latencies are reported to the head")
     a = p.parse_args(argv)
     ctx = None

@@ -1,38 +1,60 @@
 """The head's Prometheus metrics (``/metrics``), from its own ledger and node registry.
 
-Names follow Prometheus' conventions: ``orchestrator_`` prefix, base units
-(seconds, bytes; GPU compute in GPUs, 1 = one card), ``_total`` on counters,
-``_ratio`` on 0..1 gauges. The Grafana dashboard
-(:mod:`orchestrator.deploy.k8s.dashboard`) and the live page
-(:mod:`orchestrator.dashboard`) query them.
+Names follow Prometheus' conventions (``tests/unit/test_metrics_conventions.py`` runs
+``promtool check metrics`` and the same rules in Python over every family): ``orchestrator_``
+prefix, base units as suffixes (``_seconds``, ``_bytes``; GPU compute in GPUs, 1 = one card,
+has no suffix), ``_total`` on counters and only there, ``_ratio`` on 0..1 gauges, snake_case
+labels. Labels are bounded: a node, a GPU, a share kind, a priority class, a queue, a
+declared inference service -- never a lease id, a driver, a token or a process id (a
+label per lease made a series per lease attempt, kept forever by Prometheus). The Grafana
+dashboard (:mod:`orchestrator.deploy.k8s.dashboard`) has a panel for every family, and the
+live page (:mod:`orchestrator.dashboard`) reads some of them.
+
+``priority_class`` is the lease's class (``none`` where it names none), ``queue`` its queue;
+both are declared in the scheduler config (an unknown one is refused at the request), so
+their values are bounded.
 
 Queue and leases
 
-* ``orchestrator_queue_length{priority,queue}`` -- pending leases per priority class and queue;
-* ``orchestrator_lease_wait_seconds`` -- histogram of time pending (request to grant);
+* ``orchestrator_queue_length{priority_class,queue}`` -- pending leases;
+* ``orchestrator_lease_wait_seconds{priority_class,queue}`` -- histogram of time pending
+  (request to grant);
 * ``orchestrator_leases{kind,state}`` -- leases by share kind (``any`` while a pending
   request names none) and state; ``orchestrator_leases_active{kind}`` -- those holding devices;
-* ``orchestrator_leases_granted_total{kind}`` -- grants (the pipeline's throughput).
+* ``orchestrator_leases_granted_total{kind,priority_class,queue}`` -- grants (the pipeline's
+  throughput).
 
-Capacity, per GPU (``node``, ``gpu`` = device index; sum by node for a node)
+Capacity, per GPU (``node``, ``gpu`` = device index, ``gpu_uuid`` = the card's UUID, ``GPU-...``)
 
-* ``orchestrator_gpus_total`` / ``orchestrator_gpus_allocated`` -- cluster-wide, fractions counted;
+``gpu_uuid`` is what NVIDIA's DCGM exporter calls ``UUID`` (its series carry ``gpu``, ``UUID``,
+``Hostname``, ``modelName``); a join renames one side, e.g.
+``label_replace(DCGM_FI_DEV_GPU_UTIL, "gpu_uuid", "$1", "UUID", "(.+)")``. Ours is snake_case
+as Prometheus' naming rules ask, and ``gpu`` stays the index as in DCGM's series.
+
+* ``orchestrator_gpus`` / ``orchestrator_gpus_allocated`` -- cluster-wide, fractions counted;
 * ``orchestrator_gpu_compute_capacity`` / ``orchestrator_gpu_compute_committed`` -- in GPUs;
 * ``orchestrator_gpu_memory_capacity_bytes`` / ``orchestrator_gpu_memory_committed_bytes``;
-* ``orchestrator_gpu_utilization_ratio{node,gpu,source}`` and
-  ``orchestrator_lease_gpu_utilization_ratio{lease,owner,node,kind,source}`` -- busy
-  fraction of the card. ``source="model"``: the workload model on simulated GPUs (an
-  active lease keeps its share busy: a whole card 1, an MPS or time-slice share its
-  fraction, a MIG slice its compute slices / 7; a granted lease not yet started 0);
-  ``source="nvml"``: what the agent measured (``nvmlDeviceGetUtilizationRates``),
-  per GPU, shared out to its leases by their shares.
+* ``orchestrator_gpu_utilization_ratio{node,gpu,gpu_uuid,source}`` -- busy fraction of the card.
+  ``source="model"``: the workload model on simulated GPUs (an active lease keeps its share
+  busy: a whole card 1, an MPS or time-slice share its fraction, a MIG slice its compute
+  slices / 7; a granted lease not yet started 0); ``source="nvml"``: what the agent measured
+  (``nvmlDeviceGetUtilizationRates``), per GPU, shared out to its leases by their shares.
+
+Leases' GPU compute, per node and the leases' kind, class and queue (in GPUs)
+
+* ``orchestrator_leases_gpu_compute_committed{node,kind,priority_class,queue}`` -- what the
+  holding leases were given (summed over kinds, a node's ``orchestrator_gpu_compute_committed``);
+* ``orchestrator_leases_gpu_compute_busy{node,kind,priority_class,queue,source}`` -- the part of
+  it they keep busy (``source`` as above: ``nvml`` when every card of a lease was measured).
+  Busy over committed is how well a class uses what it holds: what the per-lease
+  ``orchestrator_lease_gpu_utilization_ratio{lease,owner}`` said, without a series per lease.
 
 Preemption and latency
 
-* ``orchestrator_preemptions_total{reason,cause}`` -- victims asked to checkpoint
-  (``reason="checkpoint"``) or stopped at once or at their deadline (``stopped``);
-  ``cause`` is why they were chosen (``victim.priority``, ``victim.reclaim``) or
-  ``deadline`` for a checkpoint that never came;
+* ``orchestrator_preemptions_total{reason,cause,priority_class,queue}`` -- victims (of that
+  class and queue) asked to checkpoint (``reason="checkpoint"``) or stopped at once or at their
+  deadline (``stopped``); ``cause`` is why they were chosen (``victim.priority``,
+  ``victim.reclaim``) or ``deadline`` for a checkpoint that never came;
 * ``orchestrator_checkpoint_seconds`` -- a victim's checkpoint request to its yield;
 * ``orchestrator_decision_to_grant_seconds`` -- a preemption decision to the grant of
   the lease it was made for;
@@ -41,6 +63,14 @@ Preemption and latency
 * ``orchestrator_mig_reconfigurations_total{result}`` -- live MIG repartitions of one GPU
   that ended (``done``: the agent shows the new layout; ``failed``: the old one kept);
   the leases drained for them count in ``orchestrator_preemptions_total{cause="lease.drained"}``;
+
+The head itself
+
+* ``orchestrator_reconcile_cycles_total``; ``orchestrator_direct_frames_total``,
+  ``orchestrator_direct_batches_total``, ``orchestrator_direct_connections`` (the direct
+  channel, docs/load.md); ``orchestrator_state_commits_total``,
+  ``orchestrator_state_commit_records_total``, ``orchestrator_state_commit_failures_total``,
+  ``orchestrator_state_commit_seconds`` (the group commit of hard state to the GCS).
 
 Agents, inventory, inference
 
@@ -53,11 +83,13 @@ Agents, inventory, inference
 * ``orchestrator_inference_requests_total{service}``,
   ``orchestrator_inference_latency_seconds{service}``,
   ``orchestrator_inference_slo_misses_total{service}`` -- reported by a running service
-  through ``HeadApi.record_inference``.
+  through ``HeadApi.record_inference``. ``service`` is a name registered beforehand
+  (``settings.inference_services``, :meth:`HeadMetrics.register_inference_service`);
+  reports under any other name count as ``service="other"``, so a caller cannot add series.
 
 :class:`HeadMetrics` holds its own registry (several heads in one test process
 never collide) and is updated once per reconcile cycle; it imports no Ray. The
-per-GPU, per-lease and per-node families are :class:`SeriesTable` s (a dict of
+per-GPU and per-node families are :class:`SeriesTable` s (a dict of
 series read at scrape time), not labelled gauges: a cluster has hundreds of
 thousands of those series.
 :meth:`HeadMetrics.serve` starts the HTTP endpoint; :meth:`HeadMetrics.samples`
@@ -84,6 +116,10 @@ from orchestrator.core.reasons import Cause
 MIB = 1024 * 1024
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 SEVERITIES = ("error", "warning")
+#: The ``service`` label of inference reports from a name that was not registered.
+OTHER_SERVICE = "other"
+#: The ``priority_class`` label of a lease that names none.
+NO_CLASS = "none"
 
 
 class SeriesTable:
@@ -96,16 +132,17 @@ class SeriesTable:
     ``values`` is changed only by the head's thread; a scrape (another thread) copies it first,
     in one C call, so it sees the dict as it was between two changes."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry,
+                 unit: str = "") -> None:
+        self.name, self.documentation, self.labelnames, self.unit = name, documentation, tuple(labelnames), unit
         self.values: dict[tuple[str, ...], float] = {}
         registry.register(self)
 
     def describe(self) -> list[GaugeMetricFamily]:
-        return [GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+        return [GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames, unit=self.unit)]
 
     def collect(self) -> list[GaugeMetricFamily]:
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames, unit=self.unit)
         for labels, v in self.values.copy().items():
             family.add_metric(labels, v)
         return [family]
@@ -145,10 +182,10 @@ class HeartbeatAges:
         self._source = (clock, nodes)
 
     def describe(self) -> list[GaugeMetricFamily]:
-        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["node"])]
+        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["node"], unit="seconds")]
 
     def collect(self) -> list[GaugeMetricFamily]:
-        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["node"])
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["node"], unit="seconds")
         if self._source is not None:
             clock, nodes = self._source
             now = clock()
@@ -166,38 +203,49 @@ def share_of_card(a: Allocation) -> float:
 class HeadMetrics:
     """See the module docstring."""
 
-    def __init__(self, gauges_every_s: float = 0.0) -> None:
-        """``gauges_every_s``: the GPU gauges (totals, per GPU, per lease) are refreshed at most this often
-        (head clock seconds). They are worked out from every lease holding a card of a changed node: under
+    def __init__(self, gauges_every_s: float = 0.0, *, priority_classes: Iterable[str] = (),
+                 queues: Iterable[str] = ("default",), inference_services: Iterable[str] = ()) -> None:
+        """``gauges_every_s``: the GPU gauges (totals, per GPU, per node and class) are refreshed at most this
+        often (head clock seconds). They are worked out from every lease holding a card of a changed node: under
         load, when a cycle runs after nearly every call, refreshing them each cycle was most of the cycle's
-        work (docs/load.md). 0: every update. Counters, histograms and lease counts are kept every update."""
+        work (docs/load.md). 0: every update. Counters, histograms and lease counts are kept every update.
+
+        ``priority_classes`` and ``queues`` (the scheduler config's): their preemption counters read 0 before the
+        first preemption, not "no data". ``inference_services``: the names inference reports keep as their
+        ``service`` label (:meth:`register_inference_service`); any other counts as ``other``."""
         self.gauges_every_s = gauges_every_s
         self._gauges_at = float("-inf")  # head clock time of the last refresh of the GPU gauges
         r = self.registry = CollectorRegistry()
-        self.gpus_total = Gauge("orchestrator_gpus_total", "GPUs of the registered nodes", registry=r)
+        self.gpus = Gauge("orchestrator_gpus", "GPUs of the registered nodes", registry=r)
         self.gpus_allocated = Gauge("orchestrator_gpus_allocated", "GPUs allocated to leases (fractions counted)",
                                     registry=r)
-        self.queue_length = Gauge("orchestrator_queue_length", "Pending leases", ["priority", "queue"], registry=r)
+        self.queue_length = Gauge("orchestrator_queue_length", "Pending leases", ["priority_class", "queue"],
+                                  registry=r)
         self.leases = Gauge("orchestrator_leases", "Leases by share kind and state", ["kind", "state"], registry=r)
         self.leases_active = Gauge("orchestrator_leases_active", "Leases holding devices", ["kind"], registry=r)
-        self.granted = Counter("orchestrator_leases_granted", "Leases granted", ["kind"], registry=r)
-        self.preemptions = Counter("orchestrator_preemptions", "Preemption victims", ["reason", "cause"], registry=r)
-        for reason in ("checkpoint", "stopped"):  # known label values read 0 before the first event, not "no data"
-            self.preemptions.labels(reason, "victim.priority")
+        self.granted = Counter("orchestrator_leases_granted", "Leases granted", ["kind", "priority_class", "queue"],
+                               registry=r)
+        self.preemptions = Counter("orchestrator_preemptions", "Preemption victims",
+                                   ["reason", "cause", "priority_class", "queue"], registry=r)
+        for cls in priority_classes:  # known label values read 0 before the first event, not "no data"
+            for queue in queues:
+                for reason in ("checkpoint", "stopped"):
+                    self.preemptions.labels(reason, Cause.VICTIM_PRIORITY.value, cls, queue)
         self.mig_reconfigurations = Counter("orchestrator_mig_reconfigurations",
                                             "Live MIG repartitions of one GPU that ended", ["result"], registry=r)
         for result in ("done", "failed"):
             self.mig_reconfigurations.labels(result)
-        self.lease_wait = Histogram("orchestrator_lease_wait_seconds", "Time pending: request to grant", registry=r,
+        self.lease_wait = Histogram("orchestrator_lease_wait_seconds", "Time pending: request to grant",
+                                    ["priority_class", "queue"], registry=r, unit="seconds",
                                     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900))
         self.checkpoint = Histogram("orchestrator_checkpoint_seconds", "A victim's checkpoint request to its yield",
-                                    registry=r, buckets=LATENCY_BUCKETS)
+                                    registry=r, unit="seconds", buckets=LATENCY_BUCKETS)
         self.decision_to_grant = Histogram("orchestrator_decision_to_grant_seconds",
                                            "A preemption decision to the grant it was made for", registry=r,
-                                           buckets=LATENCY_BUCKETS)
+                                           unit="seconds", buckets=LATENCY_BUCKETS)
         self.placement = Histogram("orchestrator_placement_seconds", "One scheduling pass (placement and planning)",
-                                   registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                        0.5, 1, 2.5))
+                                   registry=r, unit="seconds", buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                                        0.05, 0.1, 0.25, 0.5, 1, 2.5))
         self.cycles = Counter("orchestrator_reconcile_cycles", "Reconcile cycles the head ran (on its timer, or woken "
                               "by a call or an answer that left it work)", registry=r)
         self.direct_frames = Counter("orchestrator_direct_frames", "Client frames (a call, or a client's batch of "
@@ -212,18 +260,24 @@ class HeadMetrics:
         self.commit_failures = Counter("orchestrator_state_commit_failures",
                                        "Batch writes that failed (each retried with the next batch)", registry=r)
         self.commit_seconds = Histogram("orchestrator_state_commit_seconds", "Writing one batch to the GCS", registry=r,
-                                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
-        gpu = ["node", "gpu"]
+                                        unit="seconds", buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                                 0.25, 1))
+        gpu = ["node", "gpu", "gpu_uuid"]
         self.compute_capacity = SeriesTable("orchestrator_gpu_compute_capacity", "GPU compute capacity (GPUs)", gpu, r)
         self.compute_committed = SeriesTable("orchestrator_gpu_compute_committed",
                                              "GPU compute committed to leases (GPUs)", gpu, r)
-        self.memory_capacity = SeriesTable("orchestrator_gpu_memory_capacity_bytes", "GPU memory", gpu, r)
+        self.memory_capacity = SeriesTable("orchestrator_gpu_memory_capacity_bytes", "GPU memory", gpu, r, "bytes")
         self.memory_committed = SeriesTable("orchestrator_gpu_memory_committed_bytes",
-                                            "GPU memory committed to leases", gpu, r)
+                                            "GPU memory committed to leases", gpu, r, "bytes")
         self.gpu_util = SeriesTable("orchestrator_gpu_utilization_ratio", "Busy fraction of the card",
-                                    gpu + ["source"], r)
-        self.lease_util = SeriesTable("orchestrator_lease_gpu_utilization_ratio", "Busy fraction of a lease's cards",
-                                      ["lease", "owner", "node", "kind", "source"], r)
+                                    gpu + ["source"], r, "ratio")
+        held = ["node", "kind", "priority_class", "queue"]
+        self.leases_committed = SeriesTable("orchestrator_leases_gpu_compute_committed",
+                                            "GPU compute committed to the holding leases of a kind, class and queue "
+                                            "(GPUs)", held, r)
+        self.leases_busy = SeriesTable("orchestrator_leases_gpu_compute_busy",
+                                       "GPU compute the holding leases of a kind, class and queue keep busy (GPUs)",
+                                       held + ["source"], r)
         self.heartbeat_age = HeartbeatAges(r)
         self.inventory_disagreements = Gauge(
             "orchestrator_inventory_disagreements",
@@ -235,16 +289,19 @@ class HeadMetrics:
         self.inference_requests = Counter("orchestrator_inference_requests", "Inference requests served",
                                           ["service"], registry=r)
         self.inference_latency = Histogram("orchestrator_inference_latency_seconds", "Inference request latency",
-                                           ["service"], registry=r, buckets=LATENCY_BUCKETS)
+                                           ["service"], registry=r, unit="seconds", buckets=LATENCY_BUCKETS)
         self.slo_misses = Counter("orchestrator_inference_slo_misses", "Inference requests slower than the SLO",
                                   ["service"], registry=r)
+        self.inference_services: set[str] = set()
+        for service in inference_services:
+            self.register_inference_service(service)
         self._counts: tuple[Any, LeaseCounts] | None = None  # (the ledger watched, its live lease counts)
         self._ended_seen: set[str] = set()
         self._server: Any = None
         self._synced: dict[str, dict[tuple[str, ...], float]] = {}  # per gauge: the values it was last set to
         self._node_series: dict[str, tuple[Any, dict[SeriesTable, dict[tuple[str, ...], float]]]] = {}  # node -> (key, series)
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}  # (gauge, labels) -> its child, to set it cheaply
-        self._gpu_caps: dict[str, tuple[Any, dict[tuple[str, str], float]]] = {}  # node -> (inventory, memory)
+        self._gpu_caps: dict[str, tuple[Any, dict[tuple[str, str], Any]]] = {}  # node -> (inventory, its GPUs)
         self._capacity_mark: _CapacityMark | None = None  # where _capacity last looked
 
     # ---- from the controller, once per cycle ----------------------------------------------------------
@@ -260,7 +317,7 @@ class HeadMetrics:
         if now - self._gauges_at >= self.gauges_every_s:
             self._gauges_at = now
             snap = ctl.snapshot()
-            self.gpus_total.set(snap.capacity_milli() / 1000)
+            self.gpus.set(snap.capacity_milli() / 1000)
             self.gpus_allocated.set(snap.allocated_milli() / 1000)
             self._capacity(ctl, measured or {})
         # Live leases are counted as the ledger changes (LeaseCounts), not walked each cycle; the preempted
@@ -307,8 +364,9 @@ class HeadMetrics:
         granted = lease.entered(LeaseState.GRANTED)
         if granted is None:
             return
-        self.lease_wait.observe(max(0.0, granted - lease.history[0].at))
-        self.granted.labels(lease.allocation.kind.value).inc()
+        cls, queue = _class_and_queue(e)
+        self.lease_wait.labels(cls, queue).observe(max(0.0, granted - lease.history[0].at))
+        self.granted.labels(lease.allocation.kind.value, cls, queue).inc()
         if decided:
             self.decision_to_grant.observe(max(0.0, granted - min(decided)))
 
@@ -316,10 +374,10 @@ class HeadMetrics:
         overdue = {lid for lid in report.preempted if (e := ctl.ledger.find(lid)) is not None
                    and e.lease.checkpoint_path is None and e.lease.entered(LeaseState.CHECKPOINTING) is not None}
         for lease_id in report.checkpoint_requested:
-            self.preemptions.labels("checkpoint", self._cause(ctl, lease_id)).inc()
+            self.preemptions.labels("checkpoint", *self._victim(ctl, lease_id)).inc()
         for lease_id in report.preempted:
-            cause = "deadline" if lease_id in overdue else self._cause(ctl, lease_id)
-            self.preemptions.labels("stopped", cause).inc()
+            cause, cls, queue = self._victim(ctl, lease_id)
+            self.preemptions.labels("stopped", "deadline" if lease_id in overdue else cause, cls, queue).inc()
         if report.plan_seconds is not None:
             self.placement.observe(report.plan_seconds)
         if report.reconfigured:
@@ -328,14 +386,17 @@ class HeadMetrics:
             self.mig_reconfigurations.labels("failed").inc(len(report.reconfigure_failed))
 
     @staticmethod
-    def _cause(ctl: HeadController, lease_id: str) -> str:
+    def _victim(ctl: HeadController, lease_id: str) -> tuple[str, str, str]:
+        """A victim's labels: why it was chosen, its priority class and its queue."""
         e = ctl.ledger.find(lease_id)
-        return (e.preempt_cause if e else "") or Cause.VICTIM_PRIORITY.value
+        if e is None:
+            return Cause.VICTIM_PRIORITY.value, NO_CLASS, "default"
+        return (e.preempt_cause or Cause.VICTIM_PRIORITY.value, *_class_and_queue(e))
 
     def _capacity(self, ctl: HeadController, measured: Mapping[str, Mapping[int, float]]) -> None:
-        """The per-GPU and per-lease gauges, node by node. A node's series depend only on its inventory (while it
-        is registered), the leases on it and what its agent measured, so only the nodes one of those may have
-        changed for since the last call are looked at: the ledger's and the registry's change feeds
+        """The per-GPU gauges and the leases' compute per node, node by node. A node's series depend only on its
+        inventory (while it is registered), the leases on it and what its agent measured, so only the nodes one of
+        those may have changed for since the last call are looked at: the ledger's and the registry's change feeds
         (:meth:`Ledger.nodes_changed_since`, :meth:`NodeRegistry.changed_since`) and the nodes measured then or
         now; each is recomputed if its key (inventory, :meth:`Ledger.node_version`, measurements) moved. A call
         costs what changed, not the nodes (at 5,000 nodes the walk over every node had been half a cycle); the
@@ -368,46 +429,47 @@ class HeadMetrics:
 
     def _node_values(self, node: str, inv: Any, holding: list[Any], measured: Mapping[int, float]
                      ) -> dict[SeriesTable, dict[tuple[str, ...], float]]:
-        """One node's series of the per-GPU and per-lease gauges."""
-        mem_cap = self._gpu_memory(node, inv) if inv is not None else {}
-        cap = dict.fromkeys(mem_cap, 1.0)
-        committed = dict.fromkeys(cap, 0.0)
-        mem = dict.fromkeys(cap, 0.0)
-        busy = dict.fromkeys(cap, 0.0)
+        """One node's series of the per-GPU gauges and of its leases' compute by kind, class and queue. Cards
+        are keyed (node, index) while summing; a per-GPU series' labels add the card's UUID."""
+        gpus = self._gpus(node, inv) if inv is not None else {}
+        committed = dict.fromkeys(gpus, 0.0)
+        mem = dict.fromkeys(gpus, 0.0)
+        busy = dict.fromkeys(gpus, 0.0)
         per_lease: list[tuple[Any, tuple[tuple[str, str], ...], float]] = []
         for e in holding:
             a = e.lease.allocation
             share = share_of_card(a)
-            keys = tuple((a.node_name, str(i)) for i in a.gpu_indices)
+            keys = tuple(k for i in a.gpu_indices if (k := (a.node_name, str(i))) in gpus)
             for k in keys:
-                if k in committed:
-                    committed[k] += share
-                    mem[k] += float(a.memory_mib * MIB)  # per card, as the snapshot counts it
-                    if e.lease.state is LeaseState.ACTIVE:
-                        busy[k] += share
+                committed[k] += share
+                mem[k] += float(a.memory_mib * MIB)  # per card, as the snapshot counts it
+                if e.lease.state is LeaseState.ACTIVE:
+                    busy[k] += share
             per_lease.append((e, keys, share if e.lease.state is LeaseState.ACTIVE else 0.0))
         util: dict[tuple[str, ...], float] = {}
-        source: dict[tuple[str, str], str] = {}
-        for (_, gpu), b in busy.items():
-            m = measured.get(int(gpu))
-            source[(node, gpu)] = "nvml" if m is not None else "model"
-            util[(node, gpu, source[(node, gpu)])] = min(1.0, b) if m is None else m
-        lease_util: dict[tuple[str, ...], float] = {}
+        nvml: set[tuple[str, str]] = set()
+        for k, b in busy.items():
+            m = measured.get(int(k[1]))
+            if m is not None:
+                nvml.add(k)
+            util[(*gpus[k][0], "nvml" if m is not None else "model")] = min(1.0, b) if m is None else m
+        leases_committed: dict[tuple[str, ...], float] = {}
+        leases_busy: dict[tuple[str, ...], float] = {}
         for e, keys, share in per_lease:
-            vals = []
+            if not keys:
+                continue
+            kept = 0.0  # in GPUs: each card's measurement shared out by the leases' shares, or the share (model)
             for k in keys:
-                if source.get(k) == "nvml":
-                    total = busy[k] or 1.0  # measured busy time, shared out by the leases' shares
-                    vals.append(measured[int(k[1])] * (share / total if share else 0.0))
-                else:
-                    vals.append(share)
-            src = "nvml" if keys and all(source.get(k) == "nvml" for k in keys) else "model"
+                kept += measured[int(k[1])] * (share / (busy[k] or 1.0)) if k in nvml else share
             a = e.lease.allocation
-            lease_util[(e.lease_id, e.spec.owner, a.node_name, a.kind.value, src)] = (
-                sum(vals) / len(vals) if vals else 0.0)
-        return {self.compute_capacity: cap, self.compute_committed: committed, self.memory_capacity: mem_cap,
-                self.memory_committed: {k: min(v, mem_cap[k]) for k, v in mem.items()}, self.gpu_util: util,
-                self.lease_util: lease_util}
+            labels = (a.node_name, a.kind.value, *_class_and_queue(e))
+            _add(leases_committed, labels, share_of_card(a) * len(keys))
+            _add(leases_busy, (*labels, "nvml" if all(k in nvml for k in keys) else "model"), kept)
+        return {self.compute_capacity: {g[0]: 1.0 for g in gpus.values()},
+                self.compute_committed: {gpus[k][0]: v for k, v in committed.items()},
+                self.memory_capacity: {g[0]: g[1] for g in gpus.values()},
+                self.memory_committed: {gpus[k][0]: min(v, gpus[k][1]) for k, v in mem.items()},
+                self.gpu_util: util, self.leases_committed: leases_committed, self.leases_busy: leases_busy}
 
     def _set_node(self, node: str, values: dict[SeriesTable, dict[tuple[str, ...], float]]) -> None:
         """Set one node's series to ``values``; those it no longer has go."""
@@ -429,12 +491,14 @@ class HeadMetrics:
         self._children.pop((gauge._name, labels), None)  # noqa: SLF001
         gauge.remove(*labels)
 
-    def _gpu_memory(self, node: str, inventory: Any) -> dict[tuple[str, str], float]:
-        """(node, gpu) -> memory in bytes of one node's GPUs, kept while its inventory is the same object."""
+    def _gpus(self, node: str, inventory: Any) -> dict[tuple[str, str], tuple[tuple[str, str, str], float]]:
+        """(node, gpu) -> (the card's per-GPU labels: node, index, UUID; its memory in bytes) of one node's GPUs,
+        kept while its inventory is the same object."""
         cached = self._gpu_caps.get(node)
         if cached is None or cached[0] is not inventory:
-            cached = self._gpu_caps[node] = (inventory, {(node, str(g.index)): float(g.total_memory_mib * MIB)
-                                                         for g in inventory.gpus})
+            cached = self._gpu_caps[node] = (inventory, {
+                (node, str(g.index)): ((node, str(g.index), g.uuid), float(g.total_memory_mib * MIB))
+                for g in inventory.gpus})
         return cached[1]
 
     def _sync(self, gauge: Gauge, values: Mapping[tuple[str, ...], float], *, keep_zero: bool = False) -> None:
@@ -469,8 +533,20 @@ class HeadMetrics:
             self.inventory_disagreements.labels(*key).set(n)
         self._inventory_keys |= set(counts)
 
+    def register_inference_service(self, service: str) -> None:
+        """Give ``service`` its own ``service`` label from now on (its series read 0 until it reports)."""
+        if not isinstance(service, str) or not service or service == OTHER_SERVICE:
+            raise ValueError(f"an inference service name other than {OTHER_SERVICE!r}, not {service!r}")
+        self.inference_services.add(service)
+        self.inference_requests.labels(service)
+        self.slo_misses.labels(service)
+
     def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> int:
-        """Count requests a service served, with their latencies; returns how many missed the SLO."""
+        """Count requests a service served, with their latencies; returns how many missed the SLO. A service
+        not registered (:meth:`register_inference_service`) counts as ``other``: the callers choose the name,
+        and each name would otherwise be a new series for as long as the head runs."""
+        if service not in self.inference_services:
+            service = OTHER_SERVICE
         misses = 0
         for lat in latencies_s:
             self.inference_latency.labels(service).observe(lat)
@@ -513,6 +589,15 @@ class HeadMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def _class_and_queue(e: Any) -> tuple[str, str]:
+    """A ledger entry's ``priority_class`` and ``queue`` labels (both declared in the scheduler config)."""
+    return e.lease.priority_class or NO_CLASS, e.spec.queue or "default"
+
+
+def _add(d: dict[tuple[str, ...], float], key: tuple[str, ...], v: float) -> None:
+    d[key] = d.get(key, 0.0) + v
 
 
 def _inc(d: dict[tuple[str, ...], float], key: tuple[str, ...], n: int = 1) -> None:
@@ -566,7 +651,7 @@ def _live_keys(e: Any) -> tuple[tuple[str, ...], tuple[str, ...] | None, tuple[s
     kind = lease.allocation.kind.value if lease.allocation else (e.spec.request.kind or "any")
     state_key = (str(getattr(kind, "value", kind)), lease.state.value)
     if lease.state is LeaseState.PENDING:
-        return state_key, (lease.priority_class or "none", e.spec.queue or "default"), None
+        return state_key, _class_and_queue(e), None
     if lease.holding and lease.allocation is not None:
         return state_key, None, (lease.allocation.kind.value,)
     return state_key, None, None

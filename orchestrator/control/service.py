@@ -53,7 +53,7 @@ from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.control.heap import HeapAction, HeapState, decide as decide_heap
 from orchestrator.control.inventory_check import InventoryCheck
 from orchestrator.control.jobs import Chore, JobManager, JobRunner, RaySubmission
-from orchestrator.control.metrics import HeadMetrics
+from orchestrator.control.metrics import OTHER_SERVICE, HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
 from orchestrator.core.api import HEAD_METHODS, Json
@@ -112,7 +112,9 @@ class HeadService:
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
                                head_name=settings.head_name, status_poll_s=status_poll_s,
                                launch_in_step=launch_in_cycle)
-        self.metrics = metrics or HeadMetrics(gauges_every_s=settings.metrics_gauges_every_s)
+        self.metrics = metrics or HeadMetrics(
+            gauges_every_s=settings.metrics_gauges_every_s, priority_classes=cluster.scheduler.classes,
+            queues=cluster.scheduler.queues, inference_services=settings.inference_services)
         self.metrics_port: int | None = None
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
         self.metrics_url: str | None = None  # set by whoever serves the metrics (the head actor)
@@ -465,7 +467,8 @@ class HeadService:
         if slo_s is not None and not (float(slo_s) > 0):
             raise InvalidRequestError("slo_s", slo_s, "seconds > 0, or None")
         misses = self.metrics.record_inference(service, lats, None if slo_s is None else float(slo_s))
-        return {"requests": len(lats), "slo_misses": misses}
+        return {"requests": len(lats), "slo_misses": misses,
+                "service": service if service in self.metrics.inference_services else OTHER_SERVICE}
 
     def repartition_mig(self, target: str | Mapping[str, Any], dry_run: bool = False) -> Json:
         return self.ctl.request_repartition(target_from(target), dry_run=dry_run)

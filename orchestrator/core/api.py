@@ -140,7 +140,9 @@ class HeadApi(Protocol):
         ...
 
     def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> Json:
-        """A running service reports requests it served and their latencies (seconds); counted in the metrics."""
+        """A running service reports requests it served and their latencies (seconds); counted in the metrics
+        under its name if ``settings.inference_services`` registers it, else under ``other`` (the reply's
+        ``service`` says which)."""
         ...
 
     def repartition_mig(self, target: str | Mapping[str, Any], dry_run: bool = False) -> Json:

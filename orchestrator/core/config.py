@@ -101,8 +101,14 @@ class RuntimeSettings(_Frozen):
                                description="MPS pipe directories live under this root, one per GPU: <root>/gpu-<index>")
     discovery: str = Field(default="auto", description="auto | nvml | simulated")
     metrics_port: Annotated[int, Field(ge=0, le=65535, description="Prometheus /metrics of the head; 0 = "
-                                       "$ORCHESTRATOR_METRICS_PORT, else off")] = 0
+                                       "$ORCHESTRATOR_METRICS_PORT, else a free port on a loopback metrics_host "
+                                       "under a local `orchestrator up`, else off")] = 0
     metrics_host: str = Field(default="127.0.0.1", description="Address /metrics listens on (0.0.0.0 in a pod)")
+    inference_services: tuple[Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]*$")],
+                              ...] = Field(
+        default=(), max_length=100, description="Inference services whose reports (HeadApi.record_inference) keep "
+        "their name as the metrics' service label; reports under any other name count as service=\"other\", so "
+        "callers cannot add series")
     ended_retention_s: Annotated[float, Field(ge=0, description="Ended leases and jobs leave the head and the GCS "
                                               "this long after they end (also how long a retried lease or job id is "
                                               "recognised); 0 keeps them forever")] = 86400.0
@@ -128,6 +134,9 @@ class RuntimeSettings(_Frozen):
                               detail="an agent must get at least one heartbeat in before it is declared lost")
         if self.discovery not in ("auto", "nvml", "simulated"):
             raise ConfigError("settings.discovery", self.discovery, ["auto", "nvml", "simulated"])
+        if "other" in self.inference_services:
+            raise ConfigError("settings.inference_services", list(self.inference_services), "names other than 'other'",
+                              detail="'other' is the label of the reports from services not named here")
         return self
 
 

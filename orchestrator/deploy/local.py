@@ -6,6 +6,9 @@ node of the file, each a ``ray start --block`` with ``--num-gpus``,
 actor, which starts one agent per node; it waits until every agent has
 registered and prints the address. ``up --address ADDR`` attaches to a Ray
 cluster that already runs and starts only the head (and through it the agents).
+A local cluster always serves the head's Prometheus ``/metrics``: on a free
+127.0.0.1 port when the config names none (:func:`with_metrics_port`), shown
+as ``metrics_url`` by ``status``.
 
 ``down`` stops exactly what ``up`` started, never ``ray stop`` (which kills
 every Ray process on the host, other people's included):
@@ -56,8 +59,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
+from orchestrator.core import env as E
 from orchestrator.core.config import ClusterConfig, raylet_native_env
 from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
 from orchestrator.core.statefile import Proc, State, checked_state_dir
@@ -69,6 +73,8 @@ OBJECT_STORE_BYTES = 128 * 1024 * 1024
 Progress = Callable[[str], None]
 #: The environment variable that marks every process of one local cluster (its value: the state's run id).
 RUN_MARKER = "ORCHESTRATOR_RUN"
+#: The addresses :func:`with_metrics_port` counts as loopback.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 
@@ -76,6 +82,17 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def with_metrics_port(config: ClusterConfig, ports: Callable[[], int] = free_port,
+                      environ: Mapping[str, str] = os.environ) -> ClusterConfig:
+    """``config`` with the head's ``/metrics`` on a free port (``ports()``) when it would otherwise serve none:
+    ``settings.metrics_port`` 0, no ``$ORCHESTRATOR_METRICS_PORT``, and a loopback ``metrics_host`` (a port
+    of its own on another address is the operator's choice). Else ``config`` as it is."""
+    s = config.settings
+    if s.metrics_port or environ.get(E.METRICS_PORT) or s.metrics_host not in LOOPBACK_HOSTS:
+        return config
+    return config.model_copy(update={"settings": s.model_copy(update={"metrics_port": ports()})})
 
 
 # ---- the plan (pure) ---------------------------------------------------------------------------
@@ -307,6 +324,7 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     from orchestrator.deploy import watchdog
 
     checked_state_dir(state_dir, create=True)  # 0700, ours, nobody else's token in it
+    config = with_metrics_port(config)
     if State.load(state_dir) is not None:
         raise ConfigError("state_dir", str(state_dir), "a directory without a running orchestrator",
                           detail="one is already up there: run `orchestrator down` first, or pass --state-dir")

@@ -130,8 +130,9 @@ def test_inference_preempts_the_minimal_training_set_which_resumes_bit_identical
     import urllib.request
 
     body = urllib.request.urlopen(f"http://127.0.0.1:{METRICS['port']}/metrics", timeout=5).read().decode()
-    assert 'orchestrator_preemptions_total{cause="victim.priority",reason="checkpoint"} 1.0' in body
-    assert "orchestrator_gpus_total 10.0" in body
+    assert ('orchestrator_preemptions_total{cause="victim.priority",priority_class="training",queue="default",'
+            'reason="checkpoint"} 1.0') in body
+    assert "\norchestrator_gpus 10.0\n" in body
     done = wait(head, inf, {"succeeded"})
     assert "served on GPU-" in head.job_logs(inf)
     # Everyone finishes; weights equal undisturbed runs bit for bit, no step lost.

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -63,6 +64,10 @@ def test_up_status_down_leaves_nothing_behind() -> None:
         assert len(gpus) == 10 and {"index", "uuid", "model", "memory_mib", "mig"} <= set(gpus[0])
         assert sorted(len(g["mig"]) for g in gpus if g["mig"]) == [3, 4]
         assert d["leases"] == [] and d["queue"] == []
+        # The head's /metrics on a loopback port of its own, though the config names none.
+        assert d["metrics_url"].startswith("http://127.0.0.1:") and d["metrics_url"].endswith("/metrics"), d
+        scraped = urllib.request.urlopen(d["metrics_url"], timeout=10).read().decode()
+        assert "\norchestrator_gpus 10.0\n" in scraped
         print(f"\nup took {up_s:.1f}s")
         # A job on a node that is not Ray's head node (the MIG slice is on a100-1): its driver log is read
         # back. Each raylet here has a session folder of its own, where Ray's job API looks for it in vain.

@@ -56,6 +56,8 @@ def test_simulated_uuids_are_stable(demo: ClusterConfig) -> None:
     ({"nodes": [{"name": "x", "model": "T4"}, {"name": "x", "model": "T4"}]}, "nodes.name", "x"),
     ({"nodes": [{"name": "x", "model": "T4", "gpus": 1, "nvlink": [[0, 3]]}]}, "nodes[x].nvlink", "3"),
     ({"colour": "blue"}, "colour", "blue"),
+    ({"settings": {"inference_services": ["chat", "other"]}}, "settings.inference_services", "other"),
+    ({"settings": {"inference_services": ["Chat Bot"]}}, "settings.inference_services.0", "Chat Bot"),
 ])
 def test_errors_name_the_field_and_show_the_value(data: dict, field: str, shown: str) -> None:
     with pytest.raises(ConfigError) as e:

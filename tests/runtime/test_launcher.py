@@ -13,7 +13,7 @@ from orchestrator.core.errors import ConfigError
 
 from orchestrator.core.config import ClusterConfig, parse_config
 from orchestrator.core.statefile import Proc, State
-from orchestrator.deploy.local import auth_env, down, plan_local_cluster, session_members
+from orchestrator.deploy.local import auth_env, down, plan_local_cluster, session_members, with_metrics_port
 
 from .standins import standin_raylet
 
@@ -53,6 +53,20 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
     with pytest.raises(ConfigError) as e:
         plan_local_cluster(parse_config({}), tmp_path)
     assert e.value.field == "nodes" and "at least one node" in str(e.value)
+
+
+def test_a_local_cluster_serves_its_metrics_on_a_free_loopback_port_unless_told_otherwise(demo: ClusterConfig) -> None:
+    """`up` with a config that names no metrics port: the head gets a free one on 127.0.0.1 (`status` shows its
+    URL). A port in the config or in $ORCHESTRATOR_METRICS_PORT, or an address off loopback, is left as it is."""
+    assert demo.settings.metrics_port == 0 and demo.settings.metrics_host == "127.0.0.1"
+    got = with_metrics_port(demo, ports=lambda: 40123, environ={})
+    assert got.settings.metrics_port == 40123 and got.settings.metrics_host == "127.0.0.1"
+    assert got.model_copy(update={"settings": demo.settings}) == demo  # nothing else changed
+    set_port = demo.model_copy(update={"settings": demo.settings.model_copy(update={"metrics_port": 9100})})
+    assert with_metrics_port(set_port, ports=lambda: 40123, environ={}) is set_port
+    assert with_metrics_port(demo, ports=lambda: 40123, environ={"ORCHESTRATOR_METRICS_PORT": "9200"}) is demo
+    everywhere = demo.model_copy(update={"settings": demo.settings.model_copy(update={"metrics_host": "0.0.0.0"})})
+    assert with_metrics_port(everywhere, ports=lambda: 40123, environ={}) is everywhere
 
 
 def test_auth_stays_on_and_writes_only_inside_the_state_dir(tmp_path: Path) -> None:

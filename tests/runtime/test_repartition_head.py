@@ -131,7 +131,8 @@ def test_repartition_drains_only_the_gpu_it_changes_and_the_new_slice_is_granted
     assert sum(len(r.reconfigured) for r in reports) == 1 and not any(r.reconfigure_failed for r in reports)
     assert metrics.registry.get_sample_value("orchestrator_mig_reconfigurations_total", {"result": "done"}) == 1
     assert metrics.registry.get_sample_value("orchestrator_preemptions_total",
-                                             {"reason": "checkpoint", "cause": "lease.drained"}) == 1
+                                             {"reason": "checkpoint", "cause": "lease.drained",
+                                              "priority_class": "training", "queue": "default"}) == 1
     # The new slice is advertised and grantable: a training lease asking for the whole-card slice gets it.
     big = _train(head, cluster, "big", "mig:7g.80gb")
     assert _on(big) == ("a100-1", [2])
