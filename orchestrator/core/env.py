@@ -54,6 +54,10 @@ AUTO_LEASE_WAIT_S = "ORCHESTRATOR_AUTO_LEASE_WAIT_S"
 GPU_REQUEST = "ORCHESTRATOR_GPU_REQUEST"
 PRIORITY_CLASS = "ORCHESTRATOR_PRIORITY_CLASS"
 QUEUE = "ORCHESTRATOR_QUEUE"
+#: "1" in Serve's controller started by the orchestrator's inference service (``LeasedService``): the setup hook
+#: :data:`SERVE_SETUP_HOOK`, which our drivers give their job, installs the lease path there and nowhere else.
+SERVE_LEASES = "ORCHESTRATOR_SERVE_LEASES"
+SERVE_SETUP_HOOK = "orchestrator.rayport.native.serve_controller_setup"
 #: Tells Ray not to overwrite ``CUDA_VISIBLE_DEVICES`` with the ids of its own bookkeeping.
 RAY_NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 

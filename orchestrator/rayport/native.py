@@ -190,6 +190,7 @@ class Ticket:
         self.pg: Any = None
         self.error: BaseException | None = None
         self.used = False
+        self.holder: str | None = None  # the actor that activated it
         self.t0 = time.perf_counter()
 
 
@@ -236,8 +237,15 @@ class _AutoLeases:
         from orchestrator.core.request import GpuRequest
 
         env = {**{k: v for k, v in os.environ.items() if k in _LEASE_ENV}, **_env_vars(options.get("runtime_env"))}
-        if env.get(E.GPU_REQUEST):
-            req = GpuRequest.parse(env[E.GPU_REQUEST])
+        spec = env.get(E.GPU_REQUEST, "").strip()
+        if spec.startswith("{"):  # a GpuRequest as JSON: what the --gpu grammar cannot say (a node, models)
+            try:
+                req = GpuRequest.model_validate_json(spec)
+            except ValueError as e:
+                raise InvalidRequestError(E.GPU_REQUEST, spec, "a request in the --gpu grammar or as JSON",
+                                          detail=str(e).splitlines()[0]) from None
+        elif spec:
+            req = GpuRequest.parse(spec)
         else:
             req = request_for(gpus, accelerator_type=options.get("accelerator_type"),
                               memory_bytes=options.get("memory"), fractional=self.fractional)
@@ -305,6 +313,23 @@ class _AutoLeases:
             ticket.used = True
             _quietly(self.head.release, ticket.lease_id, ticket.token, reason)
 
+    def release_when_gone(self, ticket: Ticket, reason: str, timeout_s: float = 120.0) -> None:
+        """Release ``ticket``'s lease once the actor holding it is dead (a thread; the head would otherwise see
+        the holder gone at its next check and call the lease lost): a card goes on only after its process."""
+        from orchestrator.rayport import ray_api
+
+        def watch() -> None:
+            deadline = time.monotonic() + timeout_s
+            while ticket.holder and time.monotonic() < deadline:
+                if not ray_api.actors_alive([ticket.holder]).get(ticket.holder, True):
+                    break
+                time.sleep(0.1)
+            else:
+                return  # still alive: it holds the lease as long as it lives
+            _quietly(self.head.release, ticket.lease_id, ticket.token, reason)
+
+        threading.Thread(target=watch, daemon=True, name=f"rgo-release-{ticket.lease_id}").start()
+
     @contextlib.contextmanager
     def prepared(self, ticket: Ticket) -> Any:
         """Within this block, the next lease this thread asks for is ``ticket`` (granted already)."""
@@ -357,7 +382,8 @@ class _AutoLeases:
         def done(result: Any) -> None:
             ticket.used = True
             if actor:  # the actor holds it: dead actor, freed lease; revoked lease, stopped actor
-                head.activate(lid, token, result._actor_id.hex(), f"actor:{ns}/{out['name']}")
+                ticket.holder = result._actor_id.hex()
+                head.activate(lid, token, ticket.holder, f"actor:{ns}/{out['name']}")
                 return
             head.activate(lid, token, holder)
             ref = result[0] if isinstance(result, list) else result
@@ -672,12 +698,27 @@ def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | Non
 def worker_setup() -> None:
     """``worker_process_setup_hook`` of a job whose driver steers: the same in each of its workers (a worker
     started inside a lease finds that lease in its environment; Train's and Serve's controllers do not)."""
+    if os.environ.get(E.SERVE_LEASES, "") == "1":
+        serve_controller_setup()
+        return
     lease = lease_from_env()
     if lease is None:
         return
     install(lease)
     if isinstance(lease, _Lease) and os.environ.get(E.SHARE_KIND) == "whole" and "," in os.environ.get(E.CUDA_VISIBLE_DEVICES, ""):
         _narrow_per_task(lease)
+
+
+def serve_controller_setup() -> None:
+    """``worker_process_setup_hook`` of the orchestrator's own drivers (``ray_api.connect``): a no-op in every
+    worker but a Serve controller started with ``ORCHESTRATOR_SERVE_LEASES=1`` in its environment (the inference
+    service starts it so), where Serve's replicas then ask the head named there for leases
+    (:mod:`orchestrator.rayport.serve_leases`). Never in the head's or the agents' processes: their GPU
+    placement groups are the holds themselves."""
+    if os.environ.get(E.SERVE_LEASES, "") != "1":
+        return
+    install(_AutoLeases(os.environ.get(E.NAMESPACE) or DEFAULT_NAMESPACE, os.environ.get(E.HEAD_NAME) or "rgo-head",
+                        os.environ.get(E.FRACTIONAL_GPU) or "mps", float(os.environ.get(E.AUTO_LEASE_WAIT_S) or 3600)))
 
 
 def _narrow_per_task(lease: _Lease) -> None:

@@ -97,8 +97,9 @@ def connect(address: str | None, namespace: str, *, timeout_s: float | None = No
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
+        # the setup hook is a no-op but in a Serve controller the inference service starts (core.env.SERVE_LEASES)
         ray.init(address=gcs, namespace=namespace, logging_level="ERROR", log_to_driver=False,
-                 configure_logging=False)
+                 configure_logging=False, runtime_env={"worker_process_setup_hook": E.SERVE_SETUP_HOOK})
     except ray.exceptions.AuthenticationError:
         raise ClusterAuthError(gcs, source, token_sources(), sent=False) from None
     except (ConnectionError, RuntimeError, ValueError) as e:

@@ -18,7 +18,8 @@ So in the controller the scheduler is wrapped (:func:`install`):
   any GPU actor; a lease that will not be granted (a request the head refuses) fails the try as a creation
   failure, which Serve reports with the error;
 * a replica stopped while it waits (a downscale, a deleted application) withdraws its lease
-  (``on_replica_stopping``).
+  (``on_replica_stopping``); one stopped once running releases its lease as soon as its actor is dead (so
+  ``explain`` says "its Serve replica stopped", not "holder died").
 
 N replicas asked together are N lease requests in the queue at once, granted in one scheduling cycle when they
 fit, and started in parallel. The priority class, queue and exact request of the replicas' leases come from
@@ -66,7 +67,8 @@ def patch_scheduler(cls: Any, leases: Any) -> None:
     from orchestrator.rayport.native import advertises_any_gpus
 
     original_schedule, original_stopping = cls._schedule_replica, cls.on_replica_stopping
-    tickets: dict[Any, Any] = {}  # replica id -> Ticket
+    tickets: dict[Any, Any] = {}  # replica id -> Ticket, while its replica waits to be made
+    held: dict[Any, Any] = {}  # replica id -> Ticket, while its replica's actor holds the lease
 
     def _schedule_replica(self: Any, scheduling_request: Any, *args: Any, **kwargs: Any) -> bool:
         gpus = replica_gpus(scheduling_request)
@@ -91,6 +93,8 @@ def patch_scheduler(cls: Any, leases: Any) -> None:
             ok = original_schedule(self, scheduling_request, *args, **kwargs)
         if ok or scheduling_request.status != type(scheduling_request.status).IN_PROGRESS:
             tickets.pop(rid, None)  # settled: made in the lease (its actor activated it) or failed
+            if ok and ticket.holder:
+                held[rid] = ticket
             if not ticket.used:  # failed, or placed by a strategy of Serve's own that took no lease
                 leases.withdraw(ticket, "its Serve replica was created without it" if ok else
                                 "its Serve replica could not be created")
@@ -101,6 +105,9 @@ def patch_scheduler(cls: Any, leases: Any) -> None:
         ticket = tickets.pop(replica_id, None)
         if ticket is not None:
             leases.withdraw(ticket, "its Serve replica stopped before it started")
+        ticket = held.pop(replica_id, None)
+        if ticket is not None:  # Serve stops it (a downscale, an update, a deletion): released once it is gone
+            leases.release_when_gone(ticket, "its Serve replica stopped")
 
     cls._schedule_replica, cls.on_replica_stopping = _schedule_replica, on_replica_stopping
     cls._rgo_patched = True

@@ -267,8 +267,7 @@ class TrainingBacklog:
 def replica_cards(replica: Any) -> float:
     """The cards one leased replica holds (its share's ``card_share``: a 1g slice 1/7, a quarter time-slice
     0.25); one card when its hand-out is unknown."""
-    handle = getattr(replica, "handle", None)
-    return ShareSpeed.of_env(handle.env).card_share if handle is not None else 1.0
+    return float(getattr(replica, "card_share", 1.0))
 
 
 def rolling_mean(values: list[Any], n: int) -> list[float | None]:
@@ -443,8 +442,8 @@ class Replay:
         head = HeadClient(self.namespace, s.head_name)
         backlog = TrainingBacklog(head, self.namespace, self.workdir / self.scheme.name, self.day.training,
                                   self.day.trainer, self.say)
-        svc = LeasedService(self.service_config(), head=head, namespace=self.namespace, say=self.say,
-                            perf=self.day.inference, port=launcher.free_port(), asynchronous=True,
+        svc = LeasedService(self.service_config(), head=head, namespace=self.namespace, head_name=s.head_name,
+                            say=self.say, perf=self.day.inference, port=launcher.free_port(),
                             warm_spares=self.day.warm_spares if self.scheme.load_driven else 0,
                             max_starting=1 if self.scheme.load_driven else None)
         replay = None
@@ -572,8 +571,8 @@ class Replay:
                 served_rps = (ld["served"] - prev_served) / dt
                 prev_t, prev_useful, prev_served = now, useful, ld["served"]
                 kinds: dict[str, float] = {}  # cards held by inference, by kind (a 1g slice is 1/7 of a card)
-                for r, suffix in [(r, "") for r in list(svc.replicas)] + [(r, ", spare") for r in list(svc.spares)]:
-                    k = f"{r.kind or '?'}{suffix}"
+                for r in list(svc.replicas):
+                    k = r.kind or "?"
                     kinds[k] = round(kinds.get(k, 0.0) + replica_cards(r), 3)
                 hour = ((now - t0) * self.day.speedup / 3600.0)
                 self.timeline.append({

@@ -1,20 +1,16 @@
 """The inference service on leases: Serve deployments whose replicas each run on one lease of ours.
 
-Shape (design (a) of ``docs/colocation.md``, "The inference service on leases"):
+Shape: **one Serve application** (:func:`service_app`), as a Ray Serve user would write it:
 
-* one **replica application** per leased replica, holding one
-  :class:`LeasedReplica` deployment with ``num_replicas=1`` whose
-  ``ray_actor_options`` come from that lease's hand-out: its share of the
-  card's own Ray resource (``rgo-gpu-<i>``), a label selector for the lease's
-  node, and the hand-out's environment (``CUDA_VISIBLE_DEVICES`` = the GPU or
-  MIG UUID, ``ORCHESTRATOR_SHARE_KIND``, the MPS limits...). Serve takes one
-  set of actor options per deployment, so a deployment per lease is how each
-  replica gets *its own* card;
-* one **ingress application** (:class:`Ingress`, route ``/``) that Serve's
-  HTTP proxy calls. It routes each request to the replica with the fewest
-  ongoing requests (ties: the one that has served fewest) and keeps the
-  figures the scaling loop reads: ongoing requests per replica and the
-  latency of recent requests (:class:`Router`).
+* the GPU deployment (:class:`LeasedReplica`) asks Ray for ``num_gpus`` per replica, with its lease's request,
+  priority class and queue in ``ray_actor_options["runtime_env"]["env_vars"]``; Serve's controller, under the
+  orchestrator's hook, asks the head for one lease per replica without waiting in its loop
+  (:mod:`orchestrator.rayport.serve_leases`) and starts each replica inside its lease's placement group, so the
+  replica's ``ray.get_gpu_ids()`` and ``CUDA_VISIBLE_DEVICES`` name exactly the leased card or slice. Its
+  replica count is set from outside (Serve's external scaler API) by the service's autoscaler;
+* the **ingress** (:class:`Ingress`, route ``/``) that Serve's HTTP proxy calls; it calls the GPU deployment
+  through its handle (Serve's router picks the replica) and keeps the figures the scaling loop reads: ongoing
+  requests and the latency of recent requests (:class:`Router`), and each replica's latest counters.
 
 A replica (:class:`ReplicaCore`) runs a small PyTorch MLP on the lease's
 device (``cuda`` when the process sees a real GPU, else the CPU) and batches
@@ -29,9 +25,8 @@ measured ones on a real GPU) and useful GPU-seconds
 (``InferenceModel.useful_gpu_s``: the SM-time its batches were worth; on a
 real GPU, busy seconds times the share held, an upper bound).
 
-Invariant: a request is counted *ongoing* at its replica from the moment the
-ingress picks it until its answer (or error) comes back, so the sum over
-replicas is the service's ongoing requests.
+Invariant: a request is counted *ongoing* from the moment the ingress takes
+it until its answer (or error) comes back.
 
 :class:`ReplicaCore` and :class:`Router` are plain Python, unit-tested
 without Serve. Importing this module starts nothing.
@@ -202,12 +197,16 @@ class Router:
                 "served": self.total, "errors": self.errors}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.deployment(max_ongoing_requests=1000, graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=10)
 class LeasedReplica:
-    """One replica on one lease (its actor options are given per application: see the module docstring)."""
+    """One replica of the service's one GPU deployment; its lease is the one Serve's controller asked for it
+    (``serve-<app>-<deployment>-<replica id>``, :func:`orchestrator.rayport.serve_leases.replica_lease_id`)."""
 
-    def __init__(self, lease_id: str, seed: int = 0, width: int = 256, max_batch_size: int = 8,
-                 batch_wait_timeout_s: float = 0.01, perf: dict[str, float] | None = None) -> None:
+    def __init__(self, seed: int = 0, width: int = 256, max_batch_size: int = 8, batch_wait_timeout_s: float = 0.01,
+                 perf: dict[str, float] | None = None) -> None:
+        from orchestrator.rayport.serve_leases import replica_lease_id
+
+        lease_id = replica_lease_id(serve.get_replica_context().replica_id)
         self.core = ReplicaCore(lease_id, seed=seed, width=width, model=InferenceModel(**(perf or {})))
         self._batch.set_max_batch_size(max_batch_size)
         self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
@@ -217,40 +216,29 @@ class LeasedReplica:
         return await self.core.run_batch(requests)
 
     async def infer(self, rows: Any) -> Any:
-        return await self._batch(rows)
-
-    def stats(self) -> dict[str, Any]:
-        return self.core.stats()
-
-    def whoami(self) -> dict[str, Any]:
-        """Its Ray actor name and namespace (how the node's agent reaches it), pid and devices."""
-        from ray import get_runtime_context
-
-        ctx = get_runtime_context()
-        return {"actor_name": ctx.get_actor_name(), "namespace": ctx.namespace, "pid": os.getpid(),
-                "cuda_visible_devices": os.environ.get(E.CUDA_VISIBLE_DEVICES, "")}
+        """The answer (outputs, or an error string) and this replica's counters after it (the ingress keeps the
+        latest per lease: how the service's figures survive a replica that Serve has stopped)."""
+        out = await self._batch(rows)
+        return {"out": out, "stats": self.core.stats()}
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
 class Ingress:
-    """``POST /`` with ``{"inputs": [[32 numbers], ...]}``: routed to the least-loaded leased replica.
+    """``POST /`` with ``{"inputs": [[32 numbers], ...]}``: Serve routes it to one of the GPU deployment's
+    replicas (its power-of-two-choices router).
 
-    Answers ``{"outputs": [...], "replica": name}``; 503 while no replica is routable; 400 for bad input."""
+    Answers ``{"outputs": [...], "replica": lease id}``; 400 for bad input. While no replica runs Serve queues
+    the request. Keeps the figures the scaling loop reads (:class:`Router`: ongoing requests, recent p99) and
+    each replica's latest counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, replicas: Any) -> None:
+        self.replicas = replicas
         self.router = Router()
-        self.handles: dict[str, Any] = {}
-
-    def set_replicas(self, apps: dict[str, str]) -> list[str]:
-        """Route to these replicas from now on: replica name -> its Serve application's name."""
-        for name, app in apps.items():
-            if name not in self.handles:
-                self.handles[name] = serve.get_app_handle(app)
-        self.router.set_replicas(sorted(apps))
-        return self.router.routable
+        self.router.set_replicas([SERVICE])
+        self.stats: dict[str, dict[str, Any]] = {}
 
     def load(self, reset: bool = True) -> dict[str, Any]:
-        return self.router.load(reset)
+        return {**self.router.load(reset), "replicas": dict(self.stats)}
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -260,30 +248,34 @@ class Ingress:
             rows = (await request.json())["inputs"]
         except Exception as e:
             return JSONResponse({"error": f"body must be JSON with 'inputs': {e}"}, status_code=400)
-        name = self.router.pick()
-        if name is None:
-            return JSONResponse({"error": "no replica is serving"}, status_code=503)
-        self.router.begin(name)
+        self.router.begin(SERVICE)
         ok = False
         try:
-            out = await self.handles[name].infer.remote(rows)
+            got = await self.replicas.infer.remote(rows)
+            out, st = got["out"], got["stats"]
+            self.stats[st["lease_id"]] = st
             ok = not isinstance(out, str)
         finally:
-            self.router.end(name, time.monotonic() - t0, ok)
+            self.router.end(SERVICE, time.monotonic() - t0, ok)
         if not ok:
-            return JSONResponse({"error": out, "replica": name}, status_code=400)
-        return {"outputs": out, "replica": name}
+            return JSONResponse({"error": out, "replica": st["lease_id"]}, status_code=400)
+        return {"outputs": out, "replica": st["lease_id"]}
 
 
-def replica_app(lease_id: str, actor_options: Mapping[str, Any], *, seed: int = 0, width: int = 256,
+#: The router's one name: Serve picks the replica, the ingress counts the service's requests as one stream.
+SERVICE = "service"
+#: The GPU deployment's name in the service's application.
+REPLICA_DEPLOYMENT = "LeasedReplica"
+
+
+def service_app(actor_options: Mapping[str, Any], replicas: int, *, seed: int = 0, width: int = 256,
                 max_batch_size: int = 8, batch_wait_timeout_s: float = 0.01, perf: InferenceModel | None = None) -> Any:
-    """The Serve application of one leased replica (``actor_options``: :func:`rayport.serve_api.replica_options`;
-    ``perf``: the batch cost model on simulated GPUs, default :class:`InferenceModel`)."""
+    """The service's one application: the ingress (route ``/``) and the GPU deployment, ``replicas`` of it, each
+    replica with ``actor_options`` (its ``num_gpus`` and the env naming its lease's request and priority class:
+    Serve's controller asks for one lease per replica, :mod:`orchestrator.rayport.serve_leases`); ``perf``: the
+    batch cost model on simulated GPUs, default :class:`InferenceModel`."""
     p = perf or InferenceModel()
-    return LeasedReplica.options(num_replicas=1, ray_actor_options=dict(actor_options)).bind(
-        lease_id, seed, width, max_batch_size, batch_wait_timeout_s, {"base_ms": p.base_ms, "per_item_ms": p.per_item_ms,
-                                                                "sm_per_item": p.sm_per_item})
-
-
-def ingress_app() -> Any:
-    return Ingress.bind()
+    gpu = LeasedReplica.options(num_replicas=replicas, ray_actor_options=dict(actor_options)).bind(
+        seed, width, max_batch_size, batch_wait_timeout_s,
+        {"base_ms": p.base_ms, "per_item_ms": p.per_item_ms, "sm_per_item": p.sm_per_item})
+    return Ingress.bind(gpu)

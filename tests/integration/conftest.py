@@ -92,7 +92,9 @@ def ray_cluster() -> Iterator[RayCluster]:
         cluster.wait_for_nodes()
         for k in (*native, "CUDA_VISIBLE_DEVICES", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"):
             os.environ.pop(k, None)
-        ray.init(address=cluster.address, namespace="rgo-tests", logging_level="ERROR", log_to_driver=False)
+        # as our drivers connect (ray_api.connect): the setup hook acts only in a Serve controller the service starts
+        ray.init(address=cluster.address, namespace="rgo-tests", logging_level="ERROR", log_to_driver=False,
+                 runtime_env={"worker_process_setup_hook": "orchestrator.rayport.native.serve_controller_setup"})
         yield RayCluster(cluster, config, cluster.address, tmp)
     finally:
         for k in (*native, "CUDA_VISIBLE_DEVICES", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"):

@@ -3,7 +3,8 @@ actor on the card it needs checkpoints and yields, and after the spike the servi
 resumes from its checkpoint, ending with the weights of an undisturbed run.
 
 One cluster for the module (``ray_cluster``), a head whose training class may be preempted at once. Both
-the service's replicas and the training actor lease whole cards pinned to ``h100-0`` (2 cards): the
+the service's replicas (one Serve application; Serve's controller asks for a lease per replica) and the
+training actor lease whole cards pinned to ``h100-0`` (2 cards): the
 service starts with one replica beside training, so a second replica needs the training card. Nothing
 here names a victim or schedules an arrival: the load generator's requests drive the autoscaler, whose
 inference lease preempts training through the head's ordinary path.
@@ -63,12 +64,15 @@ def test_a_spike_grows_the_service_training_yields_and_resumes_after(head: Any, 
     assert ready.wait(180) and train.error is None, train.error
     until("training to step", lambda: train.error or train.attempts[0]["last_step"] > 5, 60)
 
-    svc = LeasedService(SERVICE, head=head, namespace=SETTINGS.namespace, port=free_port(), request=ONE_H100,
-                        perf=PERF, say=lines.append)
+    svc = LeasedService(SERVICE, head=head, namespace=SETTINGS.namespace, head_name=SETTINGS.head_name,
+                        port=free_port(), request=ONE_H100, perf=PERF, say=lines.append)
     try:
         url = svc.start()
         assert len(svc.replicas) == 1 and svc.replicas[0].node == "h100-0", lines
         first = svc.replicas[0]
+        # one Serve application: its GPU deployment's replica runs on a lease Serve's controller asked for
+        assert first.lease_id.startswith(f"serve-{SERVICE.name}-LeasedReplica-"), first
+        assert head.get_lease(first.lease_id)["state"] == "active"
         assert head.get_lease(TRAIN_LEASE)["state"] == "active"  # beside training, on the other card
 
         # ---- the spike: the service grows because of load, and training yields its card -----------------
@@ -82,7 +86,7 @@ def test_a_spike_grows_the_service_training_yields_and_resumes_after(head: Any, 
         grow = next(h for h in svc.history if h["event"] == "decide" and h["replicas"] == 2)
         assert grow["before"] == 1 and grow["cause"] in ("scale.up", "scale.slo"), grow
         assert grow["ongoing"] > SERVICE.autoscale.target_ongoing_per_replica, grow
-        second = svc.replicas[1]
+        second = next(r for r in svc.replicas if r.name != first.name)
         victim = head.get_lease(TRAIN_LEASE)
         assert victim["state"] == "preempted" and victim["preempt_for"] == second.lease_id, victim
         ck = Path(victim["checkpoint_path"])
@@ -101,8 +105,11 @@ def test_a_spike_grows_the_service_training_yields_and_resumes_after(head: Any, 
         lines.append(f"calm at 2 rps: {lg.summarize(calm.join(60), SERVICE.slo_p99_ms)}")
         shrink = next(h for h in svc.history if h["event"] == "decide" and h["replicas"] == 1)
         assert shrink["before"] == 2 and shrink["cause"] == "scale.down", shrink
-        assert svc.replicas == [first] and svc.retired[-1].lease_id == second.lease_id
-        assert head.get_lease(second.lease_id)["state"] == "released"
+        kept, gone = svc.replicas[0], svc.retired[-1]
+        assert {kept.lease_id, gone.lease_id} == {first.lease_id, second.lease_id}
+        until("the stopped replica's lease released", lambda: head.get_lease(gone.lease_id)["state"] == "released", 60)
+        assert head.get_lease(gone.lease_id)["history"][-1]["reason"] == "its Serve replica stopped"
+        assert head.get_lease(kept.lease_id)["state"] == "active"
         until("training to resume", lambda: train.error or len(train.attempts) == 2, 120)
         assert train.error is None, train.error
         assert train.attempts[1]["resumed_at"] == ck_step and train.attempts[1]["lease_id"] != TRAIN_LEASE

@@ -120,13 +120,14 @@ def test_static_mig_is_provisioned_with_no_more_replicas_than_its_layout_has_sli
 def test_inference_is_charted_in_cards_held_and_utilisation_as_its_trend() -> None:
     # A replica on a 1g slice holds a seventh of a card, not a card; a tick's steps arrive whole, so the
     # raw per-tick utilisation alternates above and below 100 % and the chart shows its 2 s mean.
-    class Handle:
-        env = {"ORCHESTRATOR_SHARE_KIND": "mig", "ORCHESTRATOR_MIG_PROFILE": "1g.10gb"}
+    from orchestrator.serve.manager import LeasedReplicaInfo, card_share_of
 
-    class Replica:
-        handle = Handle()
-
-    assert sc.replica_cards(Replica()) == pytest.approx(1 / 7)
+    mig = {"handout": {"env_vars": {"ORCHESTRATOR_SHARE_KIND": "mig", "ORCHESTRATOR_MIG_PROFILE": "1g.10gb"}},
+           "allocation": {"mig_uuids": ["MIG-1"], "gpu_uuids": ["GPU-1"]}}
+    two = {"handout": {"env_vars": {"ORCHESTRATOR_SHARE_KIND": "whole"}}, "allocation": {"gpu_uuids": ["a", "b"]}}
+    assert card_share_of(mig) == pytest.approx(1 / 7) and card_share_of(two) == 2.0 and card_share_of({}) == 1.0
+    replica = LeasedReplicaInfo("r", "serve-x-r", "mig", "n", "MIG-1", 1.0, 0.5, 0.0, card_share=card_share_of(mig))
+    assert sc.replica_cards(replica) == pytest.approx(1 / 7)
     assert sc.rolling_mean([120.0, 80.0, None, 100.0, 60.0], 2) == [120.0, 100.0, 80.0, 100.0, 80.0]
     timeline = [{"hour": h, "utilization_pct": [130.0, 70.0][h % 2]} for h in range(8)]
     util = sc.day_charts(timeline, "ours")[2].series[0]

@@ -135,36 +135,28 @@ def test_p99_covers_only_the_recent_window() -> None:
     assert ld["window_requests"] == 1 and ld["p99_ms"] == pytest.approx(50.0) and ld["served"] == 102
 
 
-# ---- warm spares: the pure plan of replica moves ----------------------------------------------------
+# ---- the replica count told to Serve: the decision, the warm spares, the start cap -------------------------
 from hypothesis import given, strategies as st  # noqa: E402
 
-from orchestrator.serve.manager import ReplicaMoves, plan_replicas  # noqa: E402
+from orchestrator.serve.manager import replica_target  # noqa: E402
 
 
-def test_a_scale_up_routes_a_warm_spare_at_once_and_starts_its_replacement() -> None:
-    assert plan_replicas(routed=2, spares=1, starting=0, want=3, warm=1) == ReplicaMoves(route=1, start=1)
+def test_the_count_is_the_decision_plus_the_warm_spares_and_a_fall_is_at_once() -> None:
+    assert replica_target(want=3, warm=1, current=2, running=2, max_starting=None) == 4
+    assert replica_target(want=1, warm=1, current=5, running=5, max_starting=1) == 2
 
 
-def test_a_scale_down_parks_the_replica_as_a_spare_while_spares_are_short_else_retires_it() -> None:
-    assert plan_replicas(routed=3, spares=0, starting=0, want=2, warm=1) == ReplicaMoves(park=1)
-    assert plan_replicas(routed=3, spares=1, starting=0, want=2, warm=1) == ReplicaMoves(retire_routed=1)
+def test_a_rise_is_capped_above_what_runs_so_starts_come_as_replicas_come_up() -> None:
+    assert replica_target(want=6, warm=0, current=2, running=2, max_starting=1) == 3
+    assert replica_target(want=6, warm=0, current=3, running=2, max_starting=1) == 3  # the one starting counts
+    assert replica_target(want=6, warm=0, current=3, running=3, max_starting=2) == 5
 
 
-def test_replicas_already_starting_are_not_started_twice() -> None:
-    assert plan_replicas(routed=1, spares=0, starting=2, want=3, warm=0) == ReplicaMoves()
-    assert plan_replicas(routed=1, spares=0, starting=1, want=3, warm=1) == ReplicaMoves(start=2)
-
-
-@given(st.integers(0, 6), st.integers(0, 4), st.integers(0, 3), st.integers(0, 8), st.integers(0, 3))
-def test_once_the_starts_complete_the_service_has_what_it_wants_and_never_more(routed, spares, starting, want, warm):
-    m = plan_replicas(routed, spares, starting, want, warm)
-    assert min(m.route, m.park, m.retire_routed, m.retire_spares, m.start) >= 0
-    # never start while retiring replicas; parking keeps one (it becomes a spare), and a warm pool still
-    # short after parking is topped up like any other (routed=1, want=0, warm=2: park 1, start 1)
-    assert not (m.start and (m.retire_routed or m.retire_spares))
-    r = routed + m.route - m.park - m.retire_routed
-    s = spares - m.route + m.park - m.retire_spares
-    assert r <= want and s <= max(warm, spares - m.route)
-    # every replica started (or already starting) lands as a spare; routing them completes the plan
-    total = r + s + starting + m.start
-    assert total >= want + warm and r + min(s + starting + m.start, max(0, want - r)) == want
+@given(st.integers(0, 8), st.integers(0, 3), st.integers(0, 10), st.integers(0, 10), st.none() | st.integers(1, 4))
+def test_the_count_never_exceeds_what_is_wanted_and_never_drops_what_starts(want, warm, current, running, cap):
+    t = replica_target(want, warm, current, running, cap)
+    assert 0 <= t <= want + warm
+    if want + warm > current:
+        assert t >= current and (cap is None or t <= max(current, running + cap))
+    else:
+        assert t == want + warm
