@@ -33,12 +33,11 @@ launcher's watchdog, when this process is SIGKILLed).
   Ray, the head's mailbox, the checks), then the head's queue and plan; over the jobs that have both.
 * ``submit_reply_p50_ms`` (``_p99_ms``, ``_max_ms``): the client's whole ``submit_job`` call (the grant,
   the group commit that makes it durable, the reply), what a caller waits for; a stall shows in the max.
-* ``transport``: how the clients' quick calls reached the head: ``direct`` (its direct channel,
-  :mod:`orchestrator.rayport.direct`: each call at once, the head batching what arrives together) or
+* ``transport``: how the clients' quick calls reached the head: ``direct`` (its channel,
+  :mod:`orchestrator.rayport.channel`, gRPC: each call at once, the head batching what arrives together) or
   ``actor`` (``--actor-calls``, or a head without the channel: Ray actor calls). ``calls_per_batch``: with
-  ``actor``, submissions per Ray call to the head (a client's threads' calls made while one of theirs is on
-  its way go together in its next call, :mod:`orchestrator.rayport.coalesce`); with ``direct``, calls per
-  batch the head made of them (``orchestrator_direct_frames_total`` / ``..._batches_total``, over the run).
+  ``actor``, submissions per Ray call to the head (one: each quick call is a ``call_many`` of its own); with
+  ``direct``, calls per batch the head made of them (``orchestrator_channel_calls_total`` / ``..._batches_total``, over the run).
 * ``bare_actor_call_p50_ms``: a no-op method of a no-op actor, called 200 times in a row from this
   process while the cluster is idle, in the same run. ``head_ping_p50_ms``: the head's own ``ping``,
   called the same way (the head is an asyncio actor: a call to it costs more than one to a plain actor).
@@ -179,8 +178,8 @@ def client(address: str, tag: str, index: int, jobs: int, leases: int, threads: 
         pokes_begin = time.time()
         list(pool.map(poke, range(jobs)))
         out["noop_wall_s"] = time.time() - pokes_begin
-    out["batches"] = head.batched.sends  # the Ray calls that carried this client's submissions
-    out["direct"] = head.direct and head.batched.sends == 0  # every call went over the direct channel
+    out["batches"] = head.actor_sends  # the Ray calls that carried this client's submissions (no channel)
+    out["direct"] = head.direct and head.actor_sends == 0  # every call went over the head's channel
     ray_api.disconnect()
     return out
 
@@ -280,7 +279,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-DIRECT = ("orchestrator_direct_frames_total", "orchestrator_direct_batches_total")
+DIRECT = ("orchestrator_channel_calls_total", "orchestrator_channel_batches_total")
 
 
 def head_counters(url: str, *names: str) -> tuple[float, ...]:

@@ -66,8 +66,8 @@ Preemption and latency
 
 The head itself
 
-* ``orchestrator_reconcile_cycles_total``; ``orchestrator_direct_frames_total``,
-  ``orchestrator_direct_batches_total``, ``orchestrator_direct_connections`` (the direct
+* ``orchestrator_reconcile_cycles_total``; ``orchestrator_channel_calls_total``,
+  ``orchestrator_channel_batches_total``, ``orchestrator_channel_calls_in_flight`` (the head's gRPC
   channel, docs/load.md); ``orchestrator_state_commits_total``,
   ``orchestrator_state_commit_records_total``, ``orchestrator_state_commit_failures_total``,
   ``orchestrator_state_commit_seconds`` (the group commit of hard state to the GCS).
@@ -248,12 +248,12 @@ class HeadMetrics:
                                                                         0.05, 0.1, 0.25, 0.5, 1, 2.5))
         self.cycles = Counter("orchestrator_reconcile_cycles", "Reconcile cycles the head ran (on its timer, or woken "
                               "by a call or an answer that left it work)", registry=r)
-        self.direct_frames = Counter("orchestrator_direct_frames", "Client frames (a call, or a client's batch of "
-                                     "calls) carried out over the head's direct channel", registry=r)
-        self.direct_batches = Counter("orchestrator_direct_batches", "Batches the head made of those frames (the "
-                                      "frames that reached it in one turn of its loop)", registry=r)
-        self.direct_connections = Gauge("orchestrator_direct_connections", "Clients connected to the head's direct "
-                                        "channel now", registry=r)
+        self.channel_calls = Counter("orchestrator_channel_calls", "Client calls (each a batch of one client's quick "
+                                     "calls) carried out over the head's gRPC channel", registry=r)
+        self.channel_batches = Counter("orchestrator_channel_batches", "Batches the head made of those calls (the "
+                                       "calls that reached it together)", registry=r)
+        self.channel_in_flight = Gauge("orchestrator_channel_calls_in_flight", "Calls on the head's channel being "
+                                       "answered now", registry=r)
         self.commits = Counter("orchestrator_state_commits", "Batches of hard state written to the GCS (group commit)",
                                registry=r)
         self.commit_records = Counter("orchestrator_state_commit_records", "Records in the batches written", registry=r)

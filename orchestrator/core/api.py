@@ -186,8 +186,8 @@ class HeadApi(Protocol):
 #: The names of the head's methods, in declaration order.
 HEAD_METHODS: tuple[str, ...] = tuple(n for n in HeadApi.__dict__ if not n.startswith("_") and callable(HeadApi.__dict__[n]))
 
-#: The methods a client may send several of in one call to the head (``HeadActor.call_many``; the client's threads'
-#: calls made at once go together: :mod:`orchestrator.rayport.coalesce`). Each neither waits on the head nor calls
+#: The head's quick methods: what its channel carries (:mod:`orchestrator.rayport.channel`), several in one batch
+#: (``HeadActor.call_many`` takes the same batches from a client without the channel). Each neither waits on the head nor calls
 #: out of it (Ray's job API, an agent), so a batch holds the head's loop only for the head's own work.
 BATCHED: frozenset[str] = frozenset({"submit_job", "get_job", "get_lease", "request_lease", "acquire_lease_now",
                                      "activate", "release"})

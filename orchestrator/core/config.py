@@ -89,8 +89,8 @@ class RuntimeSettings(_Frozen):
         "(sys.setswitchinterval): how long Ray's own threads, which hand calls in and replies out, may wait "
         "for the interpreter while the head's loop is busy (Python's default is 0.005)")] = 0.0005
     direct_calls: bool = Field(
-        default=True, description="The head serves its quick calls (the grant path) on a TCP connection of its own "
-        "beside Ray's actor calls, at its node's address with a per-incarnation token given out through Ray "
+        default=True, description="The head serves its quick calls (the grant path) over gRPC beside Ray's actor "
+        "calls, at its node's address (TLS off loopback) with a per-incarnation token given out through Ray "
         "(docs/load.md); clients that cannot reach it call the actor. false: actor calls only")
     metrics_gauges_every_s: Annotated[float, Field(
         ge=0, le=60, description="The head's GPU gauges (allocated, per GPU, per lease) are refreshed at most this "

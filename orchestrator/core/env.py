@@ -79,7 +79,7 @@ RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 STATE_DIR = "ORCHESTRATOR_STATE_DIR"
 #: Seconds finding the cluster may take before a command says why it cannot (``--connect-timeout``).
 CONNECT_TIMEOUT_S = "ORCHESTRATOR_CONNECT_TIMEOUT_S"
-#: "0": a client calls the head's actor only, never its direct channel (rayport/direct.py); any other value, or
+#: "0": a client calls the head's actor only, never its channel (rayport/channel.py); any other value, or
 #: unset, uses the channel where the head has one this process can reach.
 DIRECT_CALLS = "ORCHESTRATOR_DIRECT_CALLS"
 METRICS_PORT = "ORCHESTRATOR_METRICS_PORT"

@@ -2,9 +2,9 @@
 
 What lives here: the head and agent actors, the thin wrappers over
 ``ray.get_actor``/``ray.remote`` (:mod:`.ray_api`), the RPC envelope that
-carries typed errors across processes (:mod:`.wire`), the head's direct
-channel beside its actor calls (:mod:`.direct`: the grant path's quick calls
-over a TCP connection of its own, found and authorised through the actor),
+carries typed errors across processes (:mod:`.wire`), the head's
+channel beside its actor calls (:mod:`.channel`: the grant path's quick calls
+over gRPC, found and authorised through the actor),
 the ledger store on
 Ray's GCS key-value table, and the loopback site package that runs inside
 every worker.

@@ -15,14 +15,14 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+import orjson
 import ray
 from pydantic import BaseModel
 
 from orchestrator.core import env
 from orchestrator.core.api import BATCHED, HEAD_METHODS, HeadApi
 from orchestrator.core.errors import NotConnectedError
-from orchestrator.rayport.coalesce import Coalescer, SendInterrupted
-from orchestrator.rayport.direct import ChannelBroken, DirectConnection, Endpoint
+from orchestrator.rayport.channel import Channel, ChannelBroken, Endpoint
 from orchestrator.rayport.ray_api import get_head
 from orchestrator.rayport.wire import unwrap
 
@@ -30,8 +30,8 @@ from orchestrator.rayport.wire import unwrap
 CALL_TIMEOUT_S = 60.0
 #: Methods that wait on the head for up to their ``timeout`` argument: the call may take that much longer.
 WAITING = frozenset({"wait_lease", "acquire_lease"})
-#: Seconds to open the head's direct channel before calling the actor instead (in a cluster it takes under 1 ms).
-DIRECT_CONNECT_S = 0.5
+#: Seconds to open the head's channel before calling the actor instead (in a cluster it takes a few ms).
+DIRECT_CONNECT_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +39,21 @@ log = logging.getLogger(__name__)
 class HeadClient(HeadApi):
     """Calls the head actor and raises its typed errors (never ``RayTaskError``) again.
 
-    Calls of :data:`~orchestrator.core.api.BATCHED` methods that several threads make at once share one Ray call
-    (``HeadActor.call_many``; :mod:`.coalesce`): each still gets its own answer or typed error, and a lone call goes
-    at once. When the head has a direct channel this process can reach (:mod:`.direct`), those calls go over it
-    instead, each at once (the head batches what arrives together); like Ray's retries of a call to a restarting
-    head (``max_task_retries=-1``), a call whose connection broke is sent again to the head's next incarnation
-    (every batched method is idempotent: :class:`~orchestrator.control.service.HeadService`).
+    Calls of :data:`~orchestrator.core.api.BATCHED` methods (the grant path) go over the head's channel
+    (:mod:`.channel`, gRPC), each at once (the head batches what arrives together from every client); like Ray's
+    retries of a call to a restarting head (``max_task_retries=-1``), a call whose channel broke is sent again to
+    the head's next incarnation, which every batched method allows: each is idempotent
+    (:class:`~orchestrator.control.service.HeadService`), and ``submit_job`` is given a client-made ``job_id`` here
+    when the caller named none, so a resend cannot make a second job. A client that cannot reach the channel (a Ray
+    Client driver) sends each as a ``call_many`` actor call; either way the answer is decoded from the same JSON.
     It subclasses the protocol so type checkers see every method; each is replaced below by a real call."""
 
     def __init__(self, namespace: str = "rgo", name: str = "rgo-head", handle: Any = None,
                  direct: bool | None = None) -> None:
         self.handle = handle if handle is not None else get_head(namespace, name)
-        self.batched = Coalescer(self._send_batch)
+        self.actor_sends = 0  # quick calls sent as call_many actor calls (no channel): for tests and figures
         self.gone = False  # a call found the actor dead: a new client must look the head up again
-        self._direct: DirectConnection | None = None
+        self._direct: Channel | None = None
         self._opening = threading.Lock()
         if direct is None:
             direct = os.environ.get(env.DIRECT_CALLS, "1") != "0"
@@ -67,21 +68,19 @@ class HeadClient(HeadApi):
                 reply = self._call_direct(method, [method, list(args), kwargs])
                 if reply is not None:
                     return unwrap(reply)
-            try:
-                return unwrap(self.batched.call([method, list(args), kwargs]))
-            except SendInterrupted as e:
-                raise NotConnectedError(f"orchestrator head did not answer {method}: {e}") from None
+            return unwrap(self._send_batch([[method, list(args), kwargs]])[0])
         return unwrap(self._get(method, getattr(self.handle, method).remote(*args, **kwargs), timeout))
 
     def _send_batch(self, calls: list[Any]) -> list[Any]:
-        """One ``call_many`` carrying ``calls``: their envelopes, in order."""
-        return unwrap(self._get(", ".join(sorted({c[0] for c in calls})), self.handle.call_many.remote(calls),
-                                CALL_TIMEOUT_S))
+        """One ``call_many`` actor call carrying ``calls``: their envelopes, in order (decoded from its JSON)."""
+        self.actor_sends += 1
+        raw = self._get(", ".join(sorted({c[0] for c in calls})), self.handle.call_many.remote(calls), CALL_TIMEOUT_S)
+        return unwrap(orjson.loads(raw) if isinstance(raw, (bytes, bytearray)) else raw)  # type: ignore[no-any-return]
 
     def _call_direct(self, method: str, call: list[Any]) -> dict[str, Any] | None:
-        """``call`` over the direct channel, at once: its envelope, or ``None`` when this client has no channel (then
-        the caller batches it for the actor). A broken connection is opened again, at the address the head gives
-        now, and the call sent again, until :data:`CALL_TIMEOUT_S` has passed."""
+        """``call`` over the channel, at once: its envelope, or ``None`` when this client has no channel (then the
+        caller sends it to the actor). A broken channel is opened again, at the address the head gives now, and
+        the call sent again, until :data:`CALL_TIMEOUT_S` has passed."""
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while True:
             conn = self._connection(method, deadline)
@@ -98,9 +97,9 @@ class HeadClient(HeadApi):
                 if time.monotonic() >= deadline:
                     raise NotConnectedError(f"orchestrator head did not answer {method}: {e}") from None
 
-    def _connection(self, what: str, deadline: float) -> DirectConnection | None:
-        """The open connection to the head's direct channel; if it broke, a new one (one thread opens it, the
-        others wait for it); ``None`` once the head has none this process can reach."""
+    def _connection(self, what: str, deadline: float) -> Channel | None:
+        """The open channel to the head; if it broke, a new one (one thread opens it, the others wait for it);
+        ``None`` once the head has none this process can reach."""
         with self._opening:
             if self._direct is not None and self._direct.broken is None:
                 return self._direct
@@ -109,7 +108,7 @@ class HeadClient(HeadApi):
             self._direct = self._open_direct(what, deadline)
             return self._direct
 
-    def _open_direct(self, what: str, deadline: float) -> DirectConnection | None:
+    def _open_direct(self, what: str, deadline: float) -> Channel | None:
         """Ask the head (through Ray, which waits for a restarting head) where its channel is, and connect.
         ``None``, and actor calls from now on, if it has none or it cannot be reached from here (a Ray Client
         driver, ``ray://``, is outside the cluster's network: it does not try)."""
@@ -126,9 +125,9 @@ class HeadClient(HeadApi):
             return None
         endpoint = Endpoint.from_json(got)
         try:
-            return DirectConnection(endpoint, DIRECT_CONNECT_S)
+            return Channel(endpoint, min(DIRECT_CONNECT_S, max(0.001, deadline - time.monotonic())))
         except (OSError, TimeoutError) as e:
-            log.warning("the orchestrator head's direct channel at %s:%s cannot be reached (%s); calling its actor",
+            log.warning("the orchestrator head's channel at %s:%s cannot be reached (%s); calling its actor",
                         endpoint.host, endpoint.port, e)
             self.direct = False
             return None
@@ -139,6 +138,15 @@ class HeadClient(HeadApi):
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             self.gone = self.gone or isinstance(e, ray.exceptions.RayActorError)
             raise NotConnectedError(f"orchestrator head did not answer {what}: {type(e).__name__}") from None
+
+
+def new_job_id(name: Any) -> str:
+    """A client-made job id: the job's slug (as the head makes its own) and 8 random hex digits."""
+    import secrets
+
+    from orchestrator.core.ids import job_slug
+
+    return f"{job_slug(str(name or 'job'))}-{secrets.token_hex(4)}"
 
 
 def _plain(v: Any) -> Any:
@@ -161,6 +169,8 @@ def _call(name: str) -> Callable[..., Any]:
         bound = sig.bind(self, *args, **kwargs)
         bound.apply_defaults()
         values = [_plain(v) for k, v in bound.arguments.items() if k != "self"]
+        if name == "submit_job" and values[1] is None and isinstance(values[0], dict):
+            values[1] = new_job_id(values[0].get("name"))  # made before the first send: a resend is the same job
         timeout = CALL_TIMEOUT_S + float(bound.arguments["timeout"]) if name in WAITING else CALL_TIMEOUT_S
         return self.call(name, *values, timeout=timeout)
 

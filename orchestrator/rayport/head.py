@@ -29,8 +29,8 @@ loop:
 * Ray's job API called off the loop (:func:`launch_off_loop`, one thread): a job's submission (or
   stop, or the deletion of a pruned job's record) is blocking HTTP, seconds when Ray's job head has no agent; its answer is applied back on the loop. A job's
   log is read off the loop too, on a thread of its own (:meth:`HeadActor.job_logs`);
-* the direct channel (:mod:`.direct`): clients' quick calls over TCP connections served on the loop, the
-  frames that arrive in one turn carried out as one batch by the same code as :meth:`HeadActor.call_many`
+* the channel (:mod:`.channel`, gRPC): clients' quick calls served on the loop, the batches that arrive in one
+  turn carried out as one batch by the same code as :meth:`HeadActor.call_many`
   (:meth:`HeadActor._answer_batches`, then the group commit), at about a tenth of a Ray call's cost each;
 * waking a node's agent when the head has a checkpoint to ask for or a lease to
   revoke there (:meth:`HeadService.agent_work`), so the
@@ -64,7 +64,7 @@ from orchestrator.core.api import HEAD_METHODS, HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.errors import JobApiUnavailableError
 from orchestrator.rayport import ray_api
-from orchestrator.rayport.direct import DirectServer
+from orchestrator.rayport.channel import HeadChannel, as_json
 from orchestrator.rayport.store import GroupCommit, gcs_table
 from orchestrator.rayport.wire import answer, fault
 
@@ -157,9 +157,9 @@ class HeadActor:
         self._job_api = ThreadPoolExecutor(1, thread_name_prefix="rgo-job-api")  # Ray's job API, off the loop
         self._job_logs = ThreadPoolExecutor(1, thread_name_prefix="rgo-job-logs")  # log reads, off the loop too
         self._task = self._home.create_task(self._loop())
-        # The grant path's own door (:mod:`.direct`): the same batches as call_many, without Ray's per-call cost.
-        self.direct = (DirectServer(self._answer_batches, self.commit.durable, secrets.token_urlsafe(32),
-                                    metrics=self.service.metrics) if s.direct_calls else None)
+        # The grant path's own door (:mod:`.channel`, gRPC): the same batches as call_many, without Ray's per-call cost.
+        self.direct = (HeadChannel(self._answer_batches, self.commit.durable, secrets.token_urlsafe(32),
+                                   metrics=self.service.metrics) if s.direct_calls else None)
         self._direct_up = self._home.create_task(self._open_direct()) if self.direct is not None else None
 
     async def _open_direct(self) -> None:
@@ -167,10 +167,10 @@ class HeadActor:
         try:
             await self.direct.start(ray_api.node_ip())
         except OSError:
-            log.exception("head: the direct channel could not listen; clients call the actor instead")
+            log.exception("head: the channel could not listen; clients call the actor instead")
 
     async def direct_endpoint(self) -> dict[str, Any]:
-        """Where the direct channel listens, and its token (:class:`~.direct.Endpoint` as JSON), or ``None`` when
+        """Where the channel listens, its token and certificate (:class:`~.channel.Endpoint` as JSON), or ``None`` when
         there is none (``settings.direct_calls`` off, or it could not listen): clients then call ``call_many``."""
         if self._direct_up is not None:
             await asyncio.shield(self._direct_up)
@@ -299,10 +299,11 @@ class HeadActor:
             return settled
         return answer(self.service.activate_settled, settled["ok"], key, holder)
 
-    async def call_many(self, calls: Any) -> dict[str, Any]:
-        """Calls of :data:`~orchestrator.core.api.BATCHED` methods that a client's threads made at once, in one Ray
-        call (:mod:`.coalesce`): ``calls`` is a list of ``[method, args, kwargs]``; the answer, ``{"ok": [...]}``, holds
-        each one's own envelope, in order, as its own call would have answered it.
+    async def call_many(self, calls: Any) -> bytes:
+        """Calls of :data:`~orchestrator.core.api.BATCHED` methods in one Ray call, for a client that cannot reach the
+        channel (:mod:`.channel`): ``calls`` is a list of ``[method, args, kwargs]``; the answer, ``{"ok": [...]}``,
+        holds each one's own envelope, in order, as its own call would have answered it -- as JSON, the channel's
+        encoding, so a client gets the same types whichever way its call went.
 
         Invariants: the calls are carried out in order, each on its own (one's error is its own answer, never the
         others'), except that the requests the calls of :data:`HeadService.PLANNED` queue are planned together,
@@ -310,14 +311,13 @@ class HeadActor:
         loop is woken once if any of them would have woken it; and, as for every call, no answer leaves before
         the group commit holding what all of them changed is in the GCS."""
         reply = self._answer_batches([calls])[0]
-        if "error" in reply:
-            return reply
-        await self.commit.durable()
-        return reply
+        if "error" not in reply:
+            await self.commit.durable()
+        return as_json(reply, calls)
 
     def _answer_batches(self, batches: Sequence[Any]) -> list[dict[str, Any]]:
-        """Each batch's ``call_many`` answer, all carried out together (the direct channel's frames that came in one
-        turn of the loop, :mod:`.direct`): each batch checked on its own (a malformed one is refused whole, alone),
+        """Each batch's ``call_many`` answer, all carried out together (the channel's calls that came in one
+        turn of the loop, :mod:`.channel`): each batch checked on its own (a malformed one is refused whole, alone),
         the calls of the rest answered as one (:meth:`_answer_together`), and the loop woken once if any of them
         would have woken it. The caller waits for the group commit before it answers any of them."""
         checked = [answer(check_batch, b) for b in batches]

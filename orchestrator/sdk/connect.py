@@ -24,7 +24,7 @@ the head's dead-holder check frees everything activated with it.
 
 **One head client per driver.** Every :class:`Connection` of one driver (Ray job) to one head shares one
 :class:`~orchestrator.rayport.client.HeadClient`: the head is looked up once, not once per ``lease()``, and
-the quick calls of the driver's threads go to it together (:mod:`orchestrator.rayport.coalesce`). A client
+the quick calls of the driver's threads share its channel (:mod:`orchestrator.rayport.channel`). A client
 that found the head's actor dead is not handed out again: the next connection looks the head up afresh.
 
 Ray is imported only when a connection is made (``import orchestrator.sdk``

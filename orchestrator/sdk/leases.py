@@ -37,8 +37,8 @@ when nothing else waits and it fits, and activates it with the driver's holder
 before answering. Only a request that must wait is waited on
 (``HeadApi.wait_lease``: the head answers when the cycle that grants it has run;
 no polling on either side) and then activated. A lease's life is that call and
-the release; both are quick calls, which a driver's threads send together
-(:mod:`orchestrator.rayport.coalesce`).
+the release; both are quick calls, which go over the head's channel and are
+carried out together with whatever reached the head meanwhile (:mod:`orchestrator.rayport.channel`).
 """
 
 from __future__ import annotations

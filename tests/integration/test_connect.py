@@ -164,7 +164,7 @@ def scenario(ray_cluster: Any, clean_env: dict[str, str], tmp_path: Path) -> Ite
         assert run("explain", "explain", job_id, "--json").returncode == 0
         wrong = dict(env, RAY_AUTH_TOKEN=WRONG_TOKEN)
         assert run("wrong token", "status", "--json", environ=wrong).returncode == 3
-        # The head's direct channel has a secret of its own (rayport/direct.py): read through Ray by a process of
+        # The head's direct channel has a secret of its own (rayport/channel.py): read through Ray by a process of
         # ours into a file outside everything searched, to be searched for as well.
         channel = tmp_path / "channel_token"
         got = subprocess.run([sys.executable, "-c", (

@@ -63,7 +63,12 @@ def head(ray_cluster: Any) -> Iterator[Any]:
 def _call(handle: Any, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
     import ray
 
-    return ray.get(getattr(handle, method).remote(*args, **kwargs), timeout=30)
+    got = ray.get(getattr(handle, method).remote(*args, **kwargs), timeout=30)
+    if isinstance(got, bytes):  # call_many answers in the channel's encoding, JSON
+        import orjson
+
+        return orjson.loads(got)  # type: ignore[no-any-return]
+    return got  # type: ignore[no-any-return]
 
 
 def _ok(reply: dict[str, Any]) -> Any:
@@ -170,7 +175,7 @@ def test_malformed_batches_get_typed_answers_each_call_its_own(head: Any) -> Non
     def fuzz(batch: Any) -> None:
         nonlocal answered
         try:
-            reply = ray.get(head.call_many.remote(batch), timeout=30)
+            reply = _call(head, "call_many", batch)
         except ray.exceptions.RayTaskError as e:
             pytest.fail(f"call_many({batch!r}): untyped {e}")
         _checked("call_many", [batch], {}, reply)
@@ -199,25 +204,30 @@ def test_malformed_batches_get_typed_answers_each_call_its_own(head: Any) -> Non
 
 
 def _endpoint(head: Any) -> Any:
-    from orchestrator.rayport.direct import Endpoint
+    from orchestrator.rayport.channel import Endpoint
 
     return Endpoint.from_json(_ok(_call(head, "direct_endpoint")))
 
 
-def test_the_direct_channel_answers_fuzzed_frames_as_call_many_does_and_refuses_junk(head: Any) -> None:
-    # The same batches over the head's direct channel (rayport/direct.py): each frame answered as call_many answers
-    # it, a malformed one refused alone; junk bytes and a wrong token close only their own connection; the head
-    # keeps its pid, its lease, and its channel.
-    import socket
+def test_the_channel_answers_fuzzed_batches_as_call_many_does_and_refuses_junk(head: Any) -> None:
+    # The same batches over the head's channel (rayport/channel.py, gRPC): each answered as call_many answers it,
+    # a malformed one refused alone; junk bodies are refused naming the request, a wrong token runs nothing; the
+    # head keeps its pid, its lease, and its channel.
+    import grpc
+    import orjson
 
-    from orchestrator.rayport.direct import ChannelBroken, DirectConnection, Endpoint, frame
+    from orchestrator.rayport import channel as ch
+    from orchestrator.rayport.channel import Channel, ChannelBroken, Endpoint
 
     _ok(_call(head, "request_lease", {"lease_id": "keep-direct", "request": "1", "requester_digest": key_digest(KEY)}))
     granted = _ok(_call(head, "wait_lease", "keep-direct", 30.0, KEY))
     before = _ok(_call(head, "ping"))
     endpoint = _endpoint(head)
-    assert endpoint.host == "127.0.0.1"
-    conn = DirectConnection(endpoint, 5)
+    assert endpoint.host == "127.0.0.1" and endpoint.cert_pem is None  # loopback: plaintext
+    conn = Channel(endpoint, 5)
+    raw = grpc.insecure_channel(f"{endpoint.host}:{endpoint.port}")
+    stream = raw.stream_stream(ch.METHOD)
+    auth = (("authorization", f"Bearer {endpoint.token}"),)
     answered = 0
 
     @settings(max_examples=EXAMPLES // 2, deadline=None, database=None,
@@ -235,17 +245,17 @@ def test_the_direct_channel_answers_fuzzed_frames_as_call_many_does_and_refuses_
         else:
             assert len(reply["ok"]) == len(batch)
             answered += len(batch)
-        with socket.create_connection((endpoint.host, endpoint.port), timeout=10) as peer:
-            peer.sendall(frame({"token": endpoint.token}) + junk)
-            peer.shutdown(socket.SHUT_WR)
-            while peer.recv(4096):  # the head answers or closes; it never leaves the peer hanging
-                pass
+        for answers in stream(iter([junk]), timeout=30, metadata=auth):  # junk is answered, never a hang
+            for got in orjson.loads(answers):
+                assert "error" in got["reply"] or "ok" in got["reply"], got
 
     fuzz()
     assert answered >= EXAMPLES // 10 and conn.broken is None
-    with pytest.raises(ChannelBroken, match="hello.token"):
-        DirectConnection(Endpoint(endpoint.host, endpoint.port, "wrong-" + "x" * 20), 5)
-    # Frames sent together from several threads: each answered with its own calls' answers, the malformed one alone.
+    with pytest.raises(ChannelBroken, match="UNAUTHENTICATED"):
+        Channel(Endpoint(endpoint.host, endpoint.port, "wrong-" + "x" * 20), 5).call(
+            [["release", ["keep-direct", granted["fencing_token"]], {}]], 5)
+    assert _ok(_call(head, "get_lease", "keep-direct", KEY))["state"] == "granted"  # the refused call ran nothing
+    # Batches sent together from several threads: each answered with its own calls' answers, the malformed one alone.
     from concurrent.futures import ThreadPoolExecutor
 
     frames = [[["get_lease", ["keep-direct", KEY], {}]], [["wait_lease", ["keep-direct", 1.0], {}]],
@@ -257,6 +267,7 @@ def test_the_direct_channel_answers_fuzzed_frames_as_call_many_does_and_refuses_
             assert reply["error"]["fields"]["field"] == "calls[0].method", reply
         else:
             assert reply["ok"] == _ok(_call(head, "call_many", f)), reply
+    raw.close()
     conn.close()
     after = _ok(_call(head, "ping"))
     assert (after["pid"], after["started_at"]) == (before["pid"], before["started_at"]), "the head restarted"

@@ -296,7 +296,7 @@ def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> Non
     stored = load_journal(SETTINGS.namespace).keys(f"{SETTINGS.namespace}/lease/")  # as a restarted head reads it
     assert f"{SETTINGS.namespace}/lease/restart-1" in stored  # hard state is in the GCS before we act on it
     first_start = ray.get(head.handle.ping.remote())["ok"]["started_at"]
-    channel = head._direct  # the activation went over the head's direct channel (rayport/direct.py)
+    channel = head._direct  # the activation went over the head's channel (rayport/channel.py)
     assert channel is not None and channel.broken is None
     ray.kill(head.handle, no_restart=False)
     deadline = time.monotonic() + 60
