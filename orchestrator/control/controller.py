@@ -59,7 +59,7 @@ from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import InvalidRequestError, StaleFencingTokenError
 from orchestrator.core.inventory import NodeInventory
-from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches
+from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches, make_token
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
@@ -437,7 +437,8 @@ class HeadController:
         for g in plan.grants:  # all fit: the plan was made on the snapshot and took each in turn (Plan.after)
             e = self.ledger.get(g.item_id)
             self.ledger.fencing += 1
-            lease = e.lease.grant(g.placement.allocation, self.ledger.fencing, now=now, reason=str(g.reason))
+            lease = e.lease.grant(g.placement.allocation, make_token(self.ledger.fencing), now=now,
+                                  reason=str(g.reason))
             rec = self.nodes.records[g.placement.allocation.node_name]
             grants.append(replace(e, lease=lease, handout=lease_handout(lease, rec.ray_node_id, self.settings,
                                                                         node_gpu_uuids=_uuids(rec)),

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from orchestrator.core.catalogue import gpu_model
+from orchestrator.core.lease import token_counter
 
 HOLDING = frozenset({"granted", "active", "checkpointing"})
 TERMINAL = frozenset({"released", "preempted", "expired", "lost"})
@@ -272,7 +273,7 @@ class History:
             self.pending_counter[le.lease_id] = max(self.pending_counter.get(le.lease_id, 0), obs.fencing_counter)
         if le.token is None or not (le.holding or le.state in TERMINAL) or le.token == 0:
             return out
-        if le.token > obs.fencing_counter:
+        if token_counter(le.token) > obs.fencing_counter:
             out.append(Violation("fencing", f"{le.lease_id} has token {le.token} above the counter {obs.fencing_counter}",
                                  le.lease_id, le.node or ""))
         owner = self.tokens.setdefault(le.token, le.lease_id)
@@ -280,7 +281,7 @@ class History:
             out.append(Violation("fencing", f"token {le.token} given to both {owner} and {le.lease_id}", le.lease_id,
                                  le.node or ""))
         before = self.pending_counter.get(le.lease_id)
-        if before is not None and le.token <= before:
+        if before is not None and token_counter(le.token) <= before:
             out.append(Violation("fencing", f"{le.lease_id} was pending while the counter was {before} and was "
                                  f"granted token {le.token}", le.lease_id, le.node or ""))
         return out

@@ -46,7 +46,8 @@ from orchestrator.core import env as E
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.changefeed import ChangeFeed
 from orchestrator.core.errors import UnknownObjectError
-from orchestrator.core.lease import HOLDING_STATES, LEASE_TRANSITIONS, REDACTED, Lease, LeaseRequest, LeaseState
+from orchestrator.core.lease import (HOLDING_STATES, LEASE_TRANSITIONS, REDACTED, Lease, LeaseRequest, LeaseState,
+                                     token_counter)
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.cycle import Waiting
 from orchestrator.scheduling.preemption import USAGE_UNITS, usage_units
@@ -200,7 +201,7 @@ class Ledger:
             e = LedgerEntry.from_json(d)
             self._put(e)
             self.seq = max(self.seq, e.seq)
-            self.fencing = max(self.fencing, e.lease.fencing_token)
+            self.fencing = max(self.fencing, token_counter(e.lease.fencing_token))
             out.append(e)
         return out
 

@@ -152,6 +152,24 @@ LEASE_TRANSITIONS: TransitionTable[LeaseState] = TransitionTable(
 HOLDING_STATES = frozenset({L.GRANTED, L.ACTIVE, L.CHECKPOINTING})
 
 
+#: A fencing token is ``counter << TOKEN_RANDOM_BITS | random``: the counter (high bits) orders grants as a fencing
+#: token must (a later grant's token is larger), the random low bits make a holder's token unguessable from
+#: another's (a counter alone let anyone who saw one token name the next). 31 + 32 bits: a signed 64-bit JSON int.
+TOKEN_RANDOM_BITS = 32
+
+
+def make_token(counter: int) -> int:
+    """The token of the grant the fencing ``counter`` has just reached: its counter, then 32 random bits."""
+    import secrets
+
+    return (int(counter) << TOKEN_RANDOM_BITS) | secrets.randbits(TOKEN_RANDOM_BITS)
+
+
+def token_counter(token: int) -> int:
+    """The fencing counter a token was made from (what orders it)."""
+    return int(token) >> TOKEN_RANDOM_BITS
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """An immutable lease value; see the module docstring for its invariants."""

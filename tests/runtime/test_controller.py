@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.core.errors import IllegalTransitionError, InvalidRequestError, StaleFencingTokenError, UnknownObjectError
 from orchestrator.core.config import RuntimeSettings
-from orchestrator.core.lease import key_digest
+from orchestrator.core.lease import key_digest, token_counter
 from orchestrator.control.controller import HOLDER_CHECK_EVERY_S, HeadController
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.handout import NOSET_CUDA_VISIBLE_DEVICES
@@ -51,7 +51,7 @@ def test_a_request_is_granted_in_one_cycle_with_a_usable_handout(ctl: HeadContro
     assert h["node_id"] == f"ray-{d['allocation']['node']}" and h["num_gpus"] == 2.0
     assert h["env_vars"]["CUDA_VISIBLE_DEVICES"] == ",".join(d["allocation"]["gpu_uuids"])
     assert h["env_vars"][NOSET_CUDA_VISIBLE_DEVICES] == "1"
-    assert h["env_vars"]["ORCHESTRATOR_FENCING_TOKEN"] == str(d["fencing_token"]) == "1"
+    assert h["env_vars"]["ORCHESTRATOR_FENCING_TOKEN"] == str(d["fencing_token"]) and token_counter(d["fencing_token"]) == 1
 
 
 def test_request_is_idempotent_by_client_id_and_refuses_a_reused_id(ctl: HeadController, agents: dict[str, SimAgent]) -> None:

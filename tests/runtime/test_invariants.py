@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.control.controller import HeadController
 from orchestrator.control.invariants import History, LeaseSeen, Observation, disagreements, double_grants, observation
-from orchestrator.core.lease import key_digest
+from orchestrator.core.lease import TOKEN_RANDOM_BITS, key_digest
 
 from tests.runtime.conftest import FakeClock, SimAgent
 
@@ -108,20 +108,25 @@ def _at(t: float, counter: int, *leases: LeaseSeen) -> Observation:
     return Observation(t, counter, leases)
 
 
+def T(counter: int) -> int:
+    """A token made at ``counter`` (its counter in the high bits, as ``make_token`` does, with fixed low bits)."""
+    return (counter << TOKEN_RANDOM_BITS) | 0x5EED
+
+
 def test_fencing_must_grow_and_never_repeat() -> None:
     h = History()
     assert h.observe(_at(0, 5, _seen("a", "pending"))) == []
-    assert h.observe(_at(1, 6, _seen("a", "granted", 6))) == []
-    assert "went down: 6 -> 4" in h.observe(_at(2, 4, _seen("a", "active", 6)))[0].detail
+    assert h.observe(_at(1, 6, _seen("a", "granted", T(6)))) == []
+    assert "went down: 6 -> 4" in h.observe(_at(2, 4, _seen("a", "active", T(6))))[0].detail
     h = History()
     h.observe(_at(0, 5, _seen("a", "pending")))
-    assert "pending while the counter was 5" in h.observe(_at(1, 6, _seen("a", "granted", 5)))[0].detail
+    assert "pending while the counter was 5" in h.observe(_at(1, 6, _seen("a", "granted", T(5))))[0].detail
     h = History()
-    h.observe(_at(0, 7, _seen("a", "granted", 6)))
-    assert "changed 6 -> 7" in h.observe(_at(1, 7, _seen("a", "active", 7)))[0].detail
+    h.observe(_at(0, 7, _seen("a", "granted", T(6))))
+    assert f"changed {T(6)} -> {T(7)}" in h.observe(_at(1, 7, _seen("a", "active", T(7))))[0].detail
     h = History()
-    assert "both a and b" in h.observe(_at(0, 7, _seen("a", "granted", 6), _seen("b", "granted", 6)))[0].detail
-    assert "above the counter" in History().observe(_at(0, 5, _seen("a", "granted", 6)))[0].detail
+    assert "both a and b" in h.observe(_at(0, 7, _seen("a", "granted", T(6)), _seen("b", "granted", T(6))))[0].detail
+    assert "above the counter" in History().observe(_at(0, 5, _seen("a", "granted", T(6))))[0].detail
 
 
 def test_a_lease_lost_is_one_that_vanished_regressed_or_ended_without_cause() -> None:

@@ -9,7 +9,7 @@ from orchestrator.control.handout import Handout
 from orchestrator.control.ledger import Ledger, LedgerEntry
 from orchestrator.control.store import MemoryStore
 from orchestrator.core.allocation import Allocation
-from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
+from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, make_token
 from orchestrator.core.priorities import DEFAULT_CLASSES
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.statemachine import Transition
@@ -20,10 +20,14 @@ SPEC = LeaseRequest(lease_id="job-1.a1", request=GpuRequest.mps(30, 20480), owne
                     queue="research", requeue_on_loss=False, enqueued_at=5.0)
 
 
+#: The token of the grant the fencing counter reached 7 with (its counter, then random bits).
+TOKEN_7 = make_token(7)
+
+
 def _active(now: float = 100.0) -> LedgerEntry:
     lease = Lease.new(SPEC.lease_id, SPEC.request, now=10.0, owner=SPEC.owner, priority=100,
                       priority_class="training", queue="research")
-    lease = lease.grant(ALLOC, 7, now=20.0, reason="placed: best fit").transition(
+    lease = lease.grant(ALLOC, TOKEN_7, now=20.0, reason="placed: best fit").transition(
         LeaseState.ACTIVE, now=30.0, reason="activated by a1")
     return LedgerEntry(lease, SPEC, seq=3, enqueued_at=5.0, handout=Handout("ab" * 28, "n1", 0.3, 1.0, {"A": "1"}),
                        holder="actor-1", attempt_of="job-1.a0", requeued_as=None)
@@ -103,7 +107,7 @@ def test_restore_takes_the_largest_counters_and_latest_follows_retries() -> None
         first.lease, first.spec, first.seq, first.enqueued_at, requeued_as="job-1.a2")])
     again = Ledger(store, "ns")
     assert {e.lease_id for e in again.restore()} == {"job-1.a1", "job-1.a2"}
-    assert (again.fencing, again.seq) == (7, 3)  # the token 7 and seq 3 of the entries beat the stored 4 and 2
+    assert (again.fencing, again.seq) == (7, 3)  # the token's counter 7 and seq 3 of the entries beat the stored 4, 2
     assert again.latest("job-1.a1").lease_id == "job-1.a2"
     assert store.get("ns/meta") == {"fencing": 4, "seq": 2}
 

@@ -50,7 +50,7 @@ def test_bad_input_at_the_edge_is_a_typed_error_and_the_head_keeps_every_lease(t
             with pytest.raises(InvalidRequestError) as e:
                 getattr(head, method)(*args)
             assert field in e.value.field, (method, e.value.field)
-        assert head.get_lease("keep", "k")["fencing_token"] == granted["fencing_token"] == 1
+        assert head.get_lease("keep", "k")["fencing_token"] == granted["fencing_token"] > 0
         assert head.get_lease("keep")["fencing_token"] is None and head.get_lease("keep", "guess")["fencing_token"] is None
         assert head.get_lease("keep")["state"] == "granted"
     finally:
