@@ -131,8 +131,8 @@ class LeasedService:
 
     def start(self, replicas: int | None = None) -> str:
         """Serve (its controller asking the head of ``namespace`` for its replicas' leases), the application with
-        ``replicas`` (default ``min_replicas``) GPU replicas plus the warm spares; the URL. Returns once that many
-        serve, or after ``lease_timeout_s`` with what serves then."""
+        ``replicas`` (default ``min_replicas``) GPU replicas plus the warm spares; the URL. Returns once ``replicas``
+        serve (the spares come up behind them), or after ``lease_timeout_s`` with what serves then."""
         base = serve_api.start(self.host, self.port, controller_env={
             E.SERVE_LEASES: "1", E.NAMESPACE: self.namespace, E.HEAD_NAME: self.head_name})
         want = self.cfg.autoscale.min_replicas if replicas is None else replicas
@@ -143,10 +143,10 @@ class LeasedService:
         self._ingress = serve_api.run(app, self.app, route_prefix="/", wait=False, external_scaler=True)
         self.url = base + "/"
         deadline = time.monotonic() + self.lease_timeout_s
-        while len(self.refresh()) < self._target and time.monotonic() < deadline:
+        while len(self.refresh()) < want and time.monotonic() < deadline:  # the spares come up behind them
             time.sleep(0.2)
-        self.say(f"{self.cfg.name}: serving at {self.url} with {len(self._running)} leased replica(s)"
-                 + (f" ({self.warm_spares} of them warm spares)" if self.warm_spares else ""))
+        self.say(f"{self.cfg.name}: serving at {self.url} with {len(self._running)} leased replica(s) of "
+                 f"{self._target} asked" + (f" ({self.warm_spares} warm spares)" if self.warm_spares else ""))
         return self.url
 
     def stop(self, *, shutdown_serve: bool = True) -> None:
