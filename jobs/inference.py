@@ -41,7 +41,11 @@ def infer(model: list[np.ndarray], x: np.ndarray) -> np.ndarray:
 
 
 def percentile_ms(samples: list[float], q: float) -> float:
-    return float(np.percentile(samples, q) * 1000) if samples else 0.0
+    """The ``q``-th percentile (0..100) in ms, as every figure is computed (``orchestrator.core.stats``)."""
+    from orchestrator.core.stats import quantile
+
+    v = quantile(samples, q / 100)
+    return v * 1000 if v is not None else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -222,11 +222,11 @@ class Record:
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (nearest rank, as latency SLOs are stated); None for no values."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+    """The ``q``-th percentile (0..100), as every figure of the project is computed (``orchestrator.core.stats``:
+    linear between the two closest ranks, numpy's default); None for no values."""
+    from orchestrator.core.stats import quantile
+
+    return quantile(xs, q / 100)
 
 
 def summarize(records: Iterable[Record], slo_ms: float | None = None) -> dict[str, Any]:

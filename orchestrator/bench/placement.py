@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.core.stats import quantile
 from orchestrator.core.request import GpuRequest
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.fragmentation import TaskType
@@ -166,7 +167,7 @@ def run(nodes: int, policy: str = "default", seed: int = 0, max_fail_streak: int
     return BenchResult(
         nodes=nodes, gpus=cap_gpus, policy=pol.name, placements=placed, unschedulable=failed,
         placements_per_s=placed / wall, decisions_per_s=len(lat) / wall,
-        p50_ms=float(np.percentile(ms, 50)), p99_ms=float(np.percentile(ms, 99)), max_ms=float(ms.max()),
+        p50_ms=quantile(ms.tolist(), 0.5) or 0.0, p99_ms=quantile(ms.tolist(), 0.99) or 0.0, max_ms=float(ms.max()),
         allocation_pct=100 * snap.allocated_milli() / snap.capacity_milli(), wall_s=wall, seed=seed,
     )
 

@@ -41,7 +41,6 @@ the chart of the day.
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.core.api import HeadApi
+from orchestrator.core.stats import quantile
 from orchestrator.core.errors import LeaseTimeoutError
 from orchestrator.core.request import GpuRequest
 from orchestrator.rayport import ray_api
@@ -363,10 +363,8 @@ class ReplayResult:
 
 
 def _percentile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+    """The ``q``-th percentile (0..100), as every figure is computed (:func:`orchestrator.core.stats.quantile`)."""
+    return quantile(xs, q / 100)
 
 
 class Replay:

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ray import serve
 
 from orchestrator.core import env as E
+from orchestrator.core.stats import quantile
 from orchestrator.sim.perfmodel import InferenceModel, ShareSpeed
 
 INPUT_WIDTH = 32
@@ -190,10 +191,10 @@ class Router:
         if reset:
             self._area, self._since = 0.0, now
         self._trim(now)
-        lat = sorted(x for _, x in self.recent)
-        p99 = lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] * 1000 if lat else None
+        p99 = quantile((x for _, x in self.recent), 0.99)
+        p99 = p99 * 1000 if p99 is not None else None
         return {"ongoing": dict(self.ongoing), "total_ongoing": sum(self.ongoing.values()), "mean_ongoing": mean,
-                "routable": list(self.routable), "p99_ms": p99, "window_requests": len(lat),
+                "routable": list(self.routable), "p99_ms": p99, "window_requests": len(self.recent),
                 "served": self.total, "errors": self.errors}
 
 

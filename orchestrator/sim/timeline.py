@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.core.stats import quantile
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.fragmentation import Workload
 from orchestrator.sim.arrival import load_trace, run_parallel, setup_replay
@@ -175,7 +176,7 @@ def replay_timeline(nodes: NodeTable, pods: PodTable, policy_name: str, seed: in
     delay = np.where(placed, start - created, -1)
     waited_mask = placed & (delay > 0)
     d = delay[waited_mask].astype(np.float64)
-    delay_s = {f"p{q}": float(np.percentile(d, q)) if len(d) else 0.0 for q in PERCENTILES}
+    delay_s = {f"p{q}": quantile(d.tolist(), q / 100) or 0.0 for q in PERCENTILES}  # core/stats, as every figure
     delay_s["max"] = float(d.max()) if len(d) else 0.0
     ls = np.array([q == "LS" for q in pods.qos]) & valid
     never = valid & ~placed
