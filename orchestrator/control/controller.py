@@ -219,16 +219,28 @@ class HeadController:
             return e.to_dict()
         return self.released(lease_id, token, reason).to_dict(reveal=token is not None)
 
-    def released(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> LedgerEntry:
-        """:meth:`release`, answering the lease's entry instead of its public view (for the job layer)."""
+    def released(self, lease_id: str, token: int | None = None, reason: str = "released by its holder", *,
+                 fence: bool = False) -> LedgerEntry:
+        """:meth:`release`, answering the lease's entry instead of its public view (for the job layer).
+
+        ``fence``: the lease's workload may still run (a job cancelled by its user, not ended by itself): like a
+        preemption's victim, the lease ends but keeps its devices, revoking, until the node's agent has stopped
+        the workload and confirmed (:func:`.revocation.must_confirm`); a card is never handed on under it."""
         e = self.ledger.get(lease_id)
         if e.lease.terminal:
             return e
         if e.lease.state is not LeaseState.PENDING:
             self._check_token(e, token)
         new = self._end(e, LeaseState.RELEASED, reason)
+        node = e.lease.allocation.node_name if e.lease.allocation else ""
+        fenced = fence and revocation.must_confirm(e, node in self.registered_nodes())
+        if fenced:
+            new = replace(new, revoking=True)
         self.ledger.commit([new])
-        self._free(e)
+        if fenced:
+            self._dirty = True
+        else:
+            self._free(e)
         return new
 
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str,

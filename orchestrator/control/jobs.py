@@ -418,7 +418,7 @@ class JobManager:
             return self.get(job_id)
         if job.ray_submission_id and job.state in (JobState.RUNNING, JobState.PREEMPTING, JobState.ADMITTED):
             self._stop(job.ray_submission_id)
-        self._release_lease(job, reason)
+        self._release_lease(job, reason, fence=True)  # its cards go on once the agent says the job is gone
         self._commit(job.transition(JobState.CANCELLED, now=self.clock(), reason=reason, message=reason))
         return self.get(job_id)
 
@@ -786,11 +786,14 @@ class JobManager:
                                 gang=GangMember.of(gang, job.lease_id, i) if gang is not None else None)
             self.ctl.enqueue(spec, job.priority_class, job.priority)
 
-    def _release_lease(self, job: Job, reason: str) -> None:
+    def _release_lease(self, job: Job, reason: str, *, fence: bool = False) -> None:
+        """End the job's leases; ``fence``: its processes may still run, so each keeps its cards until the node's
+        agent has stopped them and confirmed (``HeadController.released``)."""
         for lease in self._leases(job):
             if lease and not lease.lease.terminal:
                 self.ctl.released(lease.lease_id,
-                                  lease.lease.fencing_token if lease.state is not LeaseState.PENDING else None, reason)
+                                  lease.lease.fencing_token if lease.state is not LeaseState.PENDING else None, reason,
+                                  fence=fence)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _job(self, job_id: str) -> Job:

@@ -205,6 +205,26 @@ def test_cancel_and_success_release_the_lease(ctl, jm, agents, ray_jobs) -> None
     assert jm.logs(b).startswith("logs of")
 
 
+def test_a_cancelled_jobs_card_goes_on_only_once_its_agent_says_the_job_is_gone(ctl, jm, agents) -> None:
+    # issue #38: cancel freed the card before Ray had stopped the job; preemption waited for the agent. Now both do.
+    for i in range(8):  # the 8 whole cards outside MIG, all running
+        jm.submit(spec(f"t{i}"))
+    cycle(ctl, jm, agents, 2)
+    assert all(j["state"] == "running" for j in jm.list())
+    lease_id = jm.get("t0-1")["lease"]["lease_id"]
+    assert jm.cancel("t0-1")["state"] == "cancelled"
+    e = ctl.ledger.get(lease_id)
+    assert e.lease.state.value == "released" and e.revoking  # ended, but its card is fenced
+    jm.submit(spec("next"))
+    ctl.reconcile()
+    jm.reconcile()
+    assert jm.get("next-1")["state"] == "queued"  # no card went on while the cancelled job may still run
+    cycle(ctl, jm, agents, 2)  # the agent stops the job's workload and confirms; then the card goes on
+    stopped = [w for a in agents.values() for w in a.core.workloads.stopped]  # type: ignore[attr-defined]
+    assert any(w.startswith("job:t0-1") for w in stopped), stopped
+    assert not ctl.ledger.get(lease_id).revoking and jm.get("next-1")["state"] == "running"
+
+
 def test_refusals_and_idempotent_submit(jm) -> None:
     with pytest.raises(InvalidRequestError) as e:
         jm.submit(spec("x", priority="urgent"))
