@@ -111,6 +111,30 @@ class LaunchPlan:
     dashboard: str = ""  # Ray's API server (jobs, state), which runs even without the dashboard UI
 
 
+#: The longest path a Unix socket may have (sun_path, less its NUL).
+UNIX_SOCKET_MAX = 107
+#: The longest path Ray makes below a raylet's temp dir: its session folder (date, microseconds and a pid of up to
+#: 7 digits) and its object store's socket; ``r99`` is the longest of our temp dirs' names.
+_RAY_SOCKET_TAIL = len("/r99/session_2026-12-07_03-14-35_123456_4194304/sockets/plasma_store")
+
+
+def ray_root(state_dir: Path) -> Path:
+    """Where the raylets of ``state_dir``'s cluster keep their temp dirs (``ray``, ``r<i>``): ``state_dir`` itself
+    when Ray's socket paths under it fit in :data:`UNIX_SOCKET_MAX` bytes, else a short folder of our own,
+    ``/tmp/rgo-<8 hex of the state dir>`` (a long ``TMPDIR`` or a scenario's nested folders made the raylet
+    fail with nothing but "exited during startup"). Deterministic, so ``down`` finds it again. Raises
+    :class:`ConfigError` when not even that fits."""
+    import hashlib
+
+    resolved = state_dir.resolve()
+    if len(str(resolved)) + _RAY_SOCKET_TAIL <= UNIX_SOCKET_MAX:
+        return state_dir
+    short = Path("/tmp") / f"rgo-{hashlib.sha256(str(resolved).encode()).hexdigest()[:8]}"
+    if len(str(short)) + _RAY_SOCKET_TAIL > UNIX_SOCKET_MAX:
+        raise ConfigError("state_dir", str(state_dir), f"a path Ray's Unix sockets fit under ({UNIX_SOCKET_MAX} bytes)")
+    return short
+
+
 def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[], int] = free_port,
                        dashboard: bool = True) -> LaunchPlan:
     """The ``ray start`` command of every node; the first node of the file is the Ray head node."""
@@ -127,7 +151,7 @@ def plan_local_cluster(config: ClusterConfig, state_dir: Path, ports: Callable[[
             api_port = ports()
             dashboard_url = f"http://127.0.0.1:{api_port}"
             argv[1:1] = ["--head", "--port", str(gcs), "--ray-client-server-port", str(ports()),
-                         "--temp-dir", str(state_dir / "ray"), "--dashboard-host", "127.0.0.1",
+                         "--temp-dir", str(ray_root(state_dir) / "ray"), "--dashboard-host", "127.0.0.1",
                          "--dashboard-port", str(api_port), "--include-dashboard", "true" if dashboard else "false"]
             out.append(NodeLaunch(node.name, True, tuple(argv), str(state_dir / "logs" / f"{node.name}.log")))
         else:
@@ -159,7 +183,7 @@ def worker_launch(config: ClusterConfig, i: int, address: str, state_dir: Path) 
     # overwrite, deleting the directory a job on another raylet of this host runs in (its cwd
     # vanishes mid-run). One session dir per raylet, as on separate hosts. "r<i>" is no longer
     # than the head's "ray", so Ray's socket paths fit wherever the head's do.
-    argv[1:1] = ["--address", address, "--temp-dir", str(state_dir / f"r{i}")]
+    argv[1:1] = ["--address", address, "--temp-dir", str(ray_root(state_dir) / f"r{i}")]
     return NodeLaunch(node.name, False, tuple(argv), str(state_dir / "logs" / f"{node.name}.log"))
 
 
@@ -293,8 +317,8 @@ def _loopback_env(environ: dict[str, str]) -> dict[str, str]:
 def _child_env(state_dir: Path, auth: dict[str, str], run_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(auth)
-    env["RAY_TMPDIR"] = str(state_dir / "ray")
-    env["TMPDIR"] = str(state_dir / "tmp")
+    env["RAY_TMPDIR"] = str(ray_root(state_dir) / "ray")
+    env["TMPDIR"] = str(ray_root(state_dir) / "tmp")  # Python's forkserver puts a socket there too
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env[RUN_MARKER] = run_id
     # `down` stops the whole cluster: a SIGTERMed raylet need not wait (30 s by default) for
@@ -324,14 +348,18 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     from orchestrator.deploy import watchdog
 
     checked_state_dir(state_dir, create=True)  # 0700, ours, nobody else's token in it
+    if ray_root(state_dir) != state_dir:
+        checked_state_dir(ray_root(state_dir), create=True)  # the raylets' short temp root: 0700 and ours too
+        progress(f"Ray's temp dirs under {ray_root(state_dir)} (its socket paths would not fit under {state_dir})")
     config = with_metrics_port(config)
     if State.load(state_dir) is not None:
         raise ConfigError("state_dir", str(state_dir), "a directory without a running orchestrator",
                           detail="one is already up there: run `orchestrator down` first, or pass --state-dir")
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    for sub in ("ray", "tmp", "logs", *(f"r{i}" for i in range(1, len(config.nodes)))):
-        (state_dir / sub).mkdir(parents=True, exist_ok=True)
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    for sub in ("ray", "tmp", *(f"r{i}" for i in range(1, len(config.nodes)))):  # where socket paths must fit
+        (ray_root(state_dir) / sub).mkdir(parents=True, exist_ok=True)
     auth = auth_env(state_dir)
     run_id = secrets.token_hex(8)
     env = {**_child_env(state_dir, auth, run_id), **raylet_native_env(config.settings)}
@@ -350,13 +378,15 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
         state.watchdog = Proc("watchdog", dog.pid, st[0], st[1]) if st is not None else None
         head = plan.nodes[0]
         progress(f"starting raylet {head.name} (Ray head node) at {plan.address}")
-        state.processes.append(_spawn(head, {**env, **config.node(head.name).ray_env()}, state_dir / "tmp"))
+        state.processes.append(_spawn(head, {**env, **config.node(head.name).ray_env()},
+                                      ray_root(state_dir) / "tmp"))
         state.save(state_dir)
         _wait_started(state.processes[-1], head, deadline)
         # One at a time: raylets starting together on one host race for ports and log file names.
         for node in plan.nodes[1:]:
             progress(f"starting raylet {node.name}")
-            state.processes.append(_spawn(node, {**env, **config.node(node.name).ray_env()}, state_dir / "tmp"))
+            state.processes.append(_spawn(node, {**env, **config.node(node.name).ray_env()},
+                                          ray_root(state_dir) / "tmp"))
             state.save(state_dir)
             _wait_started(state.processes[-1], node, deadline)
         _apply_env(state.env)
@@ -388,7 +418,7 @@ def restart_worker(config: ClusterConfig, state_dir: Path, node_name: str, *, pr
     offset = Path(launch.log).stat().st_size if Path(launch.log).exists() else 0
     progress(f"starting raylet {node_name} again")
     proc = _spawn(launch, {**_child_env(state_dir, state.env, state.run_id), **raylet_native_env(config.settings),
-                           **config.node(node_name).ray_env()}, state_dir / "tmp")
+                           **config.node(node_name).ray_env()}, ray_root(state_dir) / "tmp")
     state.processes.append(proc)
     state.save(state_dir)
     _wait_started(proc, launch, time.monotonic() + timeout_s, offset)
@@ -420,9 +450,20 @@ def _wait_started(proc: Proc, node: NodeLaunch, deadline: float, offset: int = 0
         except OSError:
             pass
         if not _same_process(proc):
-            raise OrchestratorError(f"raylet of {node.name} exited during startup; see {node.log}")
+            raise OrchestratorError(f"raylet of {node.name} exited during startup; see {node.log}, which ended:\n"
+                                    + _tail(node.log))
         time.sleep(0.2)
     raise NotConnectedError(f"raylet of {node.name} did not start in time; see {node.log}")
+
+
+def _tail(path: str, lines: int = 12) -> str:
+    """The last ``lines`` of a log, in the error itself: a caller that removes its folder afterwards (a demo
+    without ``--keep``) would otherwise point at a file that is gone."""
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()[-lines:]
+    except OSError as e:
+        return f"  (unreadable: {e})"
+    return "\n".join(f"  {x}" for x in text) or "  (empty)"
 
 
 def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress, timeout_s: float,
@@ -549,6 +590,8 @@ def down(state_dir: Path, *, progress: Progress, keep_logs: bool = False, grace_
         progress(f"killed {len(report.killed)} leftover processes")
         _wait_pids_gone(report.killed, 5.0)
     _disarm(state_dir)
+    if ray_root(state_dir) != state_dir:
+        shutil.rmtree(ray_root(state_dir), ignore_errors=True)  # Ray's sessions: nothing a user reads after
     if keep_logs:
         State.path(state_dir).unlink(missing_ok=True)
     else:

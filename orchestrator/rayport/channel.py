@@ -119,7 +119,13 @@ def as_json(reply: dict[str, Any], calls: Any = None) -> bytes:
     with it (logged), so no client is left waiting and every path answers in the one encoding."""
     try:
         return _json(reply)
-    except TypeError as e:
+    except TypeError:  # an integer past 64 bits (a caller sent one; its refusal names it): the standard library's
+        pass  # JSON writes any integer
+    try:
+        import json
+
+        return json.dumps(reply, default=_jsonable, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
         log.exception("head channel: a reply could not be written as JSON")
         n = len(calls) if isinstance(calls, list) else 1
         return _json({"ok": [fault("the head could not write its answer as JSON", e)] * n})

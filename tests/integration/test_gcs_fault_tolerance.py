@@ -41,7 +41,7 @@ import pytest
 
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.job import JobSpec
-from orchestrator.core.lease import key_digest
+from orchestrator.core.lease import key_digest, token_counter
 from orchestrator.core.request import GpuRequest
 from orchestrator.deploy.local import LOOPBACK_SITE, REPO_ROOT, free_port, session_members
 
@@ -255,7 +255,7 @@ def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_re
         before = _ledger(head)
         assert before["leases"]["ft-a"][0] == "active" and before["leases"]["ft-b"][0] == "granted"
         assert before["leases"]["ft-c"][0] == "pending" and "ft-c" in before["queue"]
-        assert before["fencing_counter"] >= b["fencing_token"] > a["fencing_token"]
+        assert before["fencing_counter"] >= token_counter(b["fencing_token"]) and b["fencing_token"] > a["fencing_token"]
         assert queued["job_id"] == "ft-queued"
         kv_before = _kv(SETTINGS.namespace)
         assert f"{SETTINGS.namespace}/lease/ft-a" in kv_before
@@ -283,7 +283,7 @@ def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_re
         head.cancel_job("ft-queued")
         head.release("ft-a", a["fencing_token"])
         c = head.wait_lease("ft-c", 60, "ft-key")  # the token only to its requester
-        assert c["fencing_token"] > before["fencing_counter"]
+        assert token_counter(c["fencing_token"]) > before["fencing_counter"] and c["fencing_token"] > b["fencing_token"]
         head.release("ft-b", b["fencing_token"])
         head.release("ft-c", c["fencing_token"])
     finally:

@@ -42,8 +42,15 @@ def _cli(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.Co
 
 
 def test_up_status_down_leaves_nothing_behind() -> None:
-    """`orchestrator up`, `status --json`, `down`: 3 nodes, 10 GPUs, the MIG slots; then no process, no file."""
-    state_dir = Path(tempfile.mkdtemp(prefix="rgo-cli-", dir="/tmp"))
+    """`orchestrator up`, `status --json`, `down`: 3 nodes, 10 GPUs, the MIG slots; then no process, no file. The
+    state folder is nested deep enough that Ray's socket paths under it would pass the 107-byte limit (issue #39:
+    a longer TMPDIR made every raylet exit at startup): `up` puts Ray's temp dirs in a short folder of its own."""
+    from orchestrator.deploy.local import UNIX_SOCKET_MAX, ray_root
+
+    base = Path(tempfile.mkdtemp(prefix="rgo-cli-", dir="/tmp"))
+    state_dir = base / "a-state-folder-nested-deep-enough-that-rays-socket-paths-would-not-fit"
+    short = ray_root(state_dir)
+    assert short != state_dir and len(str(short / "r99")) + 64 < UNIX_SOCKET_MAX
     home_ray_before = (Path.home() / ".ray").exists()
     tmp_ray_before = Path("/tmp/ray").exists()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -56,6 +63,7 @@ def test_up_status_down_leaves_nothing_behind() -> None:
         assert up.returncode == 0, up.stderr
         assert up.stdout.strip().startswith("127.0.0.1:")
         assert "agents registered 3/3" in up.stderr
+        assert any(p.name.startswith("session_") for p in (short / "ray").iterdir())  # Ray's session: the short root
         status = _cli("status", "--json", env=env, timeout=60)
         assert status.returncode == 0, status.stderr
         d = json.loads(status.stdout)  # exactly one JSON object
@@ -101,7 +109,8 @@ def test_up_status_down_leaves_nothing_behind() -> None:
     assert state is not None and len(state.processes) == 3
     time.sleep(0.5)
     assert all(session_members(p.sid) == [] for p in state.processes), "a process of ours survived down"
-    assert not state_dir.exists()
+    assert not state_dir.exists() and not short.exists(), "down left the state folder or Ray's short temp root"
+    base.rmdir()
     assert (Path.home() / ".ray").exists() == home_ray_before, "up wrote ~/.ray"
     assert Path("/tmp/ray").exists() == tmp_ray_before, "up wrote /tmp/ray"
 
