@@ -8,10 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli.main import bench_app
+#: ``orchestrator bench``: the main app mounts it (``cli/main.py``).
+app = typer.Typer(help="Benchmarks that print figures (not tests).", no_args_is_help=True)
 
 
-@bench_app.command("placement")
+@app.command("placement")
 def placement(
     nodes: int = typer.Option(5000, min=1, help="Nodes of 8 GPUs each"),
     policy: str = typer.Option("default", help="Placement policy"),

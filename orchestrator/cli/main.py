@@ -39,17 +39,14 @@ def _options(version: bool = typer.Option(False, "--version", callback=_version,
     pass
 
 
-bench_app = typer.Typer(help="Benchmarks that print figures (not tests).", no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
-
-
 def _register() -> None:
     # Sub-command groups live next to the code they drive; each module exposes `app`.
-    from orchestrator.cli import bench as _bench  # noqa: F401  (registers on bench_app)
+    from orchestrator.cli.bench import app as bench_app
     from orchestrator.cli import cluster as _cluster
     from orchestrator.cli.k8s import app as k8s_app
     from orchestrator.cli.sim import app as sim_app
 
+    app.add_typer(bench_app, name="bench")
     app.add_typer(sim_app, name="sim", help="Replay GPU traces (Alibaba openb) through the placement policies.")
 
     app.add_typer(_cluster.app)  # up, down, status at top level

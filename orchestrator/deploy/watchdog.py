@@ -27,7 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +80,7 @@ def start(state_dir: Path, log: Path, env: dict[str, str] | None = None) -> Watc
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(log, "ab") as out:
-            p = subprocess.Popen([sys.executable, "-m", "orchestrator.deploy.watchdog", str(state_dir)],
+            p = subprocess.Popen([sys.executable, "-m", "orchestrator.deploy.guard", str(state_dir)],
                                  stdin=read_end, stdout=out, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True)
     except BaseException:
@@ -90,28 +89,3 @@ def start(state_dir: Path, log: Path, env: dict[str, str] | None = None) -> Watc
     finally:
         os.close(read_end)
     return Watchdog(p.pid, write_end)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    state_dir = Path(args[0])
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    words = sys.stdin.buffer.read()  # returns at end of file: when the command has exited, however it did
-    if DETACH in words or DONE in words:
-        return 0
-    from orchestrator.deploy.local import down
-
-    t0 = time.monotonic()
-
-    def say(msg: str) -> None:
-        print(f"[watchdog {os.getpid()} +{time.monotonic() - t0:.1f}s] {msg}", flush=True)
-
-    say(f"the command that started {state_dir} died without stopping it; stopping what it started")
-    report = down(state_dir, progress=say, keep_logs=True, grace_s=10.0)
-    say(f"done: stopped raylets {report.terminated}, killed {len(report.killed)} leftover processes")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

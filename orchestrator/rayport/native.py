@@ -31,86 +31,15 @@ from typing import Any, Mapping
 
 import ray
 
-from orchestrator.control.holds import lease_group_name
+from orchestrator.rayport.lease_groups import DEFAULT_NAMESPACE, advertises_any_gpus, advertises_gpus, lease_group
 from orchestrator.core import env as E
 from orchestrator.core.config import RAY_NODE_ID_LABEL
 from orchestrator.core.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
 
-#: How long a holder waits for its lease's group (the agent makes it at its next beat after the grant).
-GROUP_WAIT_S = 60.0
-#: Where the agents make their groups when the hand-out does not say (the head's namespace).
-DEFAULT_NAMESPACE = "rgo"
-
-_GPUS_ADVERTISED: dict[str, bool] = {}
-
-
 class LeaseCapacityError(InvalidRequestError):
     """A task or actor inside a lease asked for more GPU than the lease holds."""
-
-
-def advertises_gpus(node_id: str) -> bool:
-    """Whether Ray node ``node_id`` advertises Ray's ``GPU`` (our nodes do; the answer is cached)."""
-    if node_id not in _GPUS_ADVERTISED:
-        if not ray.is_initialized():
-            return False
-        node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
-        if node is None:
-            return False
-        _GPUS_ADVERTISED[node_id] = bool((node.get("Resources") or {}).get("GPU"))
-    return _GPUS_ADVERTISED[node_id]
-
-
-def lease_group(node_name: str, lease_id: str, namespace: str | None = None, *,
-                timeout_s: float = GROUP_WAIT_S) -> Any:
-    """The placement group of lease ``lease_id`` on ``node_name``, once that node's agent has made and placed
-    it (asked of the agent: a group's name is scoped to the namespace of the Ray job that made it). Raises
-    ``TimeoutError`` naming the group when it is not there within ``timeout_s``."""
-    from ray._raylet import PlacementGroupID
-    from ray.util.placement_group import PlacementGroup
-
-    from orchestrator.rayport import ray_api
-
-    ns = namespace or os.environ.get(E.NAMESPACE) or DEFAULT_NAMESPACE
-    deadline = time.monotonic() + timeout_s
-    delay = 0.02
-    agent = None
-    woken = False
-    while True:
-        try:
-            agent = agent or ray.get_actor(ray_api.agent_name(node_name), namespace=ns)
-            if not woken:  # beat now: the group is made from the heartbeat's assignments
-                agent.wake.remote()
-                woken = True
-            pg_id = ray.get(agent.lease_group.remote(lease_id), timeout=max(1.0, deadline - time.monotonic()))
-        except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            agent, pg_id = None, None  # not there yet, or restarting
-        if pg_id:
-            return PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id)))
-        if time.monotonic() >= deadline:
-            holds: Any = "unknown"
-            try:
-                holds = ray.get(agent.info.remote(), timeout=5)["holds"] if agent is not None else "no agent"
-            except Exception as e:  # noqa: BLE001 -- only for the message
-                holds = repr(e)
-            raise TimeoutError(f"lease {lease_id}: its placement group {lease_group_name(node_name, lease_id)} is not "
-                               f"placed after {timeout_s:g}s; the agent of {node_name} (namespace {ns}) makes it; "
-                               f"its holds: {holds}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)  # the agent makes it at once when woken: look often
-
-
-def native_actor_options(handout: Mapping[str, Any], env: Mapping[str, str], *,
-                         timeout_s: float = GROUP_WAIT_S) -> dict[str, Any]:
-    """Actor options that run a holder inside its lease's group, asking for the lease's whole share."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    lease_id = handout["env_vars"][E.LEASE_ID]
-    pg = lease_group(handout["node_name"], lease_id, handout["env_vars"].get(E.NAMESPACE), timeout_s=timeout_s)
-    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, 0, placement_group_capture_child_tasks=True),
-            "num_gpus": float(handout["num_gpus"]), "num_cpus": float(handout.get("num_cpus", 0.0)),
-            "runtime_env": {"env_vars": dict(env)}}
 
 
 # ---- a driver (or a job's worker) that holds a lease --------------------------------------------
@@ -306,6 +235,14 @@ class _AutoLeases:
             ticket.error = e
         finally:
             ticket.ready.set()
+
+    @staticmethod
+    def refused(lease_id: str, what: str, error: BaseException) -> Ticket:
+        """A ticket never asked for (its request was refused before it reached the head): ready, with ``error``."""
+        ticket = Ticket(lease_id, "", what)
+        ticket.error, ticket.used = error, True
+        ticket.ready.set()
+        return ticket
 
     def withdraw(self, ticket: Ticket, reason: str) -> None:
         """Give back a ticket nothing took: withdrawn while pending, released once granted."""
@@ -636,16 +573,6 @@ def _steerable(options: Mapping[str, Any]) -> bool:
         return False
     strategy = options.get("scheduling_strategy")
     return strategy is None or isinstance(strategy, str) or getattr(strategy, "soft", False) is True
-
-
-_ANY_GPUS: list[bool] = []
-
-
-def advertises_any_gpus() -> bool:
-    """Whether the cluster has Ray ``GPU`` at all (a cluster the orchestrator manages does); asked once."""
-    if not _ANY_GPUS:
-        _ANY_GPUS.append(bool(ray.cluster_resources().get("GPU")))
-    return _ANY_GPUS[0]
 
 
 def _describe(obj: Any) -> str:

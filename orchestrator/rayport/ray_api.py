@@ -49,11 +49,11 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import ray
 
 from orchestrator.control.nodes import RayNodeInfo
-from orchestrator.control.revocation import AGENT_ACTOR_PREFIX
 from orchestrator.core.config import CARD_RESOURCE_PREFIX, NODE_LABEL
 from orchestrator.core import env as E
 from orchestrator.core.errors import (ClusterAuthError, ClusterNotFoundError, InvalidRequestError, JobApiUnavailableError,
                                       NotConnectedError)
+from orchestrator.rayport.lease_groups import advertises_gpus, agent_name, native_actor_options  # noqa: F401
 from orchestrator.rayport.wire import unwrap
 
 log = logging.getLogger(__name__)
@@ -296,10 +296,6 @@ class GcsKv:
 
 
 # ---- actors -------------------------------------------------------------------------------------
-def agent_name(node_name: str) -> str:
-    return f"{AGENT_ACTOR_PREFIX}{node_name}"
-
-
 def pin(node_id: str, soft: bool = False) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -433,8 +429,6 @@ def declares_cards(node_id: str) -> bool:
 def gpu_demand(handout: Mapping[str, Any]) -> dict[str, Any]:
     """What a lease's holder asks Ray for its devices: its share of each card's own resource where the node
     declares them (exact: whatever the ledger granted, Ray can place), else the share of Ray's ``GPU``."""
-    from orchestrator.rayport.native import advertises_gpus
-
     if handout.get("node_id") and advertises_gpus(handout["node_id"]):
         # the lease's placement group holds its share of Ray's GPU and of each card's resource (control/holds.py):
         # a holder that does not run inside it (a job's driver, a gang's worker, a Serve replica) asks for neither
@@ -450,8 +444,6 @@ def actor_options(handout: Mapping[str, Any], *, extra_env: Mapping[str, str] | 
     lease's placement group, asking for its share of Ray's ``GPU``, where the node advertises Ray's ``GPU``
     (:mod:`.native`; waits for the node's agent to have made the group); else its share of each card's own
     resource, pinned to the node."""
-    from orchestrator.rayport.native import advertises_gpus, native_actor_options
-
     env = dict(handout["env_vars"])
     env.update(extra_env or {})
     if E.LEASE_ID in handout["env_vars"] and advertises_gpus(handout["node_id"]):
@@ -779,8 +771,6 @@ def _gang_bundle(h: Mapping[str, Any]) -> dict[str, float]:
     """A gang worker's bundle: on a node whose agent holds Ray's GPU, its lease's group holds the devices already
     (control/holds.py), so the bundle keeps the worker's CPUs only (and its node, by label)."""
     from orchestrator.control.handout import gang_bundle
-    from orchestrator.rayport.native import advertises_gpus
-
     if advertises_gpus(h["node_id"]):
         return gang_bundle({**h, "resources": {}, "num_gpus": 0})
     return gang_bundle(h)

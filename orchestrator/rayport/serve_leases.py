@@ -64,7 +64,7 @@ def patch_scheduler(cls: Any, leases: Any) -> None:
     """Wrap ``cls`` (Serve's ``DeploymentScheduler``) as the module docstring says; idempotent."""
     if getattr(cls, "_rgo_patched", False):
         return
-    from orchestrator.rayport.native import advertises_any_gpus
+    from orchestrator.rayport.lease_groups import advertises_any_gpus
 
     original_schedule, original_stopping = cls._schedule_replica, cls.on_replica_stopping
     tickets: dict[Any, Any] = {}  # replica id -> Ticket, while its replica waits to be made
@@ -82,11 +82,7 @@ def patch_scheduler(cls: Any, leases: Any) -> None:
                 lease_request = leases.lease_request(gpus, scheduling_request.actor_options, replica_lease_id(rid))
                 ticket = tickets[rid] = leases.ask(lease_request, what, wait=False)
             except Exception as e:  # noqa: BLE001 -- a request the head refuses: Serve's creation failure says why
-                from orchestrator.rayport.native import Ticket
-
-                ticket = tickets[rid] = Ticket(replica_lease_id(rid), "", what)
-                ticket.error, ticket.used = e, True
-                ticket.ready.set()
+                ticket = tickets[rid] = leases.refused(replica_lease_id(rid), what, e)
         if not ticket.ready.is_set():
             return False  # stays pending: Serve tries again at its next loop
         with leases.prepared(ticket):

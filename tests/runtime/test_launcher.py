@@ -13,7 +13,8 @@ from orchestrator.core.errors import ConfigError
 
 from orchestrator.core.config import ClusterConfig, parse_config
 from orchestrator.core.statefile import Proc, State
-from orchestrator.deploy.local import auth_env, down, plan_local_cluster, session_members, with_metrics_port
+from orchestrator.deploy.local import (UNIX_SOCKET_MAX, auth_env, down, plan_local_cluster, ray_root, session_members,
+                                       with_metrics_port)
 
 from .standins import standin_raylet
 
@@ -30,7 +31,8 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
     assert head.head and head.name == "a100-0" and "--head" in head.argv and "--block" in head.argv
     assert _opt(head.argv, "--port") == "20000" and _opt(head.argv, "--dashboard-host") == "127.0.0.1"
     assert plan.dashboard == f"http://127.0.0.1:{_opt(head.argv, '--dashboard-port')}"
-    assert _opt(head.argv, "--temp-dir") == str(tmp_path / "ray")
+    root = ray_root(tmp_path)  # pytest's tmp_path is too deep for Ray's sockets: a short folder of our own
+    assert _opt(head.argv, "--temp-dir") == str(root / "ray")
     for n in plan.nodes:
         assert _opt(n.argv, "--node-ip-address") == "127.0.0.1"
         node = demo.node(n.name)
@@ -45,7 +47,8 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
         assert n.log.startswith(str(tmp_path))
     temps = [_opt(n.argv, "--temp-dir") for n in plan.nodes]
     assert len(set(temps)) == len(temps)  # a session dir per raylet: their runtime-env agents never share one
-    assert all(len(t) <= len(str(tmp_path / "ray")) for t in temps)  # no socket path longer than the head's
+    assert all(len(t) + len("/session_2026-12-07_03-14-35_123456_4194304/sockets/plasma_store") <= UNIX_SOCKET_MAX
+               for t in temps)  # every raylet's socket paths fit, whatever the state folder's depth
     for w in workers:
         assert _opt(w.argv, "--address") == plan.address and "--head" not in w.argv
     # Each dashboard agent binds a port of its own choosing (none picked ahead that may be taken meanwhile).
@@ -53,6 +56,14 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
     with pytest.raises(ConfigError) as e:
         plan_local_cluster(parse_config({}), tmp_path)
     assert e.value.field == "nodes" and "at least one node" in str(e.value)
+
+
+def test_rays_temp_root_is_the_state_folder_when_its_socket_paths_fit_else_a_short_one(tmp_path: Path) -> None:
+    assert ray_root(Path("/tmp/rgo-0")) == Path("/tmp/rgo-0")
+    deep = tmp_path / ("x" * 60)
+    short = ray_root(deep)
+    assert short != deep and short == ray_root(deep) and short.parent == Path("/tmp")  # deterministic: down finds it
+    assert ray_root(tmp_path / ("y" * 60)) != short  # one per state folder
 
 
 def test_a_local_cluster_serves_its_metrics_on_a_free_loopback_port_unless_told_otherwise(demo: ClusterConfig) -> None:
