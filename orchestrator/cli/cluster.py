@@ -50,6 +50,7 @@ def up(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
     timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for raylets and agents"),
     dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Start Ray's dashboard and job API (on 127.0.0.1); jobs need it"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (progress stays on stderr)"),
 ) -> None:
     """Start a local Ray cluster from the cluster file (or attach to one), the head and the agents."""
     from orchestrator.core.config import DEMO_CONFIG, load_config
@@ -67,12 +68,18 @@ def up(
             state = launcher.up_local(cfg, sd, progress=_progress, timeout_s=timeout, dashboard=dashboard,
                                          outlive=True)  # until `down`; a watchdog stops it if `up` dies first
     except OrchestratorError as e:
-        raise _fail(e) from None
+        raise _fail(e, as_json) from None
     except KeyboardInterrupt:
         _progress("interrupted: stopped what up had started")
         raise typer.Exit(130) from None
     _progress(f"up in {state.up_seconds}s; state in {sd}")
-    typer.echo(state.address)
+    if as_json:
+        typer.echo(json.dumps({"address": state.address, "namespace": state.namespace, "head_name": state.head_name,
+                               "state_dir": str(sd), "job_api": state.dashboard or None,
+                               "nodes": [p.node for p in state.processes], "attached": state.attached,
+                               "up_s": state.up_seconds}, sort_keys=True))
+    else:
+        typer.echo(state.address)
 
 
 @app.command("env")
@@ -104,6 +111,7 @@ def env_(
 def down(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
     keep_logs: bool = typer.Option(False, "--keep-logs", help="Keep the state folder's logs"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (progress stays on stderr)"),
 ) -> None:
     """Stop exactly what `up` started (never `ray stop`)."""
     from orchestrator.deploy import local as launcher
@@ -111,8 +119,11 @@ def down(
     try:
         report = launcher.down(_state_dir(state_dir), progress=_progress, keep_logs=keep_logs)
     except OrchestratorError as e:
-        raise _fail(e) from None
+        raise _fail(e, as_json) from None
     _progress(f"stopped raylets {report.terminated}; removed {report.removed}")
+    if as_json:
+        typer.echo(json.dumps({"stopped": report.terminated, "killed": report.killed, "actors": report.actors,
+                               "removed": report.removed}, sort_keys=True))
 
 
 @app.command()

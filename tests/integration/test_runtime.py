@@ -56,12 +56,14 @@ def test_up_status_down_leaves_nothing_behind() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(ORCHESTRATOR_STATE_DIR=str(state_dir), RAY_USAGE_STATS_ENABLED="0")
     t0 = time.monotonic()
-    up = _cli("up", env=env)
+    up = _cli("up", "--json", env=env)
     up_s = time.monotonic() - t0
     state = State.load(state_dir)
     try:
         assert up.returncode == 0, up.stderr
-        assert up.stdout.strip().startswith("127.0.0.1:")
+        got = json.loads(up.stdout)  # one JSON object on stdout; progress on stderr
+        assert got["address"].startswith("127.0.0.1:") and got["nodes"] == ["a100-0", "a100-1", "h100-0"], got
+        assert got["state_dir"] == str(state_dir) and got["job_api"].startswith("http://127.0.0.1:"), got
         assert "agents registered 3/3" in up.stderr
         assert any(p.name.startswith("session_") for p in (short / "ray").iterdir())  # Ray's session: the short root
         status = _cli("status", "--json", env=env, timeout=60)
@@ -103,9 +105,12 @@ def test_up_status_down_leaves_nothing_behind() -> None:
         assert len(ids) == 1 and ids[0].startswith("GPU-") and visible == ids[0], (ids, visible)
     finally:
         t1 = time.monotonic()
-        down = _cli("down", env=env, timeout=120)
+        down = _cli("down", "--json", env=env, timeout=120)
         print(f"down took {time.monotonic() - t1:.1f}s")
     assert down.returncode == 0, down.stderr
+    stopped = json.loads(down.stdout)  # one JSON object: the workers first, the Ray head node (the GCS) last
+    assert sorted(stopped["stopped"]) == ["a100-0", "a100-1", "h100-0"] and stopped["stopped"][-1] == "a100-0", stopped
+    assert stopped["removed"] == str(state_dir), stopped
     assert state is not None and len(state.processes) == 3
     time.sleep(0.5)
     assert all(session_members(p.sid) == [] for p in state.processes), "a process of ours survived down"
