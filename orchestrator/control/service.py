@@ -74,6 +74,31 @@ log = logging.getLogger(__name__)
 TABLES_EVERY_S = 1.0
 
 
+#: What :func:`cluster_local_url` accepts, in words (for the error that names the field).
+CLUSTER_LOCAL = ("a URL on this cluster: a loopback or private address, localhost, or a Kubernetes service name "
+                 "(*.svc, *.cluster.local), without user or password")
+
+
+def cluster_local_url(url: str) -> bool:
+    """Whether ``url`` points inside the cluster (see :data:`CLUSTER_LOCAL`). Pure: no name is resolved."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if parts.username or parts.password:
+            return False
+        _ = parts.port  # a malformed port raises
+    except ValueError:
+        return False
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost" or host.endswith((".svc", ".svc.cluster.local", ".cluster.local"))
+    return ip.is_loopback or (ip.is_private and not ip.is_unspecified)
+
+
 class ClusterPort(Protocol):
     """What the head asks of the cluster it runs in (``rayport.head.RayClusterPort`` is the real one)."""
 
@@ -476,6 +501,9 @@ class HeadService:
     def announce_dashboard(self, url: str, ttl_s: float = 30.0) -> Json:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise InvalidRequestError("url", url, "an http:// or https:// URL")
+        if not cluster_local_url(url):  # status shows it to every user: never a link that leads out of the cluster
+            raise InvalidRequestError("url", url, CLUSTER_LOCAL,
+                                      detail="the dashboard's address is shown to every user of the cluster")
         if not (0 < float(ttl_s) <= 3600):
             raise InvalidRequestError("ttl_s", ttl_s, "seconds in (0, 3600]")
         self._dashboard = (url, self.clock() + float(ttl_s))

@@ -239,3 +239,22 @@ def test_ended_jobs_leave_with_their_leases_in_the_controllers_prune_pass(tmp_pa
         head.wait_for(lambda: held() == (False, False), 5, "the job and its lease dropped in one pass")
     finally:
         head.close()
+
+
+def test_only_a_cluster_local_dashboard_is_announced(tmp_path: Path) -> None:
+    # issue #38: announce_dashboard published any URL in `status`, which every user reads: a link out of the cluster
+    from orchestrator.control.service import cluster_local_url
+
+    head = InProcessHead(workdir=tmp_path)
+    try:
+        for bad in ("http://evil.example.com/", "https://8.8.8.8:443/", "http://user:pw@127.0.0.1:80/",
+                    "http://127.0.0.1:notaport/", "ftp://127.0.0.1/"):
+            with pytest.raises(InvalidRequestError) as e:
+                head.announce_dashboard(bad)
+            assert e.value.field == "url", bad
+        assert head.announce_dashboard("http://127.0.0.1:8265/")["dashboard_url"] == "http://127.0.0.1:8265/"
+        assert head.service._dashboard[0] == "http://127.0.0.1:8265/"  # the only one it ever took
+    finally:
+        head.close()
+    assert all(cluster_local_url(u) for u in ("http://10.0.3.4:8080/", "http://localhost:1/",
+                                              "http://rgo-dashboard.rgo.svc:8080/", "http://[::1]:9/"))
