@@ -9,8 +9,9 @@ not reachable.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -32,20 +33,35 @@ CONFIG_OPT = typer.Option(Path("configs/k8s.yaml"), "--config", "-c", help="The 
 OVERLAY_OPT = typer.Option(None, "--overlay", "-o", help="Use this overlay of the config instead of the base")
 KUBECONFIG_OPT = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
 CONTEXT_OPT = typer.Option(None, "--context", help="kubeconfig context")
+JSON_OPT = typer.Option(False, "--json", help="Print one JSON object on stdout (progress on stderr)")
 
 
-def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+def _console(as_json: bool = False) -> Console:
+    """Where a command's human output goes: stdout, or stderr when stdout is the JSON object's."""
+    return Console(highlight=False, soft_wrap=True, stderr=as_json)
 
 
-def _run(fn: Callable[[], T]) -> T:
-    """Run a command body, mapping typed errors to exit codes and one readable line."""
+def _run(fn: Callable[[], T], as_json: bool = False) -> T:
+    """Run a command body, mapping typed errors to exit codes and one readable line (and, with ``--json``, the
+    error as the one JSON object on stdout)."""
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return fn()
     except OrchestratorError as e:
+        if as_json:
+            typer.echo(json.dumps(e.to_dict()))
         err.print(f"error: {e}")
         raise typer.Exit(exit_code(e)) from None
+
+
+def _results_json(results: Any) -> list[dict[str, Any]]:
+    return [{"kind": r.kind, "name": r.name, "namespace": r.namespace, "action": r.action, "reason": r.reason}
+            for r in results]
+
+
+def _status_json(st: Any) -> dict[str, Any]:
+    return {"name": st.name, "namespace": st.namespace, "state": st.state, "reason": st.reason, "ready": st.ready,
+            "ready_workers": st.ready_workers, "desired_workers": st.desired_workers, "head_pod_ip": st.head_pod_ip}
 
 
 def _pick(config: Path, overlay: Optional[str]) -> K8sConfig:
@@ -78,6 +94,7 @@ def render(
     config: Path = CONFIG_OPT,
     out: Path = typer.Option(..., "--out", help="Directory to write base/ and overlays/<name>/ into"),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when DIR differs from a fresh render"),
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Write the kustomize tree (base plus one overlay per config overlay) from the config."""
     from orchestrator.deploy.k8s.render import render_tree, stale_files, write_tree
@@ -85,9 +102,11 @@ def render(
     def body() -> None:
         base, overlays = load_config(config)
         tree = render_tree(base, overlays)
-        con = _console()
+        con = _console(as_json)
         if check:
             stale = stale_files(tree, out)
+            if as_json:
+                typer.echo(json.dumps({"out": str(out), "files": len(tree), "matches": not stale, "stale": stale}))
             if stale:
                 con.print(f"{out} differs from a render of {config} in {len(stale)} file(s):")
                 for rel in stale:
@@ -99,8 +118,11 @@ def render(
         written = write_tree(tree, out)
         con.print(f"wrote {len(written)} files under {out}: base/ and overlays/{{{','.join(sorted(overlays))}}}")
         con.print(f"apply with: kubectl apply --server-side -k {out}/overlays/<name>  (or: orchestrator k8s apply)")
+        if as_json:
+            typer.echo(json.dumps({"out": str(out), "written": [str(w) for w in written],
+                                   "overlays": sorted(overlays)}))
 
-    _run(body)
+    _run(body, as_json)
 
 
 @app.command()
@@ -113,6 +135,7 @@ def apply(
     timeout: float = typer.Option(900.0, "--timeout", min=1, help="Seconds to wait for ready"),
     poll: float = typer.Option(2.0, "--poll", min=0.0, help="Seconds between status polls"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Server-side dry run: validated by the server, nothing stored"),
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Server-side apply of every rendered object, then wait for the RayCluster to be ready."""
     from orchestrator.deploy.k8s.client import ClusterStatus
@@ -122,10 +145,12 @@ def apply(
         cfg = _pick(config, overlay)
         objs = render_checked(cfg, overlay or "the base")  # before connecting: a bad render never half-applies
         client = _client(kubeconfig, context)
-        con = _console()
+        con = _console(as_json)
         results = client.apply(objs, dry_run=dry_run)
         con.print(_results_table(f"applied to {cfg.namespace} (field manager ray-gpu-orchestrator)", results))
         if not wait or dry_run:
+            if as_json:
+                typer.echo(json.dumps({"applied": _results_json(results), "dry_run": dry_run, "raycluster": None}))
             return
         last: list[str] = []
         with con.status(f"waiting for RayCluster {cfg.name} to be ready") as spinner:
@@ -139,8 +164,11 @@ def apply(
             st = client.wait_ready(cfg.name, cfg.namespace, timeout_s=timeout, poll_s=poll, on_poll=on_poll)
         con.print(f"RayCluster {cfg.name} is ready: head {st.head_pod_ip or '?'}, "
                   f"{st.ready_workers}/{st.desired_workers} workers")
+        if as_json:
+            typer.echo(json.dumps({"applied": _results_json(results), "dry_run": False,
+                                   "raycluster": _status_json(st)}))
 
-    _run(body)
+    _run(body, as_json)
 
 
 @app.command()
@@ -150,6 +178,7 @@ def status(
     kubeconfig: Optional[Path] = KUBECONFIG_OPT,
     context: Optional[str] = CONTEXT_OPT,
     nodes: bool = typer.Option(False, "--nodes", help="Also show each node's GPUs as its labels describe them"),
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Which rendered objects exist, the RayCluster's state, and (``--nodes``) the GPU nodes' labels."""
     from orchestrator.deploy.k8s.render import render_objects
@@ -157,14 +186,19 @@ def status(
     def body() -> None:
         cfg = _pick(config, overlay)
         client = _client(kubeconfig, context)
-        con = _console()
-        con.print(_results_table(f"objects of {cfg.name} in {cfg.namespace}", client.objects_status(render_objects(cfg))))
+        con = _console(as_json)
+        objects = client.objects_status(render_objects(cfg))
+        con.print(_results_table(f"objects of {cfg.name} in {cfg.namespace}", objects))
         st = client.cluster_status(cfg.name, cfg.namespace)
         con.print(f"RayCluster {cfg.name}: {st.summary()}")
+        node_objs = client.list_nodes() if nodes else []
         if nodes:
-            _print_nodes(con, client.list_nodes())
+            _print_nodes(con, node_objs)
+        if as_json:
+            typer.echo(json.dumps({"objects": _results_json(objects), "raycluster": _status_json(st),
+                                   "nodes": [n["metadata"]["name"] for n in node_objs] if nodes else None}))
 
-    _run(body)
+    _run(body, as_json)
 
 
 def _print_nodes(con: Console, node_objs: list[dict]) -> None:
@@ -199,6 +233,7 @@ def delete(
     kubeconfig: Optional[Path] = KUBECONFIG_OPT,
     context: Optional[str] = CONTEXT_OPT,
     include_namespace: bool = typer.Option(False, "--include-namespace", help="Delete the namespace too"),
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Delete every rendered object (reverse order); objects already gone are fine."""
     from orchestrator.deploy.k8s.render import render_objects
@@ -207,6 +242,8 @@ def delete(
         cfg = _pick(config, overlay)
         client = _client(kubeconfig, context)
         results = client.delete(render_objects(cfg), include_namespace=include_namespace)
-        _console().print(_results_table(f"deleted from {cfg.namespace}", results))
+        _console(as_json).print(_results_table(f"deleted from {cfg.namespace}", results))
+        if as_json:
+            typer.echo(json.dumps({"deleted": _results_json(results)}))
 
-    _run(body)
+    _run(body, as_json)

@@ -27,6 +27,33 @@ def test_render_writes_the_tree_and_check_detects_drift(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "base/raycluster-gpu-orchestrator.yaml" in r.output
 
 
+def test_json_gives_one_object_on_stdout_for_render_apply_status_and_delete(tmp_path: Path, kubeconfig: Path,
+                                                                          api_server) -> None:
+    import json
+
+    out = tmp_path / "k8s"
+    r = runner.invoke(app, ["render", "--config", str(CONFIG), "--out", str(out), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["overlays"] == ["dev", "mig", "prod"], r.output
+    r = runner.invoke(app, ["render", "--config", str(CONFIG), "--out", str(out), "--check", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["matches"] is True, r.output
+    (out / "base" / "raycluster-gpu-orchestrator.yaml").write_text("# edited by hand\n")
+    r = runner.invoke(app, ["render", "--config", str(CONFIG), "--out", str(out), "--check", "--json"])
+    assert r.exit_code == 1 and json.loads(r.stdout)["stale"] == ["base/raycluster-gpu-orchestrator.yaml"]
+    api_server.raycluster_states = ["", "ready"]
+    common = ["--config", str(CONFIG), "--overlay", "dev", "--kubeconfig", str(kubeconfig), "--json"]
+    r = runner.invoke(app, ["apply", *common, "--poll", "0", "--timeout", "30"])
+    applied = json.loads(r.stdout)  # the table and the wait went to stderr
+    assert r.exit_code == 0 and applied["raycluster"]["ready"] and applied["raycluster"]["head_pod_ip"] == "10.0.0.7"
+    assert {a["kind"] for a in applied["applied"]} >= {"RayCluster", "Namespace"}, applied
+    r = runner.invoke(app, ["status", *common])
+    assert r.exit_code == 0 and json.loads(r.stdout)["raycluster"]["state"] == "ready", r.stdout
+    r = runner.invoke(app, ["delete", *common])
+    assert r.exit_code == 0 and json.loads(r.stdout)["deleted"], r.stdout
+    r = runner.invoke(app, ["status", "--config", str(CONFIG), "--overlay", "staging", "--kubeconfig", str(kubeconfig),
+                            "--json"])
+    assert r.exit_code == 2 and json.loads(r.stdout)["field"] == "--overlay"  # the error, as JSON (as status --json)
+
+
 def test_the_committed_tree_passes_render_check() -> None:
     r = runner.invoke(app, ["render", "--config", str(CONFIG), "--out", str(REPO / "k8s"), "--check"])
     assert r.exit_code == 0, r.output

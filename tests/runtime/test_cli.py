@@ -80,8 +80,7 @@ def test_no_help_text_shows_a_doubled_percent_sign() -> None:
 #: Commands without ``--json``, and why. A new command without it fails the test below; so does one of these
 #: gaining it (take it off the list).
 NO_JSON = {"orchestrator dashboard": "serves the live page until stopped",
-           "orchestrator sim schemes": "prints JSON and nothing else",
-           **{f"orchestrator k8s {c}": "not yet (issue #39 item 2)" for c in ("render", "apply", "status", "delete")}}
+           "orchestrator sim schemes": "prints JSON and nothing else"}
 
 
 def test_every_command_prints_one_json_object_with_json_but_those_listed() -> None:
