@@ -99,6 +99,9 @@ def cluster_local_url(url: str) -> bool:
     return ip.is_loopback or (ip.is_private and not ip.is_unspecified)
 
 
+#: Seconds between two reads of the Ray status of the running jobs (one batched read: ``JobManager``).
+JOB_STATUS_POLL_S = 0.5
+
 class ClusterPort(Protocol):
     """What the head asks of the cluster it runs in (``rayport.head.RayClusterPort`` is the real one)."""
 
@@ -124,7 +127,7 @@ class HeadService:
     """The head's API over its parts; see the module docstring. Implements :class:`~orchestrator.core.api.HeadApi`."""
 
     def __init__(self, settings: RuntimeSettings, cluster: ClusterConfig, store: StateStore, runner: JobRunner,
-                 port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = 0.5,
+                 port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = JOB_STATUS_POLL_S,
                  metrics: HeadMetrics | None = None, day_clock: Clock | None = None,
                  launch_in_cycle: bool = True) -> None:
         self.settings = settings

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from orchestrator.control.service import JOB_STATUS_POLL_S
 from orchestrator.deploy.local import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # spawned clients import it by name too
@@ -92,10 +93,14 @@ def test_a_lone_callers_job_costs_the_head_one_gcs_write_and_one_cycle(address: 
     wall, cfg = time.monotonic() - t0, load.config()
     ticks = wall / cfg.settings.reconcile_interval_s  # at most; the timer ticks only while no call comes
     beats = wall / cfg.settings.heartbeat_interval_s * len(cfg.nodes)  # each heartbeat wakes the loop
+    # the jobs' status read (every status_poll_s) ends the admitted jobs: its write rides with a caller's batch
+    # when one comes in time, else it is one of its own -- more of them the slower the machine runs the caller
+    polls = wall / JOB_STATUS_POLL_S
     assert out["errors"] == [] and (out["lost"], out["duplicated"], out["admitted"]) == (0, 0, jobs), out
     writes, cycles = (after - before for after, before in zip(_counted(), (writes, cycles)))
-    print(f"{jobs} jobs: {writes} writes, {cycles} cycles, {ticks:.0f} ticks, {beats:.0f} heartbeats")
-    assert jobs <= writes <= jobs * 1.2 + beats, (writes, beats)
+    print(f"{jobs} jobs: {writes} writes, {cycles} cycles, {ticks:.0f} ticks, {beats:.0f} heartbeats, "
+          f"{polls:.0f} status reads")
+    assert jobs <= writes <= jobs * 1.2 + beats + polls, (writes, beats, polls)
     # Cycles vary more than writes from run to run: 73-89 over sixteen runs here through the direct channel,
     # 73-77 over six through the actor. The bound is 1.5 a job (it was 1.2, and one run from a fresh clone
     # went past it), still well under the two a job this replaced (136 for 60 jobs).
