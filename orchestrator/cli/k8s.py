@@ -60,8 +60,9 @@ def _results_json(results: Any) -> list[dict[str, Any]]:
 
 
 def _status_json(st: Any) -> dict[str, Any]:
-    return {"name": st.name, "namespace": st.namespace, "state": st.state, "reason": st.reason, "ready": st.ready,
-            "ready_workers": st.ready_workers, "desired_workers": st.desired_workers, "head_pod_ip": st.head_pod_ip}
+    import dataclasses
+
+    return {**dataclasses.asdict(st), "ready": st.ready}
 
 
 def _pick(config: Path, overlay: Optional[str]) -> K8sConfig:

@@ -78,7 +78,8 @@ def actor_workload(namespace: str, name: str) -> str:
 
 
 def must_confirm(before: LedgerEntry, agent_registered: bool, *, checkpointed: bool = False) -> bool:
-    """Whether a lease ending as PREEMPTED from ``before`` keeps its devices until the agent confirms.
+    """Whether a lease ending from ``before`` with its workload possibly still running (PREEMPTED, or RELEASED by a
+    cancel) keeps its devices until the agent confirms.
 
     A Ray job that acknowledged its checkpoint (``checkpointed``) is not fenced: it exits by itself and
     the job layer stops it. A victim past its grace, or an actor (which only the agent stops), is."""

@@ -58,6 +58,8 @@ QUEUE = "ORCHESTRATOR_QUEUE"
 #: :data:`SERVE_SETUP_HOOK`, which our drivers give their job, installs the lease path there and nowhere else.
 SERVE_LEASES = "ORCHESTRATOR_SERVE_LEASES"
 SERVE_SETUP_HOOK = "orchestrator.rayport.native.serve_controller_setup"
+#: The ``worker_process_setup_hook`` the native hook gives a leased driver's job (every worker steers too).
+NATIVE_WORKER_SETUP = "orchestrator.rayport.native.worker_setup"
 #: Tells Ray not to overwrite ``CUDA_VISIBLE_DEVICES`` with the ids of its own bookkeeping.
 RAY_NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 

@@ -114,8 +114,10 @@ class LaunchPlan:
 #: The longest path a Unix socket may have (sun_path, less its NUL).
 UNIX_SOCKET_MAX = 107
 #: The longest path Ray makes below a raylet's temp dir: its session folder (date, microseconds and a pid of up to
-#: 7 digits) and its object store's socket; ``r99`` is the longest of our temp dirs' names.
-_RAY_SOCKET_TAIL = len("/r99/session_2026-12-07_03-14-35_123456_4194304/sockets/plasma_store")
+#: 7 digits) and its object store's socket.
+RAY_SESSION_TAIL = len("/session_2026-12-07_03-14-35_123456_4194304/sockets/plasma_store")
+#: ... and below the folder holding our raylets' temp dirs (``r99``: the longest of their names).
+_RAY_SOCKET_TAIL = len("/r99") + RAY_SESSION_TAIL
 
 
 def ray_root(state_dir: Path) -> Path:

@@ -219,7 +219,7 @@ class HeadChannel:
         self._inbox: list[tuple[Any, Any, asyncio.Queue[bytes | None], _Unanswered]] = []  # (calls, id, stream, its count)
         self.unanswered = 0  # calls taken in and not yet answered, over every stream
         self.endpoint: Endpoint | None = None
-        self.inflight = 0  # calls being answered now (for tests and figures)
+        self.streams = 0  # clients' streams open now
         self.frames = 0  # calls carried out
         self.drains = 0  # batches they made
 
@@ -260,7 +260,7 @@ class HeadChannel:
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
         writer = loop.create_task(self._write(context, out))
         unanswered = _Unanswered()
-        self._count(+1)
+        self.streams += 1
         try:
             while True:
                 raw = await context.read()
@@ -279,13 +279,13 @@ class HeadChannel:
                             loop.call_later(WINDOW_S, self._drain_settled, 1, loop.time() + MAX_WAIT_S)
                         else:  # nothing else in flight: at once
                             loop.call_soon(self._drain)
-                    self.unanswered += 1
+                    self._unanswered(+1)
                     self._inbox.append((calls, ident, out, unanswered))
         finally:
             try:  # the client said all it had to say: its calls already taken in are still answered
                 await asyncio.wait_for(unanswered.none.wait(), CALL_GRACE_S)
             finally:
-                self._count(-1)
+                self.streams -= 1
                 out.put_nowait(None)
                 await writer
 
@@ -307,10 +307,11 @@ class HeadChannel:
         except Exception:  # the stream ended: its answers have nowhere to go (each call was carried out)
             pass
 
-    def _count(self, change: int) -> None:
-        self.inflight += change
+    def _unanswered(self, change: int) -> None:
+        """Calls taken in and not yet answered, over every stream (the gauge ``channel_calls_in_flight``)."""
+        self.unanswered += change
         if self._metrics is not None:
-            self._metrics.channel_in_flight.set(self.inflight)
+            self._metrics.channel_in_flight.set(self.unanswered)
 
     def _drain_settled(self, seen: int, deadline: float) -> None:
         """Drain once no call joined the inbox for :data:`WINDOW_S` (or at ``deadline``). grpc.aio hands the head
@@ -350,7 +351,7 @@ class HeadChannel:
             log.exception("head channel: the group commit failed")
             replies = [fault("the head could not make the change durable", e) for _ in taken]
         for (calls, ident, out, unanswered), reply in zip(taken, replies):
-            self.unanswered -= 1
+            self._unanswered(-1)
             out.put_nowait(_answer_json(ident, reply, calls))
             unanswered.add(-1)
 

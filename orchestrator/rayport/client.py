@@ -75,7 +75,7 @@ class HeadClient(HeadApi):
         """One ``call_many`` actor call carrying ``calls``: their envelopes, in order (decoded from its JSON)."""
         self.actor_sends += 1
         raw = self._get(", ".join(sorted({c[0] for c in calls})), self.handle.call_many.remote(calls), CALL_TIMEOUT_S)
-        return unwrap(orjson.loads(raw) if isinstance(raw, (bytes, bytearray)) else raw)  # type: ignore[no-any-return]
+        return unwrap(orjson.loads(raw))  # type: ignore[no-any-return]
 
     def _call_direct(self, method: str, call: list[Any]) -> dict[str, Any] | None:
         """``call`` over the channel, at once: its envelope, or ``None`` when this client has no channel (then the

@@ -165,7 +165,7 @@ class _AutoLeases:
         from orchestrator.core.ray_request import request_for
         from orchestrator.core.request import GpuRequest
 
-        env = {**{k: v for k, v in os.environ.items() if k in _LEASE_ENV}, **_env_vars(options.get("runtime_env"))}
+        env = _lease_env(options)
         spec = env.get(E.GPU_REQUEST, "").strip()
         if spec.startswith("{"):  # a GpuRequest as JSON: what the --gpu grammar cannot say (a node, models)
             try:
@@ -296,7 +296,7 @@ class _AutoLeases:
         out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0, placement_group_capture_child_tasks=True)
         out.pop("accelerator_type", None)  # the lease chose the card; its group has no such resource
         bundle = {k: float(v) for k, v in pg.bundle_specs[0].items()}
-        if _env_vars(options.get("runtime_env")).get(E.GPU_REQUEST) or os.environ.get(E.GPU_REQUEST):
+        if _lease_env(options).get(E.GPU_REQUEST):
             out["num_gpus"] = bundle.get("GPU", out.get("num_gpus"))  # the request named the share: take all of it
         if "CPU" not in bundle and options.get("num_cpus") is None:
             out["num_cpus"] = 0
@@ -423,13 +423,14 @@ def _with_env(runtime_env: Any, env: Mapping[str, str]) -> Any:
 _LEASE_ENV = (E.GPU_REQUEST, E.PRIORITY_CLASS, E.QUEUE)
 
 
-def _env_vars(runtime_env: Any) -> dict[str, str]:
-    """The env vars a call's ``runtime_env`` (a dict or Ray's ``RuntimeEnv``) sets, of those in :data:`_LEASE_ENV`."""
+def _lease_env(options: Mapping[str, Any]) -> dict[str, str]:
+    """The env vars of :data:`_LEASE_ENV` that shape a call's own lease: its ``runtime_env``'s (a dict or Ray's
+    ``RuntimeEnv``), else this process's."""
     try:
-        got = (runtime_env or {}).get("env_vars") or {}
+        own = (options.get("runtime_env") or {}).get("env_vars") or {}
     except AttributeError:
-        return {}
-    return {k: str(v) for k, v in got.items() if k in _LEASE_ENV}
+        own = {}
+    return {k: str(v) for k, v in {**os.environ, **own}.items() if k in _LEASE_ENV}
 
 
 def _quietly(fn: Any, *args: Any) -> None:
@@ -599,9 +600,15 @@ def lease_from_env(environ: Mapping[str, str] | None = None) -> "_Lease | _AutoL
         token = environ.get(E.FENCING_TOKEN, "")
         return _Lease(lease_id, node, environ.get(E.NAMESPACE), int(token) if token.isdigit() else None)
     if environ.get(E.RAY_AUTO_LEASE, "") in ("1", "true"):
-        return _AutoLeases(environ.get(E.NAMESPACE) or DEFAULT_NAMESPACE, environ.get(E.HEAD_NAME) or "rgo-head",
-                           environ.get(E.FRACTIONAL_GPU) or "mps", float(environ.get(E.AUTO_LEASE_WAIT_S) or 3600))
+        return _auto_leases(environ)
     return None
+
+
+def _auto_leases(environ: Mapping[str, str]) -> "_AutoLeases":
+    """Per-call leases asked of the head ``environ`` names (its namespace and name), with its fractional mapping
+    and wait."""
+    return _AutoLeases(environ.get(E.NAMESPACE) or DEFAULT_NAMESPACE, environ.get(E.HEAD_NAME) or "rgo-head",
+                       environ.get(E.FRACTIONAL_GPU) or "mps", float(environ.get(E.AUTO_LEASE_WAIT_S) or 3600))
 
 
 def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -615,7 +622,7 @@ def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | Non
             return runtime_env
         install(lease)
         out = dict(runtime_env or {})
-        out.setdefault("worker_process_setup_hook", f"{__name__}.worker_setup")
+        out.setdefault("worker_process_setup_hook", E.NATIVE_WORKER_SETUP)
         return out
     except Exception as e:  # noqa: BLE001 -- the user's driver must start whatever we could not do
         log.warning("orchestrator: could not steer this driver's GPU work into its lease: %s", e)
@@ -644,8 +651,7 @@ def serve_controller_setup() -> None:
     placement groups are the holds themselves."""
     if os.environ.get(E.SERVE_LEASES, "") != "1":
         return
-    install(_AutoLeases(os.environ.get(E.NAMESPACE) or DEFAULT_NAMESPACE, os.environ.get(E.HEAD_NAME) or "rgo-head",
-                        os.environ.get(E.FRACTIONAL_GPU) or "mps", float(os.environ.get(E.AUTO_LEASE_WAIT_S) or 3600)))
+    install(_auto_leases(os.environ))
 
 
 def _narrow_per_task(lease: _Lease) -> None:

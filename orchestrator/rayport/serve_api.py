@@ -8,11 +8,6 @@ through here, as the rest of the orchestrator talks to Ray through
   listening on ``host:port`` (127.0.0.1 by default);
   and, with ``controller_env``, the controller's environment (the orchestrator's hook reads it there: which
   head its replicas' leases are asked of);
-* :func:`replica_options` -- a lease's hand-out as Serve ``ray_actor_options``:
-  Serve refuses ``scheduling_strategy`` and ``name`` (which
-  :func:`.ray_api.actor_options` sets), so the replica is pinned to the
-  lease's node with a ``label_selector`` on the node's name label instead;
-  its card through the same share of ``rgo-gpu-<i>`` as any holder;
 * :func:`run` / :func:`delete` -- one application, waiting until it is
   running / gone;
 * :func:`scale` -- a deployment's replica count, set from outside (Serve's external scaler API, what
@@ -31,11 +26,9 @@ import ray
 from ray import serve
 
 from orchestrator.core import env as E
-from orchestrator.core.config import NODE_LABEL
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.rayport.ray_api import gpu_demand
 
-__all__ = ["start", "replica_options", "run", "delete", "call", "app_handle", "shutdown", "status", "scale", "replicas"]
+__all__ = ["start", "run", "delete", "call", "shutdown", "scale", "replicas"]
 
 
 def start(host: str = "127.0.0.1", port: int = 8000, controller_env: Mapping[str, str] | None = None) -> str:
@@ -43,7 +36,7 @@ def start(host: str = "127.0.0.1", port: int = 8000, controller_env: Mapping[str
     extra = {"controller_options": {"runtime_env": {"env_vars": dict(controller_env)}}} if controller_env else {}
     if controller_env and E.SERVE_LEASES in controller_env:
         hook = (ray.get_runtime_context().runtime_env or {}).get("worker_process_setup_hook")
-        if hook not in (E.SERVE_SETUP_HOOK, NATIVE_WORKER_SETUP):
+        if hook not in (E.SERVE_SETUP_HOOK, E.NATIVE_WORKER_SETUP):  # the native hook's does the same there
             raise OrchestratorError(
                 f"Serve's controller would not ask the orchestrator for its replicas' leases: this driver's job has "
                 f"worker_process_setup_hook={hook!r}; connect with orchestrator.rayport.ray_api.connect() (or "
@@ -72,17 +65,6 @@ def replicas(app: str, deployment: str) -> list[dict[str, Any]]:
     return [dict(r) for r in dep.get("replicas") or []]
 
 
-def replica_options(handout: Mapping[str, Any], node_name: str, *, num_cpus: float = 0.0,
-                    extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Serve ``ray_actor_options`` that run one replica on exactly the lease's devices, on its node."""
-    env = {**dict(handout["env_vars"]), **dict(extra_env or {})}
-    return {**gpu_demand(handout), "num_cpus": num_cpus, "label_selector": {NODE_LABEL: node_name},
-            "runtime_env": {"env_vars": env}}
-
-
-#: The native hook's worker setup (a driver started under ``RAY_RUNTIME_ENV_HOOK``): it does the same there.
-NATIVE_WORKER_SETUP = "orchestrator.rayport.native.worker_setup"
-
 _DEPLOY = threading.Lock()
 
 
@@ -107,18 +89,9 @@ def delete(name: str) -> None:
     serve.delete(name, _blocking=True)
 
 
-def app_handle(name: str) -> Any:
-    return serve.get_app_handle(name)
-
-
 def call(handle: Any, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
     """``handle.<method>.remote(*args)`` and its result within ``timeout_s``."""
     return getattr(handle, method).remote(*args).result(timeout_s=timeout_s)
-
-
-def status() -> dict[str, str]:
-    """Each application's Serve status (RUNNING, DEPLOYING, ...)."""
-    return {name: str(app.status) for name, app in serve.status().applications.items()}
 
 
 def shutdown() -> None:

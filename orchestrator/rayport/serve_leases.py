@@ -44,12 +44,21 @@ log = logging.getLogger(__name__)
 SCHEDULER_MODULE = "ray.serve._private.deployment_scheduler"
 
 
+def lease_prefix(app: str, deployment: str) -> str:
+    """What the lease ids of ``app``'s ``deployment``'s replicas start with (``serve-<app>-<deployment>-``), in the
+    id pattern's characters; cut so that a replica's 8-character id still fits its 128."""
+    return re.sub(r"[^A-Za-z0-9_.:-]", "_", f"serve-{app}-{deployment}")[:128 - 9] + "-"
+
+
+def lease_id_of(app: str, deployment: str, unique_id: str) -> str:
+    """The lease id of the replica ``unique_id`` of ``app``'s ``deployment``."""
+    return lease_prefix(app, deployment) + unique_id
+
+
 def replica_lease_id(replica_id: Any) -> str:
-    """``serve-<app>-<deployment>-<unique id>``, cut to the id pattern's characters and length."""
+    """The lease id of Serve's ``ReplicaID`` (:func:`lease_id_of`)."""
     dep = replica_id.deployment_id
-    raw = f"serve-{dep.app_name}-{dep.name}"
-    tail = f"-{replica_id.unique_id}"
-    return re.sub(r"[^A-Za-z0-9_.:-]", "_", raw)[:128 - len(tail)] + tail
+    return lease_id_of(dep.app_name, dep.name, replica_id.unique_id)
 
 
 def replica_gpus(request: Any) -> float:
@@ -107,7 +116,6 @@ def patch_scheduler(cls: Any, leases: Any) -> None:
 
     cls._schedule_replica, cls.on_replica_stopping = _schedule_replica, on_replica_stopping
     cls._rgo_patched = True
-    cls._rgo_tickets = tickets  # for tests and ``info``: the replicas waiting for a lease
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -10,7 +10,7 @@ Shape: **one Serve application** (:func:`service_app`), as a Ray Serve user woul
   replica count is set from outside (Serve's external scaler API) by the service's autoscaler;
 * the **ingress** (:class:`Ingress`, route ``/``) that Serve's HTTP proxy calls; it calls the GPU deployment
   through its handle (Serve's router picks the replica) and keeps the figures the scaling loop reads: ongoing
-  requests and the latency of recent requests (:class:`Router`), and each replica's latest counters.
+  requests and the latency of recent requests (:class:`LoadMeter`), and each replica's latest counters.
 
 A replica (:class:`ReplicaCore`) runs a small PyTorch MLP on the lease's
 device (``cuda`` when the process sees a real GPU, else the CPU) and batches
@@ -28,7 +28,7 @@ real GPU, busy seconds times the share held, an upper bound).
 Invariant: a request is counted *ongoing* from the moment the ingress takes
 it until its answer (or error) comes back.
 
-:class:`ReplicaCore` and :class:`Router` are plain Python, unit-tested
+:class:`ReplicaCore` and :class:`LoadMeter` are plain Python, unit-tested
 without Serve. Importing this module starts nothing.
 """
 
@@ -120,82 +120,54 @@ class ReplicaCore:
                 "useful_gpu_s": round(self.useful_gpu_s, 6), "pid": os.getpid()}
 
 
-class Router:
-    """Least-loaded routing over named replicas, with the counters the scaling loop reads.
-
-    ``pick`` chooses among replicas that are routable; a replica being removed is first made unroutable
-    (``set_replicas`` without it) and keeps its ongoing count until its requests finish, so the manager can
-    wait for it to drain. Invariant: ``ongoing[name] >= 0``; a name leaves the table only once unroutable
-    and drained."""
+class LoadMeter:
+    """The service's load as the scaling loop reads it: requests ongoing (taken by the ingress, not yet answered),
+    their time-average since the last read, and the latency of recent requests. Serve picks the replica; this
+    only counts. Invariant: ``ongoing >= 0``."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = LATENCY_WINDOW_S) -> None:
         self.clock, self.window_s = clock, window_s
-        self.routable: list[str] = []
-        self.ongoing: dict[str, int] = {}
-        self.served: dict[str, int] = {}
+        self.ongoing = 0
         self.errors = 0
-        self.recent: deque[tuple[float, float]] = deque()  # (finished at, latency s)
         self.total = 0
-        # the time-integral of the total ongoing since the last load() read: its mean is the smoothed signal
+        self.recent: deque[tuple[float, float]] = deque()  # (finished at, latency s)
+        # the time-integral of ongoing since the last load() read: its mean is the smoothed signal
         self._area, self._since, self._at = 0.0, clock(), clock()
-
-    def set_replicas(self, names: Sequence[str]) -> None:
-        self.routable = list(names)
-        for n in names:
-            self.ongoing.setdefault(n, 0)
-            self.served.setdefault(n, 0)
-        self._forget_drained()
-
-    def pick(self) -> str | None:
-        if not self.routable:
-            return None
-        return min(self.routable, key=lambda n: (self.ongoing[n], self.served[n], n))
 
     def _accumulate(self) -> float:
         now = self.clock()
-        self._area += sum(self.ongoing.values()) * (now - self._at)
+        self._area += self.ongoing * (now - self._at)
         self._at = now
         return now
 
-    def begin(self, name: str) -> None:
+    def begin(self) -> None:
         self._accumulate()
-        self.ongoing[name] += 1
+        self.ongoing += 1
 
-    def end(self, name: str, latency_s: float, ok: bool = True) -> None:
-        self._accumulate()
-        self.ongoing[name] -= 1
-        self.served[name] += 1
+    def end(self, latency_s: float, ok: bool = True) -> None:
+        now = self._accumulate()
+        self.ongoing -= 1
         self.total += 1
-        if not ok:
-            self.errors += 1
-        now = self.clock()
+        self.errors += not ok
         self.recent.append((now, latency_s))
         self._trim(now)
-        self._forget_drained()
 
     def _trim(self, now: float) -> None:
         while self.recent and self.recent[0][0] < now - self.window_s:
             self.recent.popleft()
 
-    def _forget_drained(self) -> None:
-        for n in [n for n, k in self.ongoing.items() if k == 0 and n not in self.routable]:
-            del self.ongoing[n]
-
     def load(self, reset: bool = True) -> dict[str, Any]:
-        """``ongoing`` per replica (routable or draining), their sum now, ``mean_ongoing`` (the time-average
-        of that sum since the previous ``load`` with ``reset``: the smoothed signal the autoscaler reads),
-        and the p99 (ms) of the requests that finished in the last window. ``reset=False`` reads without
-        starting a new averaging window (a drain watching one replica's count)."""
+        """``ongoing`` now, ``mean_ongoing`` (the time-average of it since the previous ``load`` with ``reset``:
+        the smoothed signal the autoscaler reads), and the p99 (ms) of the requests that finished in the last
+        window. ``reset=False`` reads without starting a new averaging window (a peek)."""
         now = self._accumulate()
-        mean = self._area / (now - self._since) if now > self._since else float(sum(self.ongoing.values()))
+        mean = self._area / (now - self._since) if now > self._since else float(self.ongoing)
         if reset:
             self._area, self._since = 0.0, now
         self._trim(now)
         p99 = quantile((x for _, x in self.recent), 0.99)
-        p99 = p99 * 1000 if p99 is not None else None
-        return {"ongoing": dict(self.ongoing), "total_ongoing": sum(self.ongoing.values()), "mean_ongoing": mean,
-                "routable": list(self.routable), "p99_ms": p99, "window_requests": len(self.recent),
-                "served": self.total, "errors": self.errors}
+        return {"ongoing": self.ongoing, "mean_ongoing": mean, "p99_ms": p99 * 1000 if p99 is not None else None,
+                "window_requests": len(self.recent), "served": self.total, "errors": self.errors}
 
 
 @serve.deployment(max_ongoing_requests=1000, graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=10)
@@ -229,17 +201,16 @@ class Ingress:
     replicas (its power-of-two-choices router).
 
     Answers ``{"outputs": [...], "replica": lease id}``; 400 for bad input. While no replica runs Serve queues
-    the request. Keeps the figures the scaling loop reads (:class:`Router`: ongoing requests, recent p99) and
+    the request. Keeps the figures the scaling loop reads (:class:`LoadMeter`: ongoing requests, recent p99) and
     each replica's latest counters."""
 
     def __init__(self, replicas: Any) -> None:
         self.replicas = replicas
-        self.router = Router()
-        self.router.set_replicas([SERVICE])
+        self.meter = LoadMeter()
         self.stats: dict[str, dict[str, Any]] = {}
 
     def load(self, reset: bool = True) -> dict[str, Any]:
-        return {**self.router.load(reset), "replicas": dict(self.stats)}
+        return {**self.meter.load(reset), "replicas": dict(self.stats)}
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -249,7 +220,7 @@ class Ingress:
             rows = (await request.json())["inputs"]
         except Exception as e:
             return JSONResponse({"error": f"body must be JSON with 'inputs': {e}"}, status_code=400)
-        self.router.begin(SERVICE)
+        self.meter.begin()
         ok = False
         try:
             got = await self.replicas.infer.remote(rows)
@@ -257,14 +228,12 @@ class Ingress:
             self.stats[st["lease_id"]] = st
             ok = not isinstance(out, str)
         finally:
-            self.router.end(SERVICE, time.monotonic() - t0, ok)
+            self.meter.end(time.monotonic() - t0, ok)
         if not ok:
             return JSONResponse({"error": out, "replica": st["lease_id"]}, status_code=400)
         return {"outputs": out, "replica": st["lease_id"]}
 
 
-#: The router's one name: Serve picks the replica, the ingress counts the service's requests as one stream.
-SERVICE = "service"
 #: The GPU deployment's name in the service's application.
 REPLICA_DEPLOYMENT = "LeasedReplica"
 

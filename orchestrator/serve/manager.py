@@ -57,7 +57,7 @@ from orchestrator.core.colocation import ServiceConfig
 from orchestrator.core.reasons import Reason
 from orchestrator.core.request import GpuRequest
 from orchestrator.rayport import serve_api
-from orchestrator.rayport.serve_leases import replica_lease_id
+from orchestrator.rayport.serve_leases import lease_id_of, lease_prefix
 from orchestrator.scheduling.autoscale import LoadSample, ScaleDecision, ScalerState, decide
 from orchestrator.serve.leased import REPLICA_DEPLOYMENT, service_app
 from orchestrator.sim.perfmodel import InferenceModel, ShareSpeed
@@ -168,7 +168,7 @@ class LeasedService:
 
     # ---- the loop --------------------------------------------------------------------------------
     def load(self, reset: bool = True) -> dict[str, Any]:
-        """The ingress's figures (see :meth:`.leased.Router.load`) and ``replicas``: each replica's latest
+        """The ingress's figures (see :meth:`.leased.LoadMeter.load`) and ``replicas``: each replica's latest
         counters by lease; ``reset`` starts a new averaging window (only :meth:`sample` should)."""
         return serve_api.call(self._ingress, "load", reset)
 
@@ -233,7 +233,7 @@ class LeasedService:
             return list(self._running.values())
 
     def _added(self, rid: str, row: dict[str, Any], now_wall: float, now: float) -> LeasedReplicaInfo:
-        lid = replica_lease_id(_ReplicaId(self.app, REPLICA_DEPLOYMENT, rid))
+        lid = lease_id_of(self.app, REPLICA_DEPLOYMENT, rid)
         le = _quiet(self.head.get_lease, lid) or {}
         alloc = le.get("allocation") or {}
         hist = le.get("history") or []
@@ -258,7 +258,7 @@ class LeasedService:
         self.say(f"{self.app}: replica {info.name} gone, lease {info.lease_id}")
 
     def _held_leases(self) -> list[str]:
-        prefix = replica_lease_id(_ReplicaId(self.app, REPLICA_DEPLOYMENT, "")).rstrip("-")
+        prefix = lease_prefix(self.app, REPLICA_DEPLOYMENT)
         got = _quiet(self.head.status) or {}
         return [le["lease_id"] for le in got.get("leases", [])
                 if le["lease_id"].startswith(prefix) and le["state"] in ("pending", "granted", "active", "checkpointing")]
@@ -307,19 +307,6 @@ def card_share_of(lease: dict[str, Any]) -> float:
         return 1.0
     return ShareSpeed.of_env(handout.get("env_vars") or {}).card_share * max(1, len(
         (lease.get("allocation") or {}).get("gpu_uuids") or [None]))
-
-
-@dataclass(frozen=True)
-class _DeploymentId:
-    app_name: str
-    name: str
-
-
-class _ReplicaId:
-    """The parts of Serve's ``ReplicaID`` the lease id is made of."""
-
-    def __init__(self, app: str, deployment: str, unique_id: str) -> None:
-        self.deployment_id, self.unique_id = _DeploymentId(app, deployment), unique_id
 
 
 def _quiet(fn: Callable[..., Any], *args: Any) -> Any:

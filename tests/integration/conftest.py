@@ -27,6 +27,7 @@ from typing import Iterator
 
 import pytest
 
+from orchestrator.core import env as E
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config, raylet_native_env
 from orchestrator.deploy.local import LOOPBACK_SITE, OBJECT_STORE_BYTES, REPO_ROOT, free_port
 
@@ -94,7 +95,7 @@ def ray_cluster() -> Iterator[RayCluster]:
             os.environ.pop(k, None)
         # as our drivers connect (ray_api.connect): the setup hook acts only in a Serve controller the service starts
         ray.init(address=cluster.address, namespace="rgo-tests", logging_level="ERROR", log_to_driver=False,
-                 runtime_env={"worker_process_setup_hook": "orchestrator.rayport.native.serve_controller_setup"})
+                 runtime_env={"worker_process_setup_hook": E.SERVE_SETUP_HOOK})
         yield RayCluster(cluster, config, cluster.address, tmp)
     finally:
         for k in (*native, "CUDA_VISIBLE_DEVICES", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"):

@@ -45,12 +45,12 @@ def test_up_status_down_leaves_nothing_behind() -> None:
     """`orchestrator up`, `status --json`, `down`: 3 nodes, 10 GPUs, the MIG slots; then no process, no file. The
     state folder is nested deep enough that Ray's socket paths under it would pass the 107-byte limit (issue #39:
     a longer TMPDIR made every raylet exit at startup): `up` puts Ray's temp dirs in a short folder of its own."""
-    from orchestrator.deploy.local import UNIX_SOCKET_MAX, ray_root
+    from orchestrator.deploy.local import RAY_SESSION_TAIL, UNIX_SOCKET_MAX, ray_root
 
     base = Path(tempfile.mkdtemp(prefix="rgo-cli-", dir="/tmp"))
     state_dir = base / "a-state-folder-nested-deep-enough-that-rays-socket-paths-would-not-fit"
     short = ray_root(state_dir)
-    assert short != state_dir and len(str(short / "r99")) + 64 < UNIX_SOCKET_MAX
+    assert short != state_dir and len(str(short / "r99")) + RAY_SESSION_TAIL <= UNIX_SOCKET_MAX
     home_ray_before = (Path.home() / ".ray").exists()
     tmp_ray_before = Path("/tmp/ray").exists()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

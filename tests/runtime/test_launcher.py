@@ -13,7 +13,7 @@ from orchestrator.core.errors import ConfigError
 
 from orchestrator.core.config import ClusterConfig, parse_config
 from orchestrator.core.statefile import Proc, State
-from orchestrator.deploy.local import (UNIX_SOCKET_MAX, auth_env, down, plan_local_cluster, ray_root, session_members,
+from orchestrator.deploy.local import (RAY_SESSION_TAIL, UNIX_SOCKET_MAX, auth_env, down, plan_local_cluster, ray_root, session_members,
                                        with_metrics_port)
 
 from .standins import standin_raylet
@@ -47,8 +47,7 @@ def test_one_ray_start_per_node_head_first(demo: ClusterConfig, tmp_path: Path) 
         assert n.log.startswith(str(tmp_path))
     temps = [_opt(n.argv, "--temp-dir") for n in plan.nodes]
     assert len(set(temps)) == len(temps)  # a session dir per raylet: their runtime-env agents never share one
-    assert all(len(t) + len("/session_2026-12-07_03-14-35_123456_4194304/sockets/plasma_store") <= UNIX_SOCKET_MAX
-               for t in temps)  # every raylet's socket paths fit, whatever the state folder's depth
+    assert all(len(t) + RAY_SESSION_TAIL <= UNIX_SOCKET_MAX for t in temps)  # every raylet's socket paths fit, whatever the state folder's depth
     for w in workers:
         assert _opt(w.argv, "--address") == plan.address and "--head" not in w.argv
     # Each dashboard agent binds a port of its own choosing (none picked ahead that may be taken meanwhile).

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orchestrator.core import env as E
-from orchestrator.serve.leased import INPUT_WIDTH, ReplicaCore, Router
+from orchestrator.serve.leased import INPUT_WIDTH, LoadMeter, ReplicaCore
 from orchestrator.sim.perfmodel import InferenceModel, ShareSpeed
 
 ROW = [[0.01 * i for i in range(INPUT_WIDTH)]]
@@ -65,74 +65,39 @@ class Tick:
         return self.t
 
 
-def test_routing_goes_to_the_least_loaded_replica_then_the_least_served() -> None:
-    r = Router(clock=Tick())
-    r.set_replicas(["a", "b", "c"])
-    picked = []
-    for _ in range(3):
-        n = r.pick()
-        picked.append(n)
-        r.begin(n)
-    assert sorted(picked) == ["a", "b", "c"]
-    r.end("b", 0.01)  # b: 0 ongoing, 1 served; a and c: 1 ongoing
-    assert r.pick() == "b"
-    r.end("a", 0.01)  # a and b: 0 ongoing, 1 served each; c busy
-    assert r.pick() == "a"
-    r.begin("a")
-    r.end("a", 0.01)  # a and b idle; a has served 2, b 1
-    assert r.pick() == "b"
-
-
-def test_a_replica_being_removed_gets_nothing_new_and_stays_counted_until_drained() -> None:
-    r = Router(clock=Tick())
-    r.set_replicas(["a", "b"])
-    r.begin("b")
-    r.begin("b")
-    r.set_replicas(["a"])
-    assert all(r.pick() == "a" for _ in range(3))
-    ld = r.load()
-    assert ld["ongoing"] == {"a": 0, "b": 2} and ld["total_ongoing"] == 2 and ld["routable"] == ["a"]
-    r.end("b", 0.02)
-    assert "b" in r.load()["ongoing"]
-    r.end("b", 0.02)
-    assert r.load()["ongoing"] == {"a": 0}
-    r.set_replicas([])
-    assert r.pick() is None
-
-
 def test_the_load_signal_is_the_time_average_of_ongoing_since_the_last_read() -> None:
     clock = Tick()
-    r = Router(clock=clock)
-    r.set_replicas(["a"])
-    r.load()
-    r.begin("a")
-    r.begin("a")           # 2 ongoing for 1 s
+    m = LoadMeter(clock=clock)
+    m.load()
+    m.begin()
+    m.begin()              # 2 ongoing for 1 s
     clock.t = 1.0
-    r.end("a", 1.0)        # 1 ongoing for 3 s
+    m.end(1.0)             # 1 ongoing for 3 s
     clock.t = 4.0
-    assert r.load(reset=False)["mean_ongoing"] == pytest.approx((2 * 1 + 1 * 3) / 4)  # a peek starts no window
-    ld = r.load()
-    assert ld["mean_ongoing"] == pytest.approx((2 * 1 + 1 * 3) / 4) and ld["total_ongoing"] == 1
+    assert m.load(reset=False)["mean_ongoing"] == pytest.approx((2 * 1 + 1 * 3) / 4)  # a peek starts no window
+    ld = m.load()
+    assert ld["mean_ongoing"] == pytest.approx((2 * 1 + 1 * 3) / 4) and ld["ongoing"] == 1
     clock.t = 6.0          # a new window: 1 ongoing throughout
-    assert r.load()["mean_ongoing"] == pytest.approx(1.0)
+    assert m.load()["mean_ongoing"] == pytest.approx(1.0)
+    m.end(0.5, ok=False)
+    assert m.load()["ongoing"] == 0 and m.load()["errors"] == 1
 
 
 def test_p99_covers_only_the_recent_window() -> None:
     clock = Tick()
-    r = Router(clock=clock, window_s=5.0)
-    r.set_replicas(["a"])
+    m = LoadMeter(clock=clock, window_s=5.0)
     for i in range(100):
-        r.begin("a")
-        r.end("a", 1.0 if i == 99 else 0.01)
+        m.begin()
+        m.end(1.0 if i == 99 else 0.01)
     # linear between ranks 98 and 99 of 100 (core/stats): 10 ms + 1% of the way to the slow one
-    assert r.load()["p99_ms"] == pytest.approx(19.9) and r.load()["window_requests"] == 100
-    r.begin("a")
-    r.end("a", 2.0)
-    assert r.load()["p99_ms"] == pytest.approx(1000.0)
+    assert m.load()["p99_ms"] == pytest.approx(19.9) and m.load()["window_requests"] == 100
+    m.begin()
+    m.end(2.0)
+    assert m.load()["p99_ms"] == pytest.approx(1000.0)
     clock.t = 10.0
-    r.begin("a")
-    r.end("a", 0.05)
-    ld = r.load()
+    m.begin()
+    m.end(0.05)
+    ld = m.load()
     assert ld["window_requests"] == 1 and ld["p99_ms"] == pytest.approx(50.0) and ld["served"] == 102
 
 
