@@ -174,6 +174,38 @@ class HeadNotFoundError(ConnectError):
                                           f"one with `orchestrator up --address {address}`")
 
 
+class MissingExtraError(OrchestratorError, ImportError):
+    """An optional dependency is not installed: ``module`` is what was imported, ``extra`` the
+    ``pip install 'ray-gpu-orchestrator[<extra>]'`` that brings it. Not retryable."""
+
+    def __init__(self, module: str, extra: str, what: str = "") -> None:
+        self.module, self.extra = module, extra
+        hint = f" ({what})" if what else ""
+        super().__init__(f"{module} is not installed; install the {extra!r} extra{hint}: "
+                         f"pip install 'ray-gpu-orchestrator[{extra}]'")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.update(module=self.module, extra=self.extra)
+        return d
+
+
+class PermissionDeniedError(OrchestratorError, PermissionError):
+    """The caller may not call ``method`` (on ``target``, when it names one): ``requires`` says who may
+    (``the lease's holder``, ``the agent of node a100-0``, ``an administrator`` ...). The message never
+    says what the right credential is. Not retryable."""
+
+    def __init__(self, method: str, requires: str, target: str | None = None) -> None:
+        self.method, self.requires, self.target = method, requires, target
+        on = f" on {target}" if target else ""
+        super().__init__(f"{method}{on} may be called only by {requires}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.update(method=self.method, requires=self.requires, target=self.target)
+        return d
+
+
 #: Exit statuses of every command line of the project.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 

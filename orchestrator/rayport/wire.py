@@ -18,6 +18,7 @@ _FIELDS: dict[str, tuple[type[E.OrchestratorError], Callable[[E.OrchestratorErro
     "IllegalTransitionError": (E.IllegalTransitionError, lambda e: {"machine": e.machine, "current": e.current, "target": e.target}),  # type: ignore[attr-defined]
     "UnknownObjectError": (E.UnknownObjectError, lambda e: {"kind": e.kind, "ident": e.ident}),  # type: ignore[attr-defined]
     "StaleFencingTokenError": (E.StaleFencingTokenError, lambda e: {"lease_id": e.lease_id, "token": e.token}),  # type: ignore[attr-defined]
+    "PermissionDeniedError": (E.PermissionDeniedError, lambda e: {"method": e.method, "requires": e.requires, "target": e.target}),  # type: ignore[attr-defined]
     "LeaseTimeoutError": (E.LeaseTimeoutError, lambda e: {"request": e.request, "timeout_s": e.timeout_s, "explanation": e.explanation}),  # type: ignore[attr-defined]
 }
 
