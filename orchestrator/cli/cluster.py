@@ -3,19 +3,20 @@
 Exit codes: 0 ok; 1 the operation failed; 2 bad input (the message names the
 field) or an unknown object; 3 the orchestrator (or Ray) is not reachable, with
 one line saying why: no cluster, a refused token, or no head (see
-``--connect-timeout``). ``status --json``
-prints exactly one JSON object on stdout; progress and errors go to stderr.
+``--connect-timeout``). ``-o json`` (``--json``) prints exactly one JSON object
+on stdout, ``-o yaml`` the same as YAML; progress and errors go to stderr.
+``status`` finds the head in ``--ray-namespace`` (``--namespace`` is its
+deprecated alias here).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from orchestrator.cli.options import ConnectTimeout
+from orchestrator.cli.options import ConnectTimeout, OldNamespace, Output, RayNamespace, emit, output_format, ray_namespace
 from orchestrator.core.errors import OrchestratorError, exit_code
 from orchestrator.core.jsonout import stdout_to_stderr
 
@@ -29,12 +30,21 @@ def _progress(msg: str) -> None:
     typer.echo(f"[orchestrator] {msg}", err=True)
 
 
-def _fail(e: Exception, as_json: bool = False) -> "typer.Exit":
+def _fail(e: Exception, fmt: str = "table") -> "typer.Exit":
+    """``e`` said on stderr (and, with ``-o json|yaml``, as that on stdout); the exit its kind maps to."""
     code = exit_code(e)
-    if as_json and isinstance(e, OrchestratorError):
-        typer.echo(json.dumps(e.to_dict()))
+    if fmt != "table" and isinstance(e, OrchestratorError):
+        emit(e.to_dict(), fmt)
     typer.echo(f"error: {e}", err=True)
     return typer.Exit(code)
+
+
+def _format(output: Optional[str], as_json: bool) -> str:
+    """``-o``/``--json``, checked: a bad one exits 2 naming ``output``."""
+    try:
+        return output_format(output, as_json)
+    except OrchestratorError as e:
+        raise _fail(e, "json" if as_json or output == "json" else "table") from None
 
 
 def _state_dir(state_dir: Optional[Path]) -> Path:
@@ -50,12 +60,14 @@ def up(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
     timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for raylets and agents"),
     dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Start Ray's dashboard and job API (on 127.0.0.1); jobs need it"),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (progress stays on stderr)"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (progress stays on stderr; as -o json)"),
+    output: Output = None,
 ) -> None:
     """Start a local Ray cluster from the cluster file (or attach to one), the head and the agents."""
     from orchestrator.core.config import DEMO_CONFIG, load_config
     from orchestrator.deploy import local as launcher
 
+    fmt = _format(output, as_json)
     # SIGTERM and SIGHUP stop a bring-up as Ctrl-C does (up_local stops what it started); if `up` dies
     # anyway, its watchdog does (orchestrator/deploy/watchdog.py).
     launcher.interrupt_on_stop_signals()
@@ -68,23 +80,23 @@ def up(
             state = launcher.up_local(cfg, sd, progress=_progress, timeout_s=timeout, dashboard=dashboard,
                                          outlive=True)  # until `down`; a watchdog stops it if `up` dies first
     except OrchestratorError as e:
-        raise _fail(e, as_json) from None
+        raise _fail(e, fmt) from None
     except KeyboardInterrupt:
         _progress("interrupted: stopped what up had started")
         raise typer.Exit(130) from None
     _progress(f"up in {state.up_seconds}s; state in {sd}")
-    if as_json:
-        typer.echo(json.dumps({"address": state.address, "namespace": state.namespace, "head_name": state.head_name,
-                               "state_dir": str(sd), "job_api": state.dashboard or None,
-                               "nodes": [p.node for p in state.processes], "attached": state.attached,
-                               "up_s": state.up_seconds}, sort_keys=True))
+    if fmt != "table":
+        emit({"address": state.address, "namespace": state.namespace, "head_name": state.head_name,
+              "state_dir": str(sd), "job_api": state.dashboard or None,
+              "nodes": [p.node for p in state.processes], "attached": state.attached, "up_s": state.up_seconds}, fmt)
     else:
         typer.echo(state.address)
 
 
 @app.command("env")
 def env_(
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of shell exports"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of shell exports (as -o json)"),
+    output: Output = None,
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
 ) -> None:
     """Shell exports that make `python script.py` a driver of the cluster `up` started, its `num_gpus` work on
@@ -95,14 +107,15 @@ def env_(
     from orchestrator.core.statefile import State
     from orchestrator.deploy import local as launcher
 
+    fmt = _format(output, as_json)  # table: shell exports
     sd = _state_dir(state_dir)
     state = State.load(sd)
     if state is None:
         raise _fail(NotConnectedError(f"no cluster started by `orchestrator up` in {sd}: run `orchestrator up` "
-                                      "(or pass --state-dir)"), as_json) from None
+                                      "(or pass --state-dir)"), fmt) from None
     out = launcher.driver_env(state)
-    if as_json:
-        typer.echo(json.dumps(out, sort_keys=True))
+    if fmt != "table":
+        emit(out, fmt)
     else:
         typer.echo("\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(out.items())))
 
@@ -111,26 +124,29 @@ def env_(
 def down(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
     keep_logs: bool = typer.Option(False, "--keep-logs", help="Keep the state folder's logs"),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (progress stays on stderr)"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (progress stays on stderr; as -o json)"),
+    output: Output = None,
 ) -> None:
     """Stop exactly what `up` started (never `ray stop`)."""
     from orchestrator.deploy import local as launcher
 
+    fmt = _format(output, as_json)
     try:
         report = launcher.down(_state_dir(state_dir), progress=_progress, keep_logs=keep_logs)
     except OrchestratorError as e:
-        raise _fail(e, as_json) from None
+        raise _fail(e, fmt) from None
     _progress(f"stopped raylets {report.terminated}; removed {report.removed}")
-    if as_json:
-        typer.echo(json.dumps({"stopped": report.terminated, "killed": report.killed, "actors": report.actors,
-                               "removed": report.removed}, sort_keys=True))
+    if fmt != "table":
+        emit({"stopped": report.terminated, "killed": report.killed, "actors": report.actors,
+              "removed": report.removed}, fmt)
 
 
 @app.command()
 def status(
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (as -o json)"),
+    output: Output = None,
     address: Optional[str] = typer.Option(None, "--address", help="Ray address (default: the one `up` recorded, else auto)"),
-    namespace: Optional[str] = typer.Option(None, "--namespace", help="Ray namespace of the head (default: recorded, else rgo)"),
+    namespace: RayNamespace = None, old_namespace: OldNamespace = None,
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
     connect_timeout_s: ConnectTimeout = None,
 ) -> None:
@@ -138,24 +154,29 @@ def status(
     from orchestrator.deploy import local as launcher
     from orchestrator.sdk.connect import open_connection  # Ray loads only for commands that reach a cluster
 
+    fmt = _format(output, as_json)
+    try:
+        namespace = ray_namespace(namespace, old_namespace)
+    except OrchestratorError as e:
+        raise _fail(e, fmt) from None
     sd = _state_dir(state_dir)
     state = launcher.load_state(sd)
     try:
-        with stdout_to_stderr(as_json):  # stdout is the JSON's: what Ray's driver prints while connected is not
+        with stdout_to_stderr(fmt != "table"):  # stdout is the JSON's: what Ray's driver prints while connected is not
             conn = open_connection(address, namespace=namespace, state_dir=sd, connect_timeout_s=connect_timeout_s)
             try:
                 data = conn.head.status()
             finally:
                 conn.close()
     except OrchestratorError as e:
-        raise _fail(e, as_json) from None
+        raise _fail(e, fmt) from None
     if state is not None:
         data["cluster"] = launcher.describe(state)
     endpoints = data.get("endpoints") or {}
     data["metrics_url"] = endpoints.get("metrics_url")  # where Prometheus scrapes the head (None: not served)
     data["dashboard_url"] = endpoints.get("dashboard_url")  # a live `orchestrator dashboard`, if one runs
-    if as_json:
-        typer.echo(json.dumps(data, sort_keys=True))
+    if fmt != "table":
+        emit(data, fmt)
     else:
         typer.echo(render_status(data))
 

@@ -1,6 +1,7 @@
 """``orchestrator dashboard``: serve the live page for a running cluster until Ctrl-C, SIGTERM or SIGHUP.
 
-Finds the head as every command does (``--address``, the state file, ``auto``),
+Finds the head as every command does (``--address``, the state file, ``auto``;
+``--ray-namespace``),
 serves on 127.0.0.1 (``--host`` elsewhere needs the cluster's token: the page is
 then opened with ``?token=``), prints the URL, and on a signal stops the server,
 the poller, the comparison's child process and its Ray connection -- everything
@@ -15,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from orchestrator.cli.options import ConnectTimeout
+from orchestrator.cli.options import ConnectTimeout, OldNamespace, RayNamespace, ray_namespace
 from orchestrator.core.errors import OrchestratorError, exit_code
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -27,7 +28,7 @@ def dashboard(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but loopback needs the cluster's token"),
     token: Optional[str] = typer.Option(None, "--token", help="Token the page requires (default: none on loopback, the cluster's Ray token elsewhere)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray address (default: the one `up` recorded, else auto)"),
-    namespace: Optional[str] = typer.Option(None, "--namespace", help="Ray namespace of the head"),
+    namespace: RayNamespace = None, old_namespace: OldNamespace = None,
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Folder `up` wrote its state to"),
     poll_s: float = typer.Option(1.0, "--poll", help="Seconds between two reads of the head"),
     compare: bool = typer.Option(True, "--compare/--no-compare", help="Compute the sharing schemes' comparison (openb replay)"),
@@ -42,6 +43,7 @@ def dashboard(
     conn = server = job = None
     try:
         resolve_token(host, token)  # bad input is refused before anything starts
+        namespace = ray_namespace(namespace, old_namespace)
         conn = open_connection(address, namespace=namespace, state_dir=state_dir, connect_timeout_s=connect_timeout_s)
         comparison = Comparison()
         server = DashboardServer(conn.head, host=host, port=port, token=token, poll_s=poll_s, comparison=comparison)

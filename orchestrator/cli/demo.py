@@ -14,7 +14,6 @@ Ctrl-C, SIGTERM and SIGHUP.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import threading
@@ -26,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.cli.options import Output, emit, output_format
 from orchestrator.core.jsonout import stdout_to_stderr
 
 app = typer.Typer()
@@ -162,7 +162,7 @@ class _Page:
             self.server.stop()
 
 
-def _colocation(load_curve: Optional[Path], day_seconds: float, schemes: str, config: Optional[Path], as_json: bool,
+def _colocation(load_curve: Optional[Path], day_seconds: float, schemes: str, config: Optional[Path], fmt: str,
                 headless: bool, out: Path, state_dir: Optional[Path]) -> None:
     from orchestrator.cli.colocation import run_command
 
@@ -176,7 +176,7 @@ def _colocation(load_curve: Optional[Path], day_seconds: float, schemes: str, co
 
     interrupt_on_stop_signals()  # every `finally` below runs on SIGTERM and SIGHUP too
     try:
-        run_command(load_curve=load_curve, day_seconds=day_seconds, schemes=schemes, config=config, as_json=as_json,
+        run_command(load_curve=load_curve, day_seconds=day_seconds, schemes=schemes, config=config, fmt=fmt,
                     headless=headless, out=out, state_dir=state_dir, say=say, console=Console())
     except KeyboardInterrupt:
         console.print("interrupted: everything the scenario started has been stopped")
@@ -189,7 +189,8 @@ def demo(
     mode: str = typer.Option("orchestrator", help="orchestrator (checkpoint and yield) or kubernetes (kill, restart from a periodic checkpoint)"),
     steps: int = typer.Option(300, min=10, help="Training steps per job (--holder actor: steps after the last round)"),
     step_delay: float = typer.Option(0.03, min=0.0, help="Seconds per training step"),
-    as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object"),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object (as -o json)"),
+    output: Output = None,
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Keep the cluster's files here (default: a temp folder, removed)"),
     port: int = typer.Option(8090, "--port", help="Port of the live page (a free one when taken)"),
     headless: bool = typer.Option(False, "--headless", help="No live page and no report"),
@@ -210,11 +211,17 @@ def demo(
                                                           "(default configs/colocation.yaml)"),
 ) -> None:
     """Run a scenario (preemption by default) on a local cluster with simulated GPUs, then stop it."""
+    try:
+        fmt = output_format(output, as_json)
+    except ValueError as e:  # an InvalidRequestError naming `output`
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    as_json = fmt != "table"  # json or yaml: the figures alone on stdout
     if scenario not in ("preemption", "colocation"):
         typer.echo(f"error: invalid scenario={scenario!r} (allowed: preemption, colocation)", err=True)
         raise typer.Exit(2)
     if scenario == "colocation":
-        _colocation(load_curve, day_seconds, schemes, colocation_config, as_json, headless, out, state_dir)
+        _colocation(load_curve, day_seconds, schemes, colocation_config, fmt, headless, out, state_dir)
         return
     for name, value, allowed in (("mode", mode, ("orchestrator", "kubernetes")), ("holder", holder, ("job", "actor", "gang")),
                                  ("victim", victim, ("cooperative", "rogue"))):
@@ -251,7 +258,7 @@ def demo(
     # story did not happen (a regression, or training ended before the arrival) -- say so, exit 1.
     failed = figures.get("resumed_bit_identical") is False or figures.get("preemptions") != rounds
     if as_json:
-        typer.echo(json.dumps(figures))
+        emit(figures, fmt, sort_keys=False)
         if failed:
             raise typer.Exit(1)
         return

@@ -4,12 +4,17 @@ Thin: each command builds what it needs, calls :class:`orchestrator.sdk.jobs.Cli
 and renders the answer. Conventions, as ``up``/``down``/``status``:
 
 * the head is found as ``status`` finds it: ``--address``, else the state
-  file ``up`` wrote (``--state-dir``), else ``auto``; ``--namespace`` overrides;
+  file ``up`` wrote (``--state-dir``), else ``auto``; ``--ray-namespace`` overrides
+  (``--namespace`` is its deprecated alias here: on ``orchestrator k8s`` it is Kubernetes');
 * finding the cluster is bounded: ``--connect-timeout`` (default
   ``$ORCHESTRATOR_CONNECT_TIMEOUT_S``, else 10 s); no cluster, a refused
   token and a cluster without our head each get their own one-line error, exit 3;
-* ``--json`` on every read command prints exactly one JSON object or list on
-  stdout; tables, progress and errors otherwise, progress and errors on stderr;
+* ``-o json`` (``--json``) on every command prints exactly one JSON object or list on
+  stdout, ``-o yaml`` the same as YAML; tables, progress and errors otherwise, progress and
+  errors on stderr. ``jobs --watch`` is the exception: it prints one object per line, each time
+  a job changes, until Ctrl-C, SIGTERM or SIGHUP (exit 0);
+* ``submit --working-dir DIR`` zips DIR here and uploads it to the cluster's GCS, as ``ray job
+  submit`` does (:meth:`orchestrator.sdk.jobs.Client.submit`): the job carries the ``gcs://`` URI;
 * ``submit`` validates everything it can (``--gpu``, ``--env``, the command,
   the name) before it connects: bad input exits 2 even with no cluster;
 * exit codes: 0 ok; 1 the operation failed, a wait timed out, or the job
@@ -19,10 +24,11 @@ and renders the answer. Conventions, as ``up``/``down``/``status``:
 
 from __future__ import annotations
 
-import json
+import io
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -31,7 +37,8 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 
-from orchestrator.cli.options import ConnectTimeout, connect_timeout
+from orchestrator.cli.options import (ConnectTimeout, OldNamespace, Output, RayNamespace, connect_timeout, emit,
+                                      output_format, ray_namespace, render)
 from orchestrator.core.errors import EXIT_FAILED, InvalidRequestError, OrchestratorError, UnknownObjectError, exit_code
 from orchestrator.core.jsonout import stdout_to_stderr
 
@@ -42,9 +49,8 @@ app = typer.Typer(help="Jobs, leases, nodes and the queue.\n\n" + EXIT_CODES, no
                   add_completion=False, pretty_exceptions_enable=False)
 
 Address = Annotated[Optional[str], typer.Option("--address", help="Ray address (default: the one `up` recorded, else auto)")]
-Namespace = Annotated[Optional[str], typer.Option("--namespace", help="Ray namespace of the head (default: recorded, else rgo)")]
 StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="Where `up` wrote its state; default $ORCHESTRATOR_STATE_DIR or $TMPDIR/rgo-<uid>")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print exactly one JSON value on stdout")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print exactly one JSON value on stdout (as -o json)")]
 JobId = Annotated[str, typer.Argument(help="Job id (as `submit` printed it; `orchestrator jobs` lists them)")]
 
 
@@ -57,24 +63,33 @@ def make_client(address: Optional[str], namespace: Optional[str], state_dir: Opt
 
 
 @contextmanager
-def _errors(as_json: bool) -> Iterator[None]:
-    """Our typed errors become a message on stderr (and the error as JSON on stdout) and an exit code."""
+def _errors(fmt: str) -> Iterator[None]:
+    """Our typed errors become a message on stderr (and, with ``-o json|yaml``, the error as that on stdout) and
+    an exit code."""
     try:
         yield
     except OrchestratorError as e:
-        if as_json:
-            typer.echo(json.dumps(e.to_dict()))
+        if fmt != "table":
+            emit(e.to_dict(), fmt)
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(exit_code(e)) from None
 
 
+def _grammar(output: Optional[str], as_json: bool, namespace: Optional[str],
+             old_namespace: Optional[str]) -> tuple[str, Optional[str]]:
+    """The output format (``-o``, ``--json``) and the Ray namespace (``--ray-namespace``, or its deprecated alias
+    ``--namespace``) of a command, checked before anything connects: bad input exits 2."""
+    with _errors("json" if as_json or output == "json" else "table"):
+        return output_format(output, as_json), ray_namespace(namespace, old_namespace)
+
+
 @contextmanager
-def _client(address: Optional[str], namespace: Optional[str], state_dir: Optional[Path], as_json: bool,
+def _client(address: Optional[str], namespace: Optional[str], state_dir: Optional[Path], fmt: str,
             connect_timeout_s: Optional[float] = None) -> Iterator[Any]:
-    """A client of the head for one command. With ``--json`` stdout is the JSON's alone: while connected, what
-    Ray's driver prints there (a raylet that died, a worker killed) goes to stderr, so a command prints its
-    JSON after the block (:mod:`orchestrator.core.jsonout`); an error's JSON is printed after it too."""
-    with _errors(as_json), stdout_to_stderr(as_json):
+    """A client of the head for one command. With ``-o json|yaml`` stdout is the document's alone: while
+    connected, what Ray's driver prints there (a raylet that died, a worker killed) goes to stderr, so a command
+    prints its document after the block (:mod:`orchestrator.core.jsonout`); an error's is printed after it too."""
+    with _errors(fmt), stdout_to_stderr(fmt != "table"):
         with connect_timeout(connect_timeout_s):
             client = make_client(address, namespace, state_dir)
         try:
@@ -87,10 +102,6 @@ def _progress(msg: str) -> None:
     typer.echo(f"[orchestrator] {msg}", err=True)
 
 
-def _print_json(value: Any) -> None:
-    typer.echo(json.dumps(value, sort_keys=True, default=str))
-
-
 def _console() -> Any:
     from rich.console import Console
 
@@ -99,12 +110,12 @@ def _console() -> Any:
 
 
 def _show(fetch: Callable[[Any], Any], table: Callable[[Any], Any], address: Optional[str], namespace: Optional[str],
-          state_dir: Optional[Path], as_json: bool, connect_timeout_s: Optional[float] = None) -> None:
-    """A read command: fetch with a client, print one JSON value or a table."""
-    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
+          state_dir: Optional[Path], fmt: str, connect_timeout_s: Optional[float] = None) -> None:
+    """A read command: fetch with a client, print one JSON (or YAML) value or a table."""
+    with _client(address, namespace, state_dir, fmt, connect_timeout_s) as client:
         data = fetch(client)
-    if as_json:
-        _print_json(data)
+    if fmt != "table":
+        emit(data, fmt)
     else:
         _console().print(table(data))
 
@@ -139,6 +150,19 @@ def default_name(command: list[str]) -> str:
     return name or "job"
 
 
+def local_working_dir(value: str) -> str:
+    """``--working-dir`` as the spec carries it until :meth:`Client.submit` uploads it: a URI as given, a local
+    folder (or ``.zip``) as an absolute path. Raises ``InvalidRequestError`` naming ``working_dir``."""
+    from orchestrator.sdk.jobs import WORKING_DIR_ALLOWED
+
+    if "://" in value:
+        return value
+    wd = Path(value).expanduser().resolve()
+    if not (wd.is_dir() or (wd.is_file() and wd.suffix == ".zip")):
+        raise InvalidRequestError("working_dir", value, WORKING_DIR_ALLOWED, detail="no such directory here")
+    return str(wd)
+
+
 def build_spec(command: list[str], *, gpu: str, priority: Optional[str], name: Optional[str], queue: str,
                checkpoint_dir: Optional[str], env: list[str], working_dir: Optional[str]) -> Any:
     """The :class:`JobSpec` of a ``submit`` command line. Raises ``InvalidRequestError`` naming the field."""
@@ -149,13 +173,8 @@ def build_spec(command: list[str], *, gpu: str, priority: Optional[str], name: O
     if env_vars:
         runtime_env["env_vars"] = env_vars
     if working_dir:
-        if "://" in working_dir:
-            runtime_env["working_dir"] = working_dir
-        else:
-            wd = Path(working_dir).expanduser().resolve()
-            if not wd.is_dir():
-                raise InvalidRequestError("working_dir", working_dir, "an existing directory, or a URI (s3://, gs://, https://...zip)")
-            runtime_env["working_dir"] = str(wd)
+        # A local folder is checked here and uploaded from here by Client.submit (the head never reads it).
+        runtime_env["working_dir"] = local_working_dir(working_dir)
     if checkpoint_dir and "://" not in checkpoint_dir:
         checkpoint_dir = str(Path(checkpoint_dir).expanduser().resolve())
     # As `ray job submit -- ...`: the words after `--` are joined into one shell command.
@@ -173,31 +192,32 @@ def submit(
     queue: Annotated[str, typer.Option("--queue", help="Queue (quota group)")] = "default",
     checkpoint_dir: Annotated[Optional[str], typer.Option("--checkpoint-dir", help="Where a training job checkpoints (ORCHESTRATOR_CHECKPOINT_DIR inside it)")] = None,
     env: Annotated[Optional[list[str]], typer.Option("--env", help="KEY=VALUE in the job's environment (repeatable)")] = None,
-    working_dir: Annotated[Optional[str], typer.Option("--working-dir", help="Directory shipped with the job (read on the Ray head node) or a URI")] = None,
+    working_dir: Annotated[Optional[str], typer.Option("--working-dir", help="Directory (or .zip) shipped with the job: zipped here and uploaded to the cluster, as `ray job submit` does; or a URI (gcs://, s3://, https://...zip), passed as is")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the job ends, printing progress; exit 1 unless it succeeded")] = False,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="With --wait: give up after this many seconds (exit 1)")] = None,
     job_id: Annotated[Optional[str], typer.Option("--job-id", help="Choose the job id (a retry with the same id and spec returns the same job)")] = None,
-    as_json: AsJson = False,
+    as_json: AsJson = False, output: Output = None,
     address: Address = None,
-    namespace: Namespace = None,
+    namespace: RayNamespace = None, old_namespace: OldNamespace = None,
     state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None,
 ) -> None:
     """Queue a command as a job on a GPU lease: `orchestrator submit --gpu mig:1g.10gb -- python jobs/inference.py`."""
-    with _errors(as_json):  # everything local is checked before connecting
+    fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    with _errors(fmt):  # everything local is checked before connecting
         spec = build_spec(command or [], gpu=gpu, priority=priority, name=name, queue=queue,
                           checkpoint_dir=checkpoint_dir, env=env or [], working_dir=working_dir)
-    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
+    with _client(address, namespace, state_dir, fmt, connect_timeout_s) as client:
         handle = client.submit(spec, job_id=job_id)
-        if not as_json:
+        if fmt == "table":
             _progress(f"submitted {handle.job_id} ({spec.name}): {spec.describe_gpu()}, "
                       f"priority {handle.info.get('priority_class')}, queue {spec.queue}")
         final = handle.wait(timeout, on_change=_reporter(handle)) if wait else handle.info
-    if as_json:
-        _print_json(final)
+    if fmt != "table":
+        emit(final, fmt)
     else:
         typer.echo(f"{final['job_id']}: {final['state']}" if wait else handle.job_id)
     if wait and final["state"] != "succeeded":
-        if not as_json:
+        if fmt == "table":
             typer.echo(f"see `orchestrator logs {final['job_id']}` and `orchestrator explain {final['job_id']}`", err=True)
         raise typer.Exit(EXIT_FAILED)
 
@@ -225,85 +245,219 @@ def _why(handle: Any, d: dict[str, Any]) -> str:
 
 
 # ---- read commands -------------------------------------------------------------------------------
+#: How often ``jobs --watch`` reads the head.
+WATCH_POLL_S = 1.0
+
+_JOB_STATES_HELP = "queued, admitted, running, preempting, succeeded, failed, cancelled"
+
+
 @app.command("jobs", epilog=EXIT_CODES)
-def jobs_cmd(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+def jobs_cmd(state: Annotated[Optional[list[str]], typer.Option("--state", metavar="STATE", show_default=False, help=f"Only jobs in STATE (repeatable): {_JOB_STATES_HELP}")] = None,
+             watch: Annotated[bool, typer.Option("--watch", "-w", help="Then print each change of a job until Ctrl-C, SIGTERM or SIGHUP (exit 0): a line per change; with -o json one JSON object per line, with -o yaml one document each")] = False,
+             as_json: AsJson = False, output: Output = None, address: Address = None,
+             namespace: RayNamespace = None, old_namespace: OldNamespace = None,
              state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
-    """Every job the head knows, oldest first."""
-    _show(lambda c: c.jobs(), lambda d: jobs_table(d, now=time.time()), address, namespace, state_dir, as_json,
-          connect_timeout_s)
+    """Every job the head knows, oldest first (--state: only those in these states)."""
+    fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    with _errors(fmt):
+        states = job_states(state or [])
+    if not watch:
+        _show(lambda c: [j for j in c.jobs() if not states or j["state"] in states],
+              lambda d: jobs_table(d, now=time.time()), address, namespace, state_dir, fmt, connect_timeout_s)
+        return
+    with _real_stdout() as out, _stop_signals_interrupt():
+        try:
+            with _client(address, namespace, state_dir, fmt, connect_timeout_s) as client:
+                watch_jobs(client.jobs, states, fmt, out, sleep=_sleep_between_reads)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C, SIGTERM or SIGHUP: the watch's one way to end, and not a failure
+
+
+def job_states(given: list[str]) -> frozenset[str]:
+    """``--state`` values, checked against the job states. Raises ``InvalidRequestError`` naming ``state``."""
+    from orchestrator.core.job import JobState
+
+    allowed = [s.value for s in JobState]
+    for s in given:
+        if s not in allowed:
+            raise InvalidRequestError("state", s, allowed)
+    return frozenset(given)
+
+
+def watch_jobs(fetch: Callable[[], list[dict[str, Any]]], states: frozenset[str], fmt: str,
+               out: Callable[[str], None], *, sleep: Callable[[float], None] = time.sleep,
+               now: Callable[[], float] = time.time) -> None:
+    """``jobs --watch``: the jobs (in ``states``, if any) as a table (``fmt`` table) or one document each, then,
+    every :data:`WATCH_POLL_S`, each job whose state, message, attempt or place changed, one line (or document)
+    each. A job that leaves ``states`` is shown once more, in its new state, then no longer followed. Returns
+    only by an exception: ``KeyboardInterrupt`` ends it."""
+    shown: dict[str, tuple[Any, ...]] = {}
+    first = True
+    while True:
+        changed = []
+        for j in fetch():
+            key = (j["state"], j.get("message"), j.get("attempt"), _where(j.get("lease")))
+            matches = not states or j["state"] in states
+            if matches or j["job_id"] in shown:  # leaving the filter: shown once more, then no longer followed
+                if shown.get(j["job_id"]) != key:
+                    changed.append(j)
+                if matches:
+                    shown[j["job_id"]] = key
+                else:
+                    shown.pop(j["job_id"], None)
+        if fmt == "table" and first:
+            _console().print(jobs_table(changed, now=now()))
+        elif fmt == "table":
+            for j in changed:
+                out(watch_line(j, now=now()))
+        else:
+            for j in changed:
+                out(render(j, "json") if fmt == "json" else "---\n" + render(j, fmt))
+        first = False
+        sleep(WATCH_POLL_S)
+
+
+def _sleep_between_reads(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def watch_line(j: dict[str, Any], *, now: float) -> str:
+    """One change of a job, as ``jobs --watch`` prints it. Pure."""
+    msg = j.get("message") or ((j.get("history") or [{}])[-1].get("reason") or "")
+    return (f"{time.strftime('%H:%M:%S', time.localtime(now))}  {j['job_id']}  {j['state']}  "
+            f"{_where(j.get('lease'))}  try {j.get('attempt') or '-'}" + (f"  {msg}" if msg else ""))
+
+
+@contextmanager
+def _real_stdout() -> Iterator[Callable[[str], None]]:
+    """A line writer to stdout as it is now, which stays stdout while :func:`stdout_to_stderr` points file
+    descriptor 1 at stderr (a watch prints while connected). Where stdout is no file (a test's runner), echo."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        yield typer.echo
+        return
+    sys.stdout.flush()
+    f = os.fdopen(os.dup(fd), "w", buffering=1)
+
+    def write(line: str) -> None:
+        f.write(line + "\n")
+        f.flush()
+    try:
+        yield write
+    finally:
+        f.close()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """While open, SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as Ctrl-C does (main thread only); the earlier
+    handlers come back after."""
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 @app.command(epilog=EXIT_CODES)
 def logs(job_id: JobId, follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")] = False,
-         as_json: AsJson = False, address: Address = None, namespace: Namespace = None, state_dir: StateDir = None,
+         attempt: Annotated[Optional[int], typer.Option("--attempt", metavar="N", show_default=False, help="The job's Nth run (1 is the first; a preempted job runs again as its next attempt); default: the current one")] = None,
+         as_json: AsJson = False, output: Output = None, address: Address = None,
+         namespace: RayNamespace = None, old_namespace: OldNamespace = None, state_dir: StateDir = None,
          connect_timeout_s: ConnectTimeout = None) -> None:
-    """The job's output (its Ray job's logs, current attempt)."""
+    """The job's output (its Ray job's logs: the current attempt's, or --attempt N's)."""
     from orchestrator.sdk.jobs import TERMINAL_STATES
 
-    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
+    fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    with _errors(fmt):
+        if attempt is not None and attempt < 1:
+            raise InvalidRequestError("attempt", attempt, "1 (the first attempt) or more")
+    with _client(address, namespace, state_dir, fmt, connect_timeout_s) as client:
         handle = _job(client, job_id)
-        text = handle.logs()
-        if not as_json:
+        text = handle.logs(attempt)  # the head refuses an attempt the job has not had, naming `attempt`
+
+        def following() -> bool:  # a past attempt has ended: nothing to follow
+            d = handle.status()
+            return d["state"] not in TERMINAL_STATES and (attempt is None or d.get("attempt") == attempt)
+
+        if fmt == "table":
             typer.echo(text, nl=False)
-            while follow and handle.status()["state"] not in TERMINAL_STATES:
+            while follow and following():
                 time.sleep(1.0)
-                more = handle.logs()
+                more = handle.logs(attempt)
                 typer.echo(more[len(text):] if more.startswith(text) else more, nl=False)
                 text = more
             if follow:
-                rest = handle.logs()
+                rest = handle.logs(attempt)
                 typer.echo(rest[len(text):] if rest.startswith(text) else "", nl=False)
                 _progress(f"{job_id}: {handle.state}")
-    if as_json:
-        _print_json({"job_id": job_id, "state": handle.state, "logs": text})
+    if fmt != "table":
+        emit({"job_id": job_id, "state": handle.state, "attempt": attempt or handle.info.get("attempt"), "logs": text},
+             fmt)
 
 
 @app.command(epilog=EXIT_CODES)
-def cancel(job_id: JobId, as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+def cancel(job_id: JobId, as_json: AsJson = False, output: Output = None, address: Address = None,
+           namespace: RayNamespace = None, old_namespace: OldNamespace = None,
            state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Stop a job (queued, running or checkpointing) and release its lease. Cancelling an ended job changes nothing."""
-    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
+    fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    with _client(address, namespace, state_dir, fmt, connect_timeout_s) as client:
         handle = _job(client, job_id)
         was = handle.state
         d = handle.cancel()
-    if as_json:
-        _print_json(d)
+    if fmt != "table":
+        emit(d, fmt)
     else:
         typer.echo(f"{job_id}: {d['state']}" + (f" (was {was})" if was != d["state"] else " (already ended)"))
 
 
 @app.command(epilog=EXIT_CODES)
-def explain(job_id: JobId, as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+def explain(job_id: JobId, as_json: AsJson = False, output: Output = None, address: Address = None,
+            namespace: RayNamespace = None, old_namespace: OldNamespace = None,
             state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Why a job waits (reasons grouped by node, queue position, what preemption would admit it), where it runs and why, who preempted it."""
-    with _client(address, namespace, state_dir, as_json, connect_timeout_s) as client:
+    fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    with _client(address, namespace, state_dir, fmt, connect_timeout_s) as client:
         d = _job(client, job_id).explain()
-    if as_json:
-        _print_json(d)
+    if fmt != "table":
+        emit(d, fmt)
     else:
         typer.echo(render_explain(d))
 
 
 @app.command(epilog=EXIT_CODES)
-def nodes(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+def nodes(as_json: AsJson = False, output: Output = None, address: Address = None,
+          namespace: RayNamespace = None, old_namespace: OldNamespace = None,
           state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Nodes and their GPUs: model, memory, health, MIG slices and the leases holding them."""
-    _show(lambda c: c.nodes(), nodes_table, address, namespace, state_dir, as_json, connect_timeout_s)
+    fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    _show(lambda c: c.nodes(), nodes_table, address, namespace, state_dir, fmt, connect_timeout_s)
 
 
 @app.command(epilog=EXIT_CODES)
-def leases(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+def leases(as_json: AsJson = False, output: Output = None, address: Address = None,
+           namespace: RayNamespace = None, old_namespace: OldNamespace = None,
            state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Live leases: pending, granted, active and checkpointing."""
-    _show(lambda c: c.leases(), lambda d: leases_table(d, now=time.time()), address, namespace, state_dir, as_json,
+    fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    _show(lambda c: c.leases(), lambda d: leases_table(d, now=time.time()), address, namespace, state_dir, fmt,
           connect_timeout_s)
 
 
 @app.command("queue", epilog=EXIT_CODES)
-def queue_cmd(as_json: AsJson = False, address: Address = None, namespace: Namespace = None,
+def queue_cmd(as_json: AsJson = False, output: Output = None, address: Address = None,
+              namespace: RayNamespace = None, old_namespace: OldNamespace = None,
               state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
     """Pending leases in the order the scheduler considers them, each with why it waits."""
-    _show(lambda c: c.queue(), queue_table, address, namespace, state_dir, as_json, connect_timeout_s)
+    fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    _show(lambda c: c.queue(), queue_table, address, namespace, state_dir, fmt, connect_timeout_s)
 
 
 # ---- rendering (pure) ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any, Optional, Tuple
 
 import typer
 
+from orchestrator.cli.options import Output, emit, output_format
 from orchestrator.core.errors import InvalidRequestError
 
 app = typer.Typer(name="sim", help="Trace-driven evaluation (the FGD paper's openb experiments).",
@@ -44,7 +45,8 @@ def openb(
     policy: str = typer.Option("default", "--policy", help="A policy name, or 'all' for the paper's seven"),
     seeds: int = typer.Option(10, "--seeds", min=1, help="Runs per policy, seeds seed_base..seed_base+N-1"),
     seed_base: int = typer.Option(0, "--seed-base", help="First seed"),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON (one object, or a list for --policy all)"),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON (one object, or a list for --policy all; as -o json)"),
+    output: Output = None,
     plot: Path | None = typer.Option(None, "--plot", help="Write the allocation-vs-arrival chart (PNG/PDF/SVG)"),
     mode: str = typer.Option("arrival", "--mode", help="arrival (the paper's) | timeline (the trace's own clock)"),
     order: str = typer.Option("shuffled", "--order", help="arrival mode: shuffled (the paper's artifact) | trace"),
@@ -60,6 +62,11 @@ def openb(
     from orchestrator.core.priorities import POLICY_NAMES
     from orchestrator.sim.arrival import ORDERS, PAPER_POLICIES
 
+    try:
+        fmt = output_format(output, json_out)
+    except InvalidRequestError as e:
+        _fail(e)
+    json_out = fmt != "table"  # json or yaml
     names = list(PAPER_POLICIES) if policy == "all" else [policy]
     if compare:
         if mode != "arrival":
@@ -85,7 +92,7 @@ def openb(
             for d in out:
                 d.update(nodes=str(nodes), pods=str(pods), load=load, wall_s=round(wall, 2))
             if json_out:
-                typer.echo(json.dumps(out if policy == "all" else out[0], indent=2))
+                emit(out if policy == "all" else out[0], fmt, indent=2, sort_keys=False)
             else:
                 _print_timeline(out, pods, wall)
             return
@@ -111,9 +118,9 @@ def openb(
         cmp = compare_runs(summaries[0].runs, summaries[1].runs)
     if json_out:
         if cmp is not None:
-            typer.echo(json.dumps({"results": dicts, "compare": cmp.to_dict()}, indent=2))
+            emit({"results": dicts, "compare": cmp.to_dict()}, fmt, indent=2, sort_keys=False)
         else:
-            typer.echo(json.dumps(dicts if policy == "all" else dicts[0], indent=2))
+            emit(dicts if policy == "all" else dicts[0], fmt, indent=2, sort_keys=False)
     else:
         _print_arrival(summaries, pods, wall, plot)
         if cmp is not None:

@@ -10,6 +10,12 @@ pass the real head logic, in process).
 **Idempotent submission.** ``submit`` picks the job id on the client
 (``<name>-<6 hex>``) unless given one, so a call the head's actor retries
 after a restart finds the job it already made instead of making a second.
+
+**The working directory travels as a URI.** A local ``runtime_env["working_dir"]`` (a folder or a ``.zip``)
+is zipped and uploaded to the cluster's GCS *from this machine* by ``submit``, with Ray's own packaging, as
+``ray job submit`` does (:func:`orchestrator.rayport.packages.upload_working_dir`); the spec the head keeps
+carries the ``gcs://_ray_pkg_<hash>.zip`` URI, so it works against a remote cluster and for every attempt of
+the job. A URI (``gcs://``, ``s3://``, ``gs://``, ``https://...zip``) is passed on unchanged.
 """
 
 from __future__ import annotations
@@ -19,14 +25,22 @@ import time
 from typing import Any, Callable, Mapping
 
 from orchestrator.core.api import HeadApi
-from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.errors import InvalidRequestError, OrchestratorError
 from orchestrator.core.job import JOB_TRANSITIONS, JobSpec
+from orchestrator.rayport.packages import upload_working_dir
 from orchestrator.sdk.connect import Connection, open_connection
 from orchestrator.sdk.inputs import as_spec, new_job_id
 
-__all__ = ["Client", "JobHandle", "JobWaitTimeoutError", "TERMINAL_STATES"]
+__all__ = ["Client", "JobHandle", "JobWaitTimeoutError", "TERMINAL_STATES", "WORKING_DIR_ALLOWED"]
 
 TERMINAL_STATES = frozenset(s.value for s in JOB_TRANSITIONS.terminal)
+
+#: What ``runtime_env["working_dir"]`` may be, in the refusals that name it.
+WORKING_DIR_ALLOWED = ("an existing local directory or .zip file (uploaded to the cluster), or a URI: gcs://, "
+                       "s3://, gs://, https://...zip")
+
+#: Uploads a spec's local ``runtime_env["working_dir"]`` and returns the runtime env carrying its URI.
+Uploader = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
 class JobWaitTimeoutError(OrchestratorError, TimeoutError):
@@ -45,18 +59,23 @@ class JobWaitTimeoutError(OrchestratorError, TimeoutError):
 class Client:
     """The orchestrator, as a program sees it. See the module docstring for how it finds the head.
 
-    ``head`` injects a :class:`HeadApi` (nothing connects then).
+    ``head`` injects a :class:`HeadApi` (nothing connects then); ``upload`` replaces the upload of a local
+    working directory (default: Ray's, into the connected cluster's GCS; a client with an injected head and
+    no ``upload`` refuses a local working directory, having no cluster to send it to).
     Use as a context manager, or call :meth:`close`, to disconnect a driver the
     client connected itself; a driver that was already connected stays so.
     """
 
     def __init__(self, address: str | None = None, *, namespace: str | None = None, head_name: str | None = None,
-                 state_dir: str | os.PathLike[str] | None = None, head: HeadApi | None = None) -> None:
+                 state_dir: str | os.PathLike[str] | None = None, head: HeadApi | None = None,
+                 upload: Uploader | None = None) -> None:
         self._conn: Connection | None = None
         if head is None:
             self._conn = open_connection(address, namespace=namespace, head_name=head_name, state_dir=state_dir)
             head = self._conn.head
+            upload = upload or upload_working_dir  # into the cluster this client connected to
         self.head: HeadApi = head
+        self._upload = upload
 
     def __enter__(self) -> "Client":
         return self
@@ -71,8 +90,25 @@ class Client:
     def submit(self, spec: JobSpec | Mapping[str, Any], *, job_id: str | None = None) -> "JobHandle":
         """Queue a job; refused at once (``InvalidRequestError`` naming the field) when it can never run."""
         spec = as_spec(spec)  # local refusals before any call
+        spec = self._with_uploaded_working_dir(spec)
         info = self.head.submit_job(spec.model_dump(mode="json"), job_id or new_job_id(spec.name))
         return JobHandle(self.head, info["job_id"], info)
+
+    def _with_uploaded_working_dir(self, spec: JobSpec) -> JobSpec:
+        """``spec`` with a local ``runtime_env["working_dir"]`` uploaded and replaced by its URI (see the module
+        docstring). Raises ``InvalidRequestError`` naming ``working_dir`` for a path that is not here."""
+        wd = spec.runtime_env.get("working_dir")
+        if wd is None or (isinstance(wd, str) and "://" in wd):
+            return spec
+        if not isinstance(wd, (str, os.PathLike)):
+            raise InvalidRequestError("working_dir", wd, WORKING_DIR_ALLOWED)
+        path = os.path.abspath(os.path.expanduser(os.fspath(wd)))
+        if not (os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".zip"))):
+            raise InvalidRequestError("working_dir", os.fspath(wd), WORKING_DIR_ALLOWED, detail="no such directory here")
+        if self._upload is None:
+            raise InvalidRequestError("working_dir", os.fspath(wd), "a URI: this client has no cluster to upload "
+                                      "a local directory to (it was given a head, no upload)")
+        return spec.model_copy(update={"runtime_env": self._upload({**spec.runtime_env, "working_dir": path})})
 
     def job(self, job_id: str) -> "JobHandle":
         """A handle on a job submitted earlier (raises ``UnknownObjectError`` for an unknown id)."""
@@ -150,9 +186,10 @@ class JobHandle:
             sleep(step)
             delay = min(max_poll_s, delay * 1.5)
 
-    def logs(self) -> str:
-        """The Ray job's output so far (the current attempt's)."""
-        return self.head.job_logs(self.job_id)
+    def logs(self, attempt: int | None = None) -> str:
+        """The Ray job's output so far: the current attempt's, or ``attempt``'s (1 is the first; the head refuses
+        one the job has not had, naming ``attempt``)."""
+        return self.head.job_logs(self.job_id) if attempt is None else self.head.job_logs(self.job_id, attempt)
 
     def cancel(self) -> dict[str, Any]:
         """Stop the job (queued, running or checkpointing) and release its lease. Idempotent."""

@@ -101,3 +101,74 @@ def test_every_command_prints_one_json_object_with_json_but_those_listed() -> No
     without = {path for path, cmd in commands.items()
                if not any("--json" in getattr(p, "opts", []) for p in cmd.params)}
     assert without == set(NO_JSON), sorted(without ^ set(NO_JSON))
+
+
+def _leaves() -> dict[str, object]:
+    import typer.main
+
+    from orchestrator.cli import main
+
+    def leaves(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                yield from leaves(sub, f"{path} {name}")
+        else:
+            yield path, cmd
+
+    return dict(leaves(typer.main.get_command(main.app), "orchestrator"))
+
+
+#: Commands where ``-o`` is not yet the output format, and why. The test below fails for a new one, and for one
+#: of these once it is fixed (take it off the list).
+O_NOT_OUTPUT_YET = {f"orchestrator k8s {c}": "-o is --overlay's short name until cli/k8s.py renames it (#39)"
+                    for c in ("apply", "status", "delete")}
+#: Commands with ``--json`` but no ``-o/--output`` yet, and why (the same ratchet).
+NO_OUTPUT_YET = {f"orchestrator k8s {c}": "cli/k8s.py takes -o/--output (cli/options.py's Output) once -o is free"
+                 for c in ("render", "apply", "status", "delete")}
+
+
+def test_o_is_the_output_format_on_every_command() -> None:
+    """One grammar (#39): wherever ``-o`` exists it is ``--output``, the output format, and every command with
+    ``--json`` takes ``-o json|yaml|table`` too. kubectl's grammar; never an overlay, an out folder, anything else."""
+    from orchestrator.cli.options import OUTPUT_FORMATS
+
+    commands = _leaves()
+    o_other, no_output = set(), set()
+    for path, cmd in commands.items():
+        by_opt = {o: p for p in cmd.params for o in getattr(p, "opts", [])}
+        if "-o" in by_opt and "--output" not in by_opt["-o"].opts:
+            o_other.add(path)
+        if "--json" in by_opt and not ("--output" in by_opt and "-o" in by_opt["--output"].opts):
+            no_output.add(path)
+    assert o_other == set(O_NOT_OUTPUT_YET), sorted(o_other ^ set(O_NOT_OUTPUT_YET))
+    assert no_output == set(NO_OUTPUT_YET), sorted(no_output ^ set(NO_OUTPUT_YET))
+    assert OUTPUT_FORMATS == ("table", "json", "yaml")
+    with_output = [p for p, c in commands.items() if any("--output" in getattr(q, "opts", []) for q in c.params)]
+    assert len(with_output) >= 15, with_output  # up, down, env, status, submit, jobs, logs, ..., demo, bench, sim
+
+
+def test_ray_namespace_is_rays_and_namespace_only_kubernetes() -> None:
+    """``--ray-namespace`` on every command that finds the head; ``--namespace`` shown only on ``orchestrator k8s``
+    (Kubernetes'), elsewhere a hidden deprecated alias."""
+    commands = _leaves()
+    shown_ns, finds_head_without = set(), set()
+    for path, cmd in commands.items():
+        by_opt = {o: p for p in cmd.params for o in getattr(p, "opts", [])}
+        if "--namespace" in by_opt and not by_opt["--namespace"].hidden and not path.startswith("orchestrator k8s"):
+            shown_ns.add(path)
+        if "--address" in by_opt and "--ray-namespace" not in by_opt and path != "orchestrator up":
+            finds_head_without.add(path)  # (up starts the head, in the namespace its cluster file names)
+    assert shown_ns == set() and finds_head_without == set(), (shown_ns, finds_head_without)
+    finders = [p for p, c in commands.items() if any("--ray-namespace" in getattr(q, "opts", []) for q in c.params)]
+    assert {"orchestrator status", "orchestrator jobs", "orchestrator dashboard", "orchestrator submit"} <= set(finders)
+
+
+def test_status_takes_o_yaml_and_refuses_another_format(tmp_path: Path) -> None:
+    import yaml
+
+    r = runner.invoke(app, ["status", "-o", "yaml", "--address", "127.0.0.1:1", "--state-dir", str(tmp_path)])
+    assert r.exit_code == 3
+    assert yaml.safe_load(r.stdout)["error"] == "ClusterNotFoundError"  # the error, as YAML
+    r = runner.invoke(app, ["status", "-o", "wide", "--address", "127.0.0.1:1", "--state-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "invalid output='wide'" in r.stderr and "table, json, yaml" in r.stderr

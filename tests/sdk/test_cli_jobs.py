@@ -5,7 +5,9 @@ explanations. No Ray."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,10 +22,27 @@ runner = CliRunner()
 FOUR = {"kind": "whole", "count": 4}  # the head's API takes a request's JSON form, not the --gpu string
 
 
+class Uploads:
+    """Stands in for the upload of a local working directory to the cluster's GCS (Ray's packaging: the real
+    one runs in tests/integration/test_submission.py); records what it was given."""
+
+    def __init__(self) -> None:
+        self.given: list[dict[str, Any]] = []
+
+    def __call__(self, runtime_env: Any) -> dict[str, Any]:
+        self.given.append(dict(runtime_env))
+        return {**runtime_env, "working_dir": "gcs://_ray_pkg_0123456789abcdef.zip"}
+
+
 @pytest.fixture
-def head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[InProcessHead]:
+def uploads() -> Uploads:
+    return Uploads()
+
+
+@pytest.fixture
+def head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, uploads: Uploads) -> Iterator[InProcessHead]:
     h = InProcessHead(workdir=tmp_path / "head")
-    monkeypatch.setattr(cli, "make_client", lambda *a: Client(head=h))
+    monkeypatch.setattr(cli, "make_client", lambda *a: Client(head=h, upload=uploads))
     yield h
     h.close()
 
@@ -91,7 +110,8 @@ def test_an_unreachable_orchestrator_exits_3_with_one_json_object(tmp_path: Path
     assert json.loads(r.stdout)["error"] == "ClusterNotFoundError"  # a NotConnectedError that says which way it failed
 
 
-def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: InProcessHead, tmp_path: Path) -> None:
+def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: InProcessHead, uploads: Uploads,
+                                                                       tmp_path: Path) -> None:
     r = run("submit", "--gpu", "mps:30%,20GiB", "--priority", "training", "--checkpoint-dir", str(tmp_path),
             "--env", "A=1", "--env", "B=x=y", "--working-dir", str(tmp_path), "--",
             "sleep", "600", "--note", "two words")
@@ -100,7 +120,10 @@ def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: InPr
     spec = head.calls[0][1][0]
     assert job_id.startswith("sleep-") and spec["name"] == "sleep"
     assert shlex.split(spec["entrypoint"]) == ["sleep", "600", "--note", "two words"]
-    assert spec["runtime_env"] == {"env_vars": {"A": "1", "B": "x=y"}, "working_dir": str(tmp_path)}
+    # The folder is uploaded from here; the head gets the package's URI, never a path on this machine.
+    assert [u["working_dir"] for u in uploads.given] == [str(tmp_path)]
+    assert spec["runtime_env"] == {"env_vars": {"A": "1", "B": "x=y"},
+                                   "working_dir": "gcs://_ray_pkg_0123456789abcdef.zip"}
     assert spec["checkpoint_dir"] == str(tmp_path) and spec["priority"] == "training"
     assert "submitted " + job_id in r.stderr and "mps:30%,20480MiB" in r.stderr
     _running(head, job_id)  # what Ray's job API received: the job's env plus the lease's devices
@@ -233,7 +256,7 @@ def test_every_command_maps_errors_to_the_same_exit_codes() -> None:
             k8s_cli._run(boom)
         assert k8s_exit.value.exit_code == code
         with pytest.raises(typer.Exit) as jobs_exit:
-            with cli._errors(as_json=False):
+            with cli._errors("table"):
                 boom()
         assert jobs_exit.value.exit_code == code
 
@@ -257,3 +280,180 @@ def test_submit_takes_a_gang_and_explain_says_what_each_worker_waits_on(head: In
     assert f"worker 0 ({big}.a1-w0): pending" in r.stdout and f"worker 1 ({big}.a1-w1): pending" in r.stdout
     ex = json.loads(run("explain", big, "--json").stdout)
     assert all(w["state"] == "pending" and "gang" in w["reason"] for w in ex["workers"]), ex["workers"]
+
+
+# ---- one grammar (#39): -o, --ray-namespace, jobs --state/--watch, logs --attempt, --working-dir ----------------
+def test_o_json_is_json_and_o_yaml_the_same_value(head: InProcessHead) -> None:
+    import yaml
+
+    head.submit_job({"name": "e", "entrypoint": "echo out"}, "e-1")
+    head.wait_for(lambda: head.service.get_job("e-1")["state"] == "succeeded", 10, "e-1 done")
+    for cmd in (["jobs"], ["explain", "e-1"], ["logs", "e-1"]):  # (nodes' heartbeat ages differ from read to read)
+        as_json, dash_o, as_yaml = run(*cmd, "--json"), run(*cmd, "-o", "json"), run(*cmd, "--output", "yaml")
+        assert as_json.exit_code == dash_o.exit_code == as_yaml.exit_code == 0, (cmd, as_yaml.output)
+        assert json.loads(dash_o.stdout) == json.loads(as_json.stdout), cmd
+        assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout), cmd
+    assert run("jobs", "-o", "table").stdout == run("jobs").stdout  # the default, named
+
+
+@pytest.mark.parametrize("args, shown", [(["-o", "xml"], "'xml'"), (["-o", "yaml", "--json"], "'yaml'")])
+def test_a_bad_output_format_exits_2_naming_it_before_connecting(no_head: None, args: list[str], shown: str) -> None:
+    for cmd, tail in ((["jobs"], []), (["logs", "j-1"], []), (["submit"], ["--", "true"])):
+        r = run(*cmd, *args, *tail)
+        assert r.exit_code == 2, (cmd, r.output)
+        assert f"invalid output={shown}" in r.stderr and "allowed:" in r.stderr and "json" in r.stderr, cmd
+
+
+def test_ray_namespace_reaches_the_client_and_namespace_is_a_deprecated_alias(monkeypatch: pytest.MonkeyPatch,
+                                                                              tmp_path: Path) -> None:
+    h = InProcessHead(workdir=tmp_path / "head")
+    seen: list[Any] = []
+    monkeypatch.setattr(cli, "make_client", lambda address, namespace, state_dir: seen.append(namespace) or Client(head=h))
+    try:
+        r = run("jobs", "--ray-namespace", "team-a")
+        assert r.exit_code == 0 and seen[-1] == "team-a" and "deprecated" not in r.stderr, r.output
+        r = run("queue", "--namespace", "team-b", "--json")
+        assert r.exit_code == 0 and seen[-1] == "team-b" and json.loads(r.stdout) == []
+        assert "--namespace is deprecated here: use --ray-namespace" in r.stderr
+        calls = len(seen)
+        r = run("nodes", "--ray-namespace", "a", "--namespace", "b")
+        assert r.exit_code == 2 and "invalid ray_namespace='a'" in r.stderr and len(seen) == calls
+        assert "--namespace" not in run("jobs", "--help").stdout.replace("--ray-namespace", "")  # hidden
+    finally:
+        h.close()
+
+
+def test_jobs_state_filters_and_a_bad_state_exits_2_listing_the_states(head: InProcessHead,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    head.submit_job({"name": "e", "entrypoint": "true"}, "e-1")
+    head.wait_for(lambda: head.service.get_job("e-1")["state"] == "succeeded", 10, "e-1 done")
+    _blocked(head, "a-1")
+    jobs = lambda *a: {j["job_id"] for j in json.loads(run("jobs", "--json", *a).stdout)}  # noqa: E731
+    assert jobs("--state", "queued") == {"a-1"}
+    assert jobs("--state", "running", "--state", "succeeded") == {"blocker-1", "e-1"}
+    assert jobs() == {"e-1", "blocker-1", "a-1"}
+    monkeypatch.setattr(cli, "make_client", lambda *a: pytest.fail("bad input must be refused before connecting"))
+    r = run("jobs", "--state", "done", "--json")
+    assert r.exit_code == 2, r.output
+    err = json.loads(r.stdout)
+    assert err["field"] == "state" and err["value"] == "'done'"
+    assert err["allowed"] == "queued, admitted, running, preempting, succeeded, failed, cancelled"
+
+
+def _snapshots(*states: dict[str, str]) -> Any:
+    """A fetch that returns one job list per call, each job given as id -> state, then the last one forever."""
+    calls = iter(states)
+    last: list[dict[str, Any]] = []
+
+    def fetch() -> list[dict[str, Any]]:
+        nonlocal last
+        step = next(calls, None)
+        if step is not None:
+            last = [{"job_id": j, "state": st, "attempt": 1, "message": f"{j} is {st}"} for j, st in step.items()]
+        return last
+    return fetch
+
+
+def _stop_after(reads: int) -> Any:
+    n = 0
+
+    def sleep(s: float) -> None:
+        nonlocal n
+        assert s == cli.WATCH_POLL_S
+        n += 1
+        if n == reads:
+            raise KeyboardInterrupt
+    return sleep
+
+
+def test_watch_prints_each_change_once_and_a_job_leaving_the_filter_once_more() -> None:
+    fetch = _snapshots({"a": "queued", "b": "running", "c": "succeeded"},
+                       {"a": "queued", "b": "running", "c": "succeeded"},    # nothing changed: nothing printed
+                       {"a": "running", "b": "running", "c": "succeeded"},   # a starts
+                       {"a": "running", "b": "succeeded", "c": "succeeded"},  # b leaves `running`: shown once more
+                       {"a": "running", "b": "succeeded", "c": "succeeded", "d": "running"},
+                       {"a": "running", "b": "succeeded", "c": "succeeded", "d": "running"})
+    out: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        cli.watch_jobs(fetch, frozenset({"running", "queued"}), "json", out.append, sleep=_stop_after(6))
+    assert [(d["job_id"], d["state"]) for d in map(json.loads, out)] == [
+        ("a", "queued"), ("b", "running"), ("a", "running"), ("b", "succeeded"), ("d", "running")]
+
+
+def test_watch_in_a_table_then_a_line_per_change(head: InProcessHead, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    head.submit_job({"name": "e", "entrypoint": "true"}, "e-1")
+    head.wait_for(lambda: head.service.get_job("e-1")["state"] == "succeeded", 10, "e-1 done")
+    reads = 0
+
+    def between_reads(s: float) -> None:  # the cluster changes between the watch's reads; then SIGTERM ends it
+        nonlocal reads
+        reads += 1
+        if reads == 1:
+            _blocked(head, "w-1")
+        elif reads == 2:
+            head.cancel_job("w-1")
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+            pytest.fail("SIGTERM did not end the watch")
+
+    def missed(signum: int, frame: Any) -> None:  # not the default handler: a miss must not kill the test run
+        raise AssertionError("the SIGTERM reached the test: the watch did not take it")
+
+    saved = signal.signal(signal.SIGTERM, missed)
+    try:
+        monkeypatch.setattr(cli, "_sleep_between_reads", between_reads)
+        r = run("jobs", "--watch")
+        assert r.exit_code == 0, r.output
+        out = r.stdout
+        assert "jobs (1)" in out and "e-1" in out  # the table first
+        changes = [ln for ln in out.splitlines() if ln[:2].isdigit() and ln[2] == ":"]
+        assert [ln.split()[1:3] for ln in changes] == [["blocker-1", "running"], ["w-1", "queued"],
+                                                       ["w-1", "cancelled"]]
+        assert signal.getsignal(signal.SIGTERM) is missed  # the command put the handler back
+        r = run("jobs", "--watch", "-o", "json", "--state", "cancelled")
+        assert r.exit_code == 0 and [json.loads(ln)["job_id"] for ln in r.stdout.splitlines()] == ["w-1"], r.output
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
+def test_logs_attempt(head: InProcessHead) -> None:
+    head.submit_job({"name": "e", "entrypoint": "echo first"}, "e-1")
+    head.wait_for(lambda: head.service.get_job("e-1")["state"] == "succeeded", 10, "e-1 done")
+    r = run("logs", "e-1", "--attempt", "1", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout) == {"job_id": "e-1", "state": "succeeded", "attempt": 1,
+                                                         "logs": "first\n"}, r.output
+    r = run("logs", "e-1", "--attempt", "2")  # the head knows the job has had one attempt
+    assert r.exit_code == 2 and "invalid attempt=2" in r.stderr and "1 to 1" in r.stderr, r.output
+
+
+def test_logs_attempt_below_1_exits_2_before_connecting(no_head: None) -> None:
+    r = run("logs", "e-1", "--attempt", "0", "--json")
+    assert r.exit_code == 2, r.output
+    assert json.loads(r.stdout)["field"] == "attempt" and "1 (the first attempt) or more" in r.stderr
+
+
+def test_the_sdk_uploads_a_local_working_dir_and_passes_a_uri_through(tmp_path: Path) -> None:
+    from orchestrator.core.errors import InvalidRequestError
+
+    h = InProcessHead(workdir=tmp_path / "head")
+    uploads = Uploads()
+    try:
+        client = Client(head=h, upload=uploads)
+        sent = lambda: h.calls[-1][1][0]["runtime_env"]["working_dir"]  # noqa: E731 - the spec the head got
+        client.submit({"name": "w", "entrypoint": "true", "runtime_env": {"working_dir": str(tmp_path)}})
+        assert sent() == "gcs://_ray_pkg_0123456789abcdef.zip"
+        for uri in ("gcs://_ray_pkg_abc.zip", "s3://bucket/wd.zip", "https://example.com/wd.zip"):
+            client.submit({"name": "u", "entrypoint": "true", "runtime_env": {"working_dir": uri}})
+            assert sent() == uri
+        assert [u["working_dir"] for u in uploads.given] == [str(tmp_path)]
+        with pytest.raises(InvalidRequestError) as e:
+            client.submit({"name": "n", "entrypoint": "true", "runtime_env": {"working_dir": str(tmp_path / "nope")}})
+        assert e.value.field == "working_dir" and "no such directory here" in str(e.value)
+        with pytest.raises(InvalidRequestError) as e:  # a head but no cluster to upload to: not silently a path
+            Client(head=h).submit({"name": "n", "entrypoint": "true", "runtime_env": {"working_dir": str(tmp_path)}})
+        assert e.value.field == "working_dir" and "a URI" in e.value.allowed
+    finally:
+        h.close()
