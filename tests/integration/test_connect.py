@@ -104,7 +104,7 @@ def test_a_wrong_token(ray_cluster: Any, clean_env: dict[str, str], tmp_path: Pa
 
 def test_the_cluster_without_our_head(ray_cluster: Any, clean_env: dict[str, str]) -> None:
     env = dict(clean_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(ray_cluster.tmpdir / "auth_token"))
-    r, took = _cli("leases", "--address", ray_cluster.address, "--namespace", "rgo-nobody", env=env)
+    r, took = _cli("leases", "--address", ray_cluster.address, "--ray-namespace", "rgo-nobody", env=env)
     _fails_fast(r, took, f"the Ray cluster at {ray_cluster.address} (found through --address) has no orchestrator "
                          "head 'rgo-head' in namespace 'rgo-nobody'; start one with "
                          f"`orchestrator up --address {ray_cluster.address}`")

@@ -153,7 +153,7 @@ def test_leases_json_from_another_driver_shows_no_token(head: Any, ray_cluster: 
     with lease(GpuRequest.whole(1), head=head, namespace=SETTINGS.namespace, lease_id="private") as le:
         assert le.fencing_token >= 1
         out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "leases", "--json", "--address",
-                              ray_cluster.address, "--namespace", SETTINGS.namespace],
+                              ray_cluster.address, "--ray-namespace", SETTINGS.namespace],
                              capture_output=True, text=True, timeout=120, env=os.environ)
         assert out.returncode == 0, out.stderr
         shown = {d["lease_id"]: d for d in json.loads(out.stdout)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -186,24 +187,38 @@ def test_a_waiting_job_is_explained_then_cancelled(client: Any, head: Any) -> No
 
 
 def _cli(command: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli.jobs", command, "--namespace", SETTINGS.namespace, *args],
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.jobs", command, "--ray-namespace", SETTINGS.namespace, *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def test_the_cli_submits_waits_and_reads_back(head: Any, ray_cluster: Any) -> None:
+def test_the_cli_submits_waits_and_reads_back(head: Any, ray_cluster: Any, tmp_path: Path) -> None:
     addr = ray_cluster.address
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "note.txt").write_text("from-the-working-dir")
     t0 = time.monotonic()
     r = _cli("submit", "--gpu", "mps:30%,20GiB", "--name", "cli-mps", "--env", "GREETING=hi", "--wait", "--json",
-             "--address", addr, "--", sys.executable, "-c",
-             "import os; print(os.environ['GREETING'], os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'])")
+             "--working-dir", str(wd), "--address", addr, "--", sys.executable, "-c",
+             "import os; print(os.environ['GREETING'], os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], "
+             "open('note.txt').read())")
     print(f"\nsubmit --wait took {time.monotonic() - t0:.1f}s")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)  # exactly one JSON object
     assert d["state"] == "succeeded" and d["name"] == "cli-mps"
     assert "running" in r.stderr and "succeeded" in r.stderr  # progress, on stderr
     job_id = d["job_id"]
-    r = _cli("logs", job_id, "--address", addr)
-    assert r.returncode == 0 and "hi 30" in r.stdout, r.stderr
+    r = _cli("logs", job_id, "--address", addr, "--attempt", "1")
+    assert r.returncode == 0 and "hi 30 from-the-working-dir" in r.stdout, r.stderr
+    # `jobs --watch` from a real process: JSON lines on stdout while connected, SIGTERM ends it with exit 0.
+    watch = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.jobs", "jobs", "--ray-namespace",
+                              SETTINGS.namespace, "--address", addr, "--watch", "-o", "json", "--state", "succeeded"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    first = json.loads(watch.stdout.readline())
+    assert first["state"] == "succeeded", first
+    watch.send_signal(signal.SIGTERM)
+    out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err[-2000:]
+    assert all(json.loads(ln)["state"] == "succeeded" for ln in out.splitlines())
     r = _cli("explain", job_id, "--json", "--address", addr)
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "succeeded", r.stderr
     r = _cli("jobs", "--json", "--address", addr)
@@ -212,6 +227,33 @@ def test_the_cli_submits_waits_and_reads_back(head: Any, ray_cluster: Any) -> No
     assert r.returncode == 2 and "invalid priority='urgent'" in r.stderr and "inference" in r.stderr
     r = _cli("cancel", "no-such-job", "--address", addr)
     assert r.returncode == 2 and "no such job" in r.stderr and job_id in r.stderr
+
+
+def test_a_local_working_dir_is_uploaded_by_the_submitter_and_never_read_again(head: Any, tmp_path: Path) -> None:
+    """The submitter zips and uploads the folder (Ray's packaging, into the GCS); the head gets the gcs:// URI.
+    The folder is deleted right after the upload: a head (or Ray job) that read the local path would fail."""
+    import shutil
+
+    from orchestrator import Client
+    from orchestrator.rayport.packages import upload_working_dir
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "note.txt").write_text("shipped")
+    uploaded: list[str] = []
+
+    def upload_then_delete(runtime_env: Any) -> dict[str, Any]:
+        out = upload_working_dir(runtime_env)
+        uploaded.append(out["working_dir"])
+        shutil.rmtree(wd)
+        return out
+
+    client = Client(namespace=SETTINGS.namespace, upload=upload_then_delete)
+    job = client.submit({"name": "wd", "entrypoint": f"{sys.executable} -c \"print(open('note.txt').read())\"",
+                         "gpu": "timeslice:0.1", "runtime_env": {"working_dir": str(wd)}})
+    final = job.wait(120)
+    assert final["state"] == "succeeded", (final["message"], job.logs())
+    assert "shipped" in job.logs() and len(uploaded) == 1 and uploaded[0].startswith("gcs://_ray_pkg_")
 
 
 def test_a_json_command_prints_only_its_json_while_ray_prints_the_clusters_errors(head: Any, ray_cluster: Any) -> None:
@@ -223,7 +265,7 @@ def test_a_json_command_prints_only_its_json_while_ray_prints_the_clusters_error
 
     from ray._private.utils import publish_error_to_driver
 
-    cmd = [sys.executable, "-m", "orchestrator.cli.jobs", "submit", "--namespace", SETTINGS.namespace, "--gpu",
+    cmd = [sys.executable, "-m", "orchestrator.cli.jobs", "submit", "--ray-namespace", SETTINGS.namespace, "--gpu",
            "timeslice:0.1", "--name", "cli-quiet", "--wait", "--json", "--address", ray_cluster.address, "--",
            "sleep", "4"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
