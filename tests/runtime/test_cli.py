@@ -119,11 +119,12 @@ def _leaves() -> dict[str, object]:
     return dict(leaves(typer.main.get_command(main.app), "orchestrator"))
 
 
-#: Commands where ``-o`` is not yet the output format, and why. The test below fails for a new one, and for one
-#: of these once it is fixed (take it off the list).
-O_NOT_OUTPUT_YET = {f"orchestrator k8s {c}": "-o is --overlay's short name until cli/k8s.py renames it (#39)"
+#: Commands where ``-o`` is not yet the output format, and why. The test below fails for any other; these may
+#: be fixed in any order (the list is not an equality, as ``NO_JSON`` is): take one off once its command is, and
+#: the test then holds it there. Empty: ``-o`` is the output format everywhere.
+O_NOT_OUTPUT_YET = {f"orchestrator k8s {c}": "-o is --overlay's short name until cli/k8s.py drops it (#39)"
                     for c in ("apply", "status", "delete")}
-#: Commands with ``--json`` but no ``-o/--output`` yet, and why (the same ratchet).
+#: Commands with ``--json`` but no ``-o/--output`` yet, and why (the same one-way list).
 NO_OUTPUT_YET = {f"orchestrator k8s {c}": "cli/k8s.py takes -o/--output (cli/options.py's Output) once -o is free"
                  for c in ("render", "apply", "status", "delete")}
 
@@ -141,8 +142,8 @@ def test_o_is_the_output_format_on_every_command() -> None:
             o_other.add(path)
         if "--json" in by_opt and not ("--output" in by_opt and "-o" in by_opt["--output"].opts):
             no_output.add(path)
-    assert o_other == set(O_NOT_OUTPUT_YET), sorted(o_other ^ set(O_NOT_OUTPUT_YET))
-    assert no_output == set(NO_OUTPUT_YET), sorted(no_output ^ set(NO_OUTPUT_YET))
+    assert o_other <= set(O_NOT_OUTPUT_YET), sorted(o_other - set(O_NOT_OUTPUT_YET))
+    assert no_output <= set(NO_OUTPUT_YET), sorted(no_output - set(NO_OUTPUT_YET))
     assert OUTPUT_FORMATS == ("table", "json", "yaml")
     with_output = [p for p, c in commands.items() if any("--output" in getattr(q, "opts", []) for q in c.params)]
     assert len(with_output) >= 15, with_output  # up, down, env, status, submit, jobs, logs, ..., demo, bench, sim
