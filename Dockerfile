@@ -23,6 +23,9 @@ FROM docker.io/rayproject/ray:${RAY_VERSION}-${PYTHON_TAG}-${VARIANT} AS wheel
 WORKDIR /home/ray/build
 COPY --chown=1000:100 pyproject.toml README.md ./
 COPY --chown=1000:100 orchestrator ./orchestrator
+# configs/ and jobs/ go into the wheel too, as orchestrator.resources.configs and .jobs (pyproject's package-dir)
+COPY --chown=1000:100 configs ./configs
+COPY --chown=1000:100 jobs ./jobs
 RUN python -m pip wheel --no-deps --no-cache-dir --wheel-dir /home/ray/wheels .
 
 # ---- stage 2: the runtime image
@@ -49,7 +52,8 @@ RUN if [ "${VARIANT}" = "cpu" ]; then \
 
 # The project, with Ray held at the base image's version (pip must not replace the Ray the image was built for).
 COPY --from=wheel --chown=1000:100 /home/ray/wheels /home/ray/wheels
-RUN python -m pip install --no-cache-dir /home/ray/wheels/ray_gpu_orchestrator-*.whl \
+# Its extras: the Kubernetes client (the head's inventory watch) and the dashboard's charts.
+RUN python -m pip install --no-cache-dir --find-links /home/ray/wheels "ray-gpu-orchestrator[k8s,dashboard]==0.1.0" \
         "ray[default,serve]==${RAY_VERSION}" "torch==${TORCH_VERSION}" \
     && rm -rf /home/ray/wheels
 

@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # `make install` creates .venv when missing and installs the project with its
-# test extras; a stamp file keeps it quick when pyproject.toml has not changed.
+# extras the suite needs (all of them); a stamp file keeps it quick when pyproject.toml has not changed.
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,sim,train,serve]'
+	$(BIN)/python -m pip install -q -e '.[test,sim,train,serve,k8s,dashboard]'
 	@touch $(STAMP)
 
 # Two workers, one test module each at a time (a module shares one Ray cluster between its tests): the

@@ -29,7 +29,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.core import validation
+from orchestrator.core import datafiles, validation
 from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.yamlfile import read_yaml
@@ -117,5 +117,5 @@ def load_colocation(path: str | Path) -> ColocationConfig:
     return ColocationConfig.parse(read_yaml(path, "colocation"), source=str(path))
 
 
-#: The co-location config shipped with the repository.
-DEFAULT_COLOCATION = Path(__file__).resolve().parents[2] / "configs" / "colocation.yaml"
+#: The co-location config the package ships (``configs/colocation.yaml``).
+DEFAULT_COLOCATION = datafiles.config_file("colocation.yaml")

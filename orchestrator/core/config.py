@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.core import validation
+from orchestrator.core import datafiles, validation
 from orchestrator.core.catalogue import gpu_model
 from orchestrator.core.clock import DayClock
 from orchestrator.core.errors import ConfigError, InvalidRequestError
@@ -305,5 +305,5 @@ def load_config(path: str | Path) -> ClusterConfig:
     return parse_config(data, str(p))
 
 
-#: The demo cluster shipped with the repository.
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cluster.demo.yaml"
+#: The demo cluster the package ships (``configs/cluster.demo.yaml``), a real path wherever it is installed.
+DEMO_CONFIG = datafiles.config_file("cluster.demo.yaml")

@@ -87,6 +87,9 @@ DIRECT_CALLS = "ORCHESTRATOR_DIRECT_CALLS"
 METRICS_PORT = "ORCHESTRATOR_METRICS_PORT"
 METRICS_HOST = "ORCHESTRATOR_METRICS_HOST"
 DASHBOARD_PORT = "ORCHESTRATOR_DASHBOARD_PORT"
+#: A folder of the openb trace repository (e.g. ``../shared/traces/openb``) whose share-heavy list the dashboard's
+#: schemes' comparison replays; unset, it replays the small sample the package ships.
+OPENB_DIR = "ORCHESTRATOR_OPENB_DIR"
 #: Set in every process of a local cluster: its ``sitecustomize`` keeps loopback addresses loopback.
 KEEP_LOOPBACK = "ORCHESTRATOR_KEEP_LOOPBACK"
 #: ``1`` lets a node's agent destroy and create MIG instances through NVML (live repartitioning); unset, refused.

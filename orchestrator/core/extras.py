@@ -18,7 +18,7 @@ from orchestrator.core.errors import MissingExtraError
 #: extra -> what it adds (the message's hint); keep in step with ``[project.optional-dependencies]``.
 EXTRAS: dict[str, str] = {
     "k8s": "the Kubernetes client (orchestrator k8s ...)",
-    "dashboard": "plotly, for the dashboard's and the reports' charts",
+    "dashboard": "plotly and matplotlib, for the dashboard's page and its report's charts",
     "train": "torch and Ray Train, for the training jobs and the gang scenario",
     "serve": "Ray Serve, for the co-location service",
     "sim": "matplotlib, for the simulator's charts",

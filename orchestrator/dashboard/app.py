@@ -37,6 +37,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from orchestrator.core.errors import OrchestratorError, UnknownObjectError
+from orchestrator.core.extras import require
 from orchestrator.dashboard.feed import CURVES, STAGES, Feed
 
 STATIC = Path(str(resources.files("orchestrator.dashboard") / "static"))
@@ -45,8 +46,8 @@ KEEPALIVE_S = 15.0
 
 
 def plotly_js() -> Path:
-    """Plotly's JavaScript as the ``plotly`` package ships it."""
-    import plotly
+    """Plotly's JavaScript as the ``plotly`` package ships it (the ``dashboard`` extra)."""
+    plotly = require("plotly", "dashboard")
 
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 

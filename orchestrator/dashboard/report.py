@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from orchestrator.core.extras import require
+
 
 @dataclass(frozen=True)
 class Series:
@@ -65,7 +67,7 @@ def chart_specs(history: Sequence[Mapping[str, Any]], comparison: Mapping[str, A
 
 
 def plotly_figure(spec: ChartSpec) -> Any:
-    import plotly.graph_objects as go
+    go = require("plotly.graph_objects", "dashboard")
 
     fig = go.Figure()
     for s in spec.series:
@@ -82,10 +84,8 @@ def plotly_figure(spec: ChartSpec) -> Any:
 
 
 def write_png(spec: ChartSpec, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    require("matplotlib", "dashboard").use("Agg")
+    plt = require("matplotlib.pyplot", "dashboard")
 
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=110)
     try:
@@ -118,7 +118,7 @@ def write_png(spec: ChartSpec, path: Path) -> None:
 def write_report(out_dir: Path, history: Sequence[Mapping[str, Any]], frame: Mapping[str, Any] | None,
                  comparison: Mapping[str, Any] | None, *, title: str = "ray-gpu-orchestrator: run report") -> list[Path]:
     """Write report.html, one PNG per chart and report.json into ``out_dir``; returns the files written."""
-    import plotly.io as pio
+    pio = require("plotly.io", "dashboard")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     specs = chart_specs(history, comparison)

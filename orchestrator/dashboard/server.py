@@ -31,7 +31,7 @@ import uvicorn
 
 from orchestrator.core import env
 from orchestrator.core.errors import InvalidRequestError
-from orchestrator.dashboard.app import Comparison, create_app
+from orchestrator.dashboard.app import Comparison, create_app, plotly_js
 from orchestrator.dashboard.feed import Feed
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class DashboardServer:
             raise InvalidRequestError("port", port, "0..65535 (0: any free port)")
         if not (poll_s > 0):
             raise InvalidRequestError("poll_s", poll_s, "seconds > 0")
+        plotly_js()  # the page draws with plotly (the `dashboard` extra): say so now, not at the first request
         self.head = head
         self.host = host
         self.token = resolve_token(host, token)

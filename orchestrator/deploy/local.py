@@ -67,7 +67,9 @@ from orchestrator.core.errors import ConfigError, NotConnectedError, Orchestrato
 from orchestrator.core.statefile import Proc, State, checked_state_dir
 from orchestrator.rayport.loopback import LOOPBACK_SITE
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The folder the running ``orchestrator`` package was imported from -- a checkout, site-packages, a mutation
+#: tester's copy -- put first on the cluster's ``PYTHONPATH`` so every process of it runs this same code.
+CODE_ROOT = Path(sys.modules["orchestrator"].__path__[0]).resolve().parent
 #: Object store per raylet: small, since nothing large moves through a simulated cluster.
 OBJECT_STORE_BYTES = 128 * 1024 * 1024
 Progress = Callable[[str], None]
@@ -311,7 +313,7 @@ def _spawn(node: NodeLaunch, env: dict[str, str], cwd: Path) -> Proc:
 def _loopback_env(environ: dict[str, str]) -> dict[str, str]:
     """What keeps a process of ours (a raylet, a job's driver, a user's script) on 127.0.0.1 (rayport/loopback),
     ``environ``'s own ``PYTHONPATH`` kept after ours."""
-    return {"PYTHONPATH": os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), environ.get("PYTHONPATH", ""))
+    return {"PYTHONPATH": os.pathsep.join(p for p in (LOOPBACK_SITE, str(CODE_ROOT), environ.get("PYTHONPATH", ""))
                                           if p),
             "ORCHESTRATOR_KEEP_LOOPBACK": "1"}
 
@@ -373,7 +375,7 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
     state.save(state_dir)  # the run id first: a raylet started but not yet recorded still carries it
     try:  # from here on, whatever happens, `down` (ours, the watchdog's or the user's) cleans up
         dog_env = dict(os.environ)
-        dog_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), dog_env.get("PYTHONPATH", "")) if p)
+        dog_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CODE_ROOT), dog_env.get("PYTHONPATH", "")) if p)
         dog = watchdog.start(state_dir, state_dir / "logs" / "watchdog.log", env=dog_env)
         _WATCHDOGS[state_dir.resolve()] = dog
         st = _stat(dog.pid)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from orchestrator.core import datafiles
 from orchestrator.core.api import HeadApi
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.stats import rounded_quantile as pct
@@ -51,8 +52,7 @@ from orchestrator.rayport import ray_api
 from orchestrator.rayport.agent import process_alive
 from orchestrator.sdk.leases import LeaseHandle, lease
 
-REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "jobs" / "train.py"
+TRAIN = datafiles.job_script("train.py")
 OPEN_ENDED = 10**9  # a training run's target while the rounds go on
 
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from orchestrator.core import datafiles
 from orchestrator.core.api import HeadApi
 from orchestrator.core.stats import quantile
 from orchestrator.core.errors import LeaseTimeoutError
@@ -56,8 +57,7 @@ from orchestrator.scenarios.actors import load_example, load_train
 from orchestrator.sdk.leases import LeaseHandle, lease
 from orchestrator.sim.perfmodel import InferenceModel, ShareSpeed, TrainingModel
 
-REPO = Path(__file__).resolve().parents[2]
-LOADGEN = REPO / "jobs" / "loadgen.py"
+LOADGEN = datafiles.job_script("loadgen.py")
 DAY_S = 86_400.0
 OPEN_ENDED = 10**9
 

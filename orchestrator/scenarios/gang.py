@@ -43,13 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from orchestrator.core import datafiles
 from orchestrator.core.api import HeadApi
+from orchestrator.core.extras import require
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.stats import rounded_quantile as pct
-from orchestrator.scenarios.actors import REPO, load_example
+from orchestrator.scenarios.actors import load_example
 from orchestrator.sdk.leases import GangHandle, gang_lease, lease
 
-TRAIN_GANG = REPO / "jobs" / "train_gang.py"
+TRAIN_GANG = datafiles.job_script("train_gang.py")
 OPEN_ENDED = 10**9
 
 
@@ -248,7 +250,7 @@ class GangScenario:
         return rnd, resumed
 
     def _figures(self, rounds: list[GangRound], final: Any, ref: Any) -> dict[str, Any]:
-        import torch
+        torch = require("torch", "train")  # the gang trains with Ray Train's TorchTrainer
 
         d2g = [r.decision_to_grant_s for r in rounds]
         over = [r.decision_to_grant_s - (r.checkpoint_s or 0.0) for r in rounds]

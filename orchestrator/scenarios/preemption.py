@@ -34,15 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from orchestrator.core import env
+from orchestrator.core import datafiles, env
 from orchestrator.core.api import HeadApi
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
 from orchestrator.core.stats import rounded_quantile as pct
 
-REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "jobs" / "train.py"
-INFERENCE = REPO / "jobs" / "inference.py"
+TRAIN = datafiles.job_script("train.py")
+INFERENCE = datafiles.job_script("inference.py")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 _STEP = re.compile(r"^step (\d+) ", re.M)
 _CKPT = re.compile(r"checkpointed at step (\d+) to \S+ in ([0-9.]+)s")

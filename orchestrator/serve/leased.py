@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ray import serve
 
 from orchestrator.core import env as E
+from orchestrator.core.extras import require
 from orchestrator.core.stats import quantile
 from orchestrator.sim.perfmodel import InferenceModel, ShareSpeed
 
@@ -62,7 +63,7 @@ class ReplicaCore:
     def __init__(self, lease_id: str, *, environ: Mapping[str, str] | None = None, seed: int = 0, width: int = 256,
                  model: InferenceModel | None = None, simulated: bool | None = None,
                  sleep: Callable[[float], Any] = asyncio.sleep) -> None:
-        import torch
+        torch = require("torch", "train")  # the replica's model is a torch MLP
 
         env = os.environ if environ is None else environ
         self.lease_id = lease_id

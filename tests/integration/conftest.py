@@ -29,7 +29,7 @@ import pytest
 
 from orchestrator.core import env as E
 from orchestrator.core.config import DEMO_CONFIG, ClusterConfig, load_config, raylet_native_env
-from orchestrator.deploy.local import LOOPBACK_SITE, OBJECT_STORE_BYTES, REPO_ROOT, free_port
+from orchestrator.deploy.local import LOOPBACK_SITE, OBJECT_STORE_BYTES, CODE_ROOT, free_port
 
 
 @dataclass
@@ -57,7 +57,7 @@ def ray_cluster() -> Iterator[RayCluster]:
                       # job entrypoints say `python ...`: the venv's interpreter
                       PATH=os.pathsep.join(p for p in (os.path.dirname(sys.executable), saved.get("PATH") or "") if p),
                       # every Ray process of the cluster keeps loopback loopback (see rayport/loopback)
-                      PYTHONPATH=os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT),
+                      PYTHONPATH=os.pathsep.join(p for p in (LOOPBACK_SITE, str(CODE_ROOT),
                                                              saved.get("PYTHONPATH") or "") if p))
     import ray
     from ray.cluster_utils import Cluster
@@ -115,7 +115,7 @@ def ray_cluster() -> Iterator[RayCluster]:
 def job_env() -> Iterator[None]:
     """What `orchestrator up` gives its raylets so Ray's job drivers keep 127.0.0.1 (see rayport/loopback)."""
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "ORCHESTRATOR_KEEP_LOOPBACK")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(REPO_ROOT), saved["PYTHONPATH"]) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (LOOPBACK_SITE, str(CODE_ROOT), saved["PYTHONPATH"]) if p)
     os.environ["ORCHESTRATOR_KEEP_LOOPBACK"] = "1"
     yield
     for k, v in saved.items():

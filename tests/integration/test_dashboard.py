@@ -161,11 +161,12 @@ def summed(samples: dict[str, float], name: str, **labels: str) -> float:
 @pytest.fixture(scope="module")
 def dashboard(head: Any) -> Iterator[Any]:
     from orchestrator.dashboard.app import Comparison
-    from orchestrator.dashboard.compare import TINY, ComparisonJob
+    from orchestrator.core.datafiles import openb_sample
+    from orchestrator.dashboard.compare import ComparisonJob
     from orchestrator.dashboard.server import DashboardServer
 
     comparison = Comparison()
-    compare = ComparisonJob(comparison, trace=(TINY / "nodes.csv", TINY / "pods.csv"), target_pct=130).start()
+    compare = ComparisonJob(comparison, trace=openb_sample(), target_pct=130).start()
     try:
         with DashboardServer(head, port=0, poll_s=1.0, comparison=comparison) as server:
             yield server

@@ -43,7 +43,7 @@ from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.job import JobSpec
 from orchestrator.core.lease import key_digest, token_counter
 from orchestrator.core.request import GpuRequest
-from orchestrator.deploy.local import LOOPBACK_SITE, REPO_ROOT, free_port, session_members
+from orchestrator.deploy.local import LOOPBACK_SITE, CODE_ROOT, free_port, session_members
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -132,7 +132,7 @@ def ft_cluster() -> Iterator[FtCluster]:
         }.items():
             env.setenv(k, v)
         env.setenv("PATH", os.path.dirname(sys.executable), prepend=os.pathsep)  # job commands say `python`
-        env.setenv("PYTHONPATH", os.pathsep.join((LOOPBACK_SITE, str(REPO_ROOT))), prepend=os.pathsep)
+        env.setenv("PYTHONPATH", os.pathsep.join((LOOPBACK_SITE, str(CODE_ROOT))), prepend=os.pathsep)
         gcs_port = free_port()
         argv = [sys.executable, "-m", "orchestrator.deploy.raylet", "start", "--head",
                 "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),

@@ -4,12 +4,14 @@ from pathlib import Path
 
 import pytest
 
-TINY = Path(__file__).resolve().parent.parent / "data" / "openb_tiny"
+from orchestrator.core import datafiles
+
+TINY = datafiles.openb_sample()[0].parent
 
 
 @pytest.fixture
 def tiny() -> tuple[Path, Path]:
-    """The hand-made trace of tests/data/openb_tiny (its README derives the right answers)."""
+    """The hand-made trace the package ships, orchestrator/resources/openb_tiny (its README derives the right answers)."""
     return TINY / "nodes.csv", TINY / "pods.csv"
 
 

@@ -14,7 +14,7 @@ from orchestrator.sim.arrival import replay, run_arrival
 from orchestrator.sim.curve import auc, compare, curve_of, curve_stats, format_comparison
 from orchestrator.sim.openb import load_nodes, load_pods
 
-# tests/data/openb_tiny/README.md: 40% from 40 to 90, 52 at 100, 60 from 110 on (10% checkpoints).
+# orchestrator/resources/openb_tiny/README.md: 40% from 40 to 90, 52 at 100, 60 from 110 on (10% checkpoints).
 TINY_CURVE = {50: 40.0, 60: 40.0, 70: 40.0, 80: 40.0, 90: 40.0, 100: 52.0, 110: 60.0, 120: 60.0, 130: 60.0}
 # Trapezoids: 4 x 10 x 40 + 10 x 46 + 10 x 56 + 2 x 10 x 60 = 3820 over 80 points of arrival.
 TINY_AUC = 3820 / 80

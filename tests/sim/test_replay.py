@@ -14,7 +14,7 @@ from orchestrator.cli.sim import app
 from orchestrator.sim.openb import load_nodes, load_pods
 from orchestrator.sim.timeline import replay_timeline
 
-# tests/data/openb_tiny/README.md derives these by hand.
+# orchestrator/resources/openb_tiny/README.md derives these by hand.
 TINY_ALLOCATION = [0, 0, 0, 0, 40, 40, 40, 40, 40, 40, 52, 60, 60, 60]
 
 

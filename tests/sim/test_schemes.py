@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
+from orchestrator.core import datafiles
 from orchestrator.core.request import Isolation, ShareKind
 from orchestrator.sim.schemes import SCHEMES, compare_schemes, scheme_request
 
-TINY = Path(__file__).resolve().parents[1] / "data" / "openb_tiny"
+TINY = datafiles.openb_sample()[0].parent
 
 
 def test_each_scheme_asks_for_a_sharing_pod_its_own_way() -> None:

@@ -20,6 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.core import datafiles
 from orchestrator.core.config import DEMO_CONFIG, load_config, parse_config
 from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.job import JobSpec
@@ -186,8 +187,7 @@ def test_config_files_as_bytes(tmp_path: Path, raw: bytes) -> None:
 
 
 # ---- trace files -----------------------------------------------------------------------------------------
-NODES = (REPO / "tests" / "data" / "openb_tiny" / "nodes.csv").read_text()
-PODS = (REPO / "tests" / "data" / "openb_tiny" / "pods.csv").read_text()
+NODES, PODS = (p.read_text() for p in datafiles.openb_sample())
 CELLS = st.one_of(st.text(max_size=6), st.sampled_from(["", "-1", "0", "1000", "1001", "9" * 30, "T4", "Z9",
                                                          "V100M16|", "LS", "VIP", "1.5", " ", '"', "\x00"]))
 
