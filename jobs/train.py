@@ -22,6 +22,11 @@ bit-identical to an uninterrupted run:
   so a crash mid-write leaves the previous checkpoint intact;
 * one intra-op thread and ``torch.use_deterministic_algorithms(True)``.
   (On CUDA, also ``CUBLAS_WORKSPACE_CONFIG=:4096:8``.)
+
+Without torch (the package's plain install, which ``orchestrator demo --headless`` needs no more than) the
+same model trains in NumPy on the CPU (:class:`NumpyTrainer`, ``--backend numpy``), with the same data, the
+same momentum SGD and the same promises; ``--backend auto`` (the default) takes torch when it is installed.
+A run's digest is comparable only with runs of the same backend (``result["backend"]`` says which).
 """
 
 from __future__ import annotations
@@ -30,17 +35,23 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 import random
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
-import torch
-from torch import nn
+
+try:
+    import torch
+    from torch import nn
+except ImportError:  # the plain install: NumpyTrainer trains the same model
+    torch = None  # type: ignore[assignment]
 
 CKPT_NAME = "checkpoint.pt"
+BACKENDS = ("auto", "torch", "numpy")
 
 
 def make_model(width: int) -> nn.Module:
@@ -64,6 +75,8 @@ def weights_digest(model: nn.Module) -> str:
 
 class Trainer:
     """Owns the model, optimiser and RNG state; ``checkpoint(dir) -> path`` is the Preemptible protocol."""
+
+    backend = "torch"
 
     def __init__(self, seed: int = 0, width: int = 64, lr: float = 0.05, device: str | None = None) -> None:
         torch.use_deterministic_algorithms(True)
@@ -121,12 +134,103 @@ class Trainer:
         return weights_digest(self.model)
 
 
+class NumpyTrainer:
+    """:class:`Trainer`'s model, data, loss and momentum SGD in NumPy (float64, CPU): for an install without
+    torch. Same interface; its checkpoint is a pickle of the parameters, the momentum buffers, the step and
+    the NumPy and Python RNG states, written to a temporary file and renamed."""
+
+    backend = "numpy"
+
+    def __init__(self, seed: int = 0, width: int = 64, lr: float = 0.05, momentum: float = 0.9) -> None:
+        self.device = "cpu (numpy)"
+        self.seed, self.lr, self.momentum = seed, lr, momentum
+        random.seed(seed)
+        np.random.seed(seed)
+        init = np.random.default_rng(seed)
+        self.params: dict[str, np.ndarray] = {}
+        for i, (fan_in, fan_out) in enumerate(((32, width), (width, width), (width, 1))):
+            bound = 1.0 / np.sqrt(fan_in)  # torch.nn.Linear's default initialisation
+            self.params[f"w{i}"] = init.uniform(-bound, bound, (fan_in, fan_out))
+            self.params[f"b{i}"] = init.uniform(-bound, bound, fan_out)
+        self.velocity: dict[str, np.ndarray] | None = None  # the momentum buffers, from the first step on
+        self.step = 0
+        self.loss = float("nan")
+        self.last_checkpoint_step = 0
+
+    def train_step(self) -> float:
+        g = np.random.default_rng(self.seed * 1_000_003 + self.step)
+        x = g.standard_normal((64, 32))
+        y = np.sin(x[:, :4].sum(axis=1, keepdims=True)) + 0.1 * g.standard_normal((64, 1))
+        noise = np.random.random() * 1e-3  # from the global RNG: proves its state is restored too
+        p = self.params
+        h1 = np.tanh(x @ p["w0"] + p["b0"])
+        h2 = np.tanh(h1 @ p["w1"] + p["b1"])
+        err = h2 @ p["w2"] + p["b2"] - y
+        loss = float(np.mean(err ** 2) * (1 + noise))
+        d_out = 2.0 * err / err.size * (1 + noise)
+        d_h2 = (d_out @ p["w2"].T) * (1 - h2 ** 2)
+        d_h1 = (d_h2 @ p["w1"].T) * (1 - h1 ** 2)
+        grads = {"w2": h2.T @ d_out, "b2": d_out.sum(axis=0), "w1": h1.T @ d_h2, "b1": d_h2.sum(axis=0),
+                 "w0": x.T @ d_h1, "b0": d_h1.sum(axis=0)}
+        if self.velocity is None:  # torch.optim.SGD: the first step's buffer is the gradient itself
+            self.velocity = {k: v.copy() for k, v in grads.items()}
+        else:
+            for k, v in grads.items():
+                self.velocity[k] = self.momentum * self.velocity[k] + v
+        for k in p:
+            p[k] = p[k] - self.lr * self.velocity[k]
+        self.step += 1
+        self.loss = loss
+        return loss
+
+    def checkpoint(self, directory: str | os.PathLike) -> str:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / CKPT_NAME
+        tmp = d / f".{CKPT_NAME}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump({"backend": self.backend, "step": self.step, "seed": self.seed, "params": self.params,
+                         "velocity": self.velocity, "numpy_rng": np.random.get_state(),
+                         "python_rng": random.getstate()}, f)
+        os.replace(tmp, path)
+        self.last_checkpoint_step = self.step
+        return str(path)
+
+    def restore(self, path: str | os.PathLike) -> None:
+        with open(path, "rb") as f:
+            state = pickle.load(f)
+        if not isinstance(state, dict) or state.get("backend") != self.backend:
+            raise ValueError(f"{path} is not a checkpoint of the numpy backend; resume with the backend that wrote it")
+        self.params, self.velocity = state["params"], state["velocity"]
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        self.step = self.last_checkpoint_step = int(state["step"])
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for name, a in sorted(self.params.items()):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
+
+
+def make_trainer(seed: int = 0, width: int = 64, backend: str = "auto") -> Any:
+    """A :class:`Trainer` (torch) or a :class:`NumpyTrainer`; ``auto``: torch when it is installed."""
+    if backend not in BACKENDS:
+        raise ValueError(f"invalid backend={backend!r} (allowed: {', '.join(BACKENDS)})")
+    if backend == "torch" or (backend == "auto" and torch is not None):
+        if torch is None:
+            raise ImportError("backend torch: torch is not installed (pip install 'ray-gpu-orchestrator[train]')")
+        return Trainer(seed=seed, width=width)
+    return NumpyTrainer(seed=seed, width=width)
+
+
 def run(steps: int, *, seed: int = 0, width: int = 64, checkpoint_dir: str | None = None, resume_from: str | None = None,
         checkpoint_every: int = 0, step_delay_s: float = 0.0, log_every: int = 0,
         should_checkpoint: Callable[[], bool] | None = None, on_checkpoint: Callable[[str, int], None] | None = None,
-        log: Callable[[str], None] = print) -> dict:
+        log: Callable[[str], None] = print, backend: str = "auto") -> dict:
     """Train to ``steps``; stop early (after checkpointing) when ``should_checkpoint()`` says so."""
-    t = Trainer(seed=seed, width=width)
+    t = make_trainer(seed=seed, width=width, backend=backend)
     if resume_from and Path(resume_from).exists():
         t.restore(resume_from)
         log(f"resumed from {resume_from} at step {t.step}")
@@ -150,7 +254,7 @@ def run(steps: int, *, seed: int = 0, width: int = 64, checkpoint_dir: str | Non
             preempted = True
             break
     result = {"status": "preempted" if preempted else "completed", "step": t.step, "steps": steps,
-              "loss": t.loss, "digest": t.digest(), "device": str(t.device)}
+              "loss": t.loss, "digest": t.digest(), "device": str(t.device), "backend": t.backend}
     if not preempted and checkpoint_dir:
         t.checkpoint(checkpoint_dir)
         (Path(checkpoint_dir) / "result.json").write_text(json.dumps(result))
@@ -178,7 +282,7 @@ class TrainingActor:
         import threading
 
         self.steps, self.step_delay_s, self.rogue, self.paced = steps, step_delay_s, rogue, paced
-        self.trainer = Trainer(seed=seed, width=width)
+        self.trainer = make_trainer(seed=seed, width=width)
         self.resumed_at = 0
         if resume_from and Path(resume_from).exists():
             self.trainer.restore(resume_from)
@@ -292,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--width", type=int, default=64)
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="torch, numpy (no torch needed), or auto: torch when it is installed")
     p.add_argument("--checkpoint-dir", default=os.environ.get("ORCHESTRATOR_CHECKPOINT_DIR"))
     p.add_argument("--resume-from", default=os.environ.get("ORCHESTRATOR_RESUME_FROM"))
     p.add_argument("--checkpoint-every", type=int, default=0, help="Also checkpoint every N steps (0: only on request)")
@@ -321,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run(a.steps, seed=a.seed, width=a.width, checkpoint_dir=a.checkpoint_dir, resume_from=a.resume_from,
               checkpoint_every=a.checkpoint_every, step_delay_s=a.step_delay, log_every=a.log_every,
               should_checkpoint=should,
-              on_checkpoint=on_ck, log=lambda s: print(s, flush=True))
+              on_checkpoint=on_ck, log=lambda s: print(s, flush=True), backend=a.backend)
     print("RESULT " + json.dumps(res), flush=True)
     return 0
 
