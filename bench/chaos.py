@@ -244,7 +244,7 @@ class Chaos:
             if d["state"] in ("pending", "granted", "active", "checkpointing"):
                 self.history.released(lid)
                 try:
-                    self.head.release(lid, d.get("fencing_token"), "released by the chaos bench")
+                    self.head.release(lid, d.get("fencing_token"), "released by the chaos bench", KEY)
                 except OrchestratorError as e:
                     _log(f"release of {lid}: {type(e).__name__}: {e}")
             self.spikes.remove(lid)
@@ -256,7 +256,7 @@ class Chaos:
             self.note_token(d)
             if d["state"] == "granted":
                 try:
-                    self.head.activate(lid, int(d["fencing_token"]))
+                    self.head.activate(lid, int(d["fencing_token"]), key=KEY)
                 except OrchestratorError:
                     pass  # ended meanwhile
 

@@ -119,7 +119,7 @@ class BenchPort:
     def holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         return dict.fromkeys(holders, True)
 
-    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None) -> None:
+    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None, agent_key: str) -> None:
         self.agents[node_name] = AgentCore(node_name, ray_node_id, SimulatedBackend(sim_node, node_name=node_name),
                                            self.settings)
 
@@ -221,11 +221,11 @@ def run(nodes: int = 5000, leases: int = 50000, *, rate: float = 200.0, hold_s: 
             if d["state"] != LeaseState.GRANTED.value:
                 continue  # accounted below: the ledger says what became of it
             tally.tokens[lid] = d["fencing_token"]
-            head.activate(lid, d["fencing_token"], holder=f"holder-{lid}")
+            head.activate(lid, d["fencing_token"], holder=f"holder-{lid}", key=KEY)
             tally.activated.add(lid)
             release_at[lid] = now + hold_s * rng.uniform(0.5, 1.5)
         for lid in [lid for lid, at in release_at.items() if at <= now]:
-            head.release(lid, tally.tokens[lid])
+            head.release(lid, tally.tokens[lid], key=KEY)
             tally.released.add(lid)
             del release_at[lid]
         api_s += time.perf_counter() - s

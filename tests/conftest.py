@@ -23,6 +23,12 @@ SHARED = REPO.parent / "shared"
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # The suite's own driver is the administrator of the heads it starts (start_head takes the starter's key), as
+    # `orchestrator up`'s user is; the tests of who may call what use clients with other credentials of their own.
+    import secrets
+
+    os.environ.setdefault("ORCHESTRATOR_ADMIN_KEY", secrets.token_urlsafe(32))
+    os.environ.setdefault("ORCHESTRATOR_USER_KEY", secrets.token_urlsafe(32))
 
 
 #: The modules that take longest (one to three minutes each on 2 cores) are handed out first: `make test` runs two

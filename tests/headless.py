@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from orchestrator.core.credentials import calling_as
 from orchestrator.control.agent import AgentCore
 from orchestrator.control.discovery.simulated import SimulatedBackend
 from orchestrator.control.nodes import RayNodeInfo
@@ -122,6 +123,7 @@ class SimulatedCluster:
         self.registered: set[str] = set()
         self.dead_holders: set[str] = set()
         self.down: set[str] = set()  # nodes whose Ray node left
+        self.agent_keys: dict[str, str] = {}  # node -> the key the head started its agent with
 
     def alive_nodes(self) -> list[RayNodeInfo]:
         return [RayNodeInfo(ray_node_id(n.name), n.name) for n in self.config.nodes if n.name not in self.down]
@@ -129,28 +131,34 @@ class SimulatedCluster:
     def holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         return {h: h not in self.dead_holders for h in holders}
 
-    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None) -> None:
+    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None, agent_key: str) -> None:
         self.agents[node_name] = AgentCore(node_name, ray_node_id, SimulatedBackend(sim_node, node_name=node_name),
                                            self.settings)
+        self.agent_keys[node_name] = agent_key
         self.registered.discard(node_name)
 
     def beat(self, head: HeadService) -> None:
-        """One heartbeat of every live agent (registering first), as the agent actors' loops do."""
+        """One heartbeat of every live agent (registering first), as the agent actors' loops do: each call made as
+        the agent, with the key the head gave it (as the head's transport would carry it)."""
         for name, core in list(self.agents.items()):
             if name in self.down:
                 continue
-            if name not in self.registered:
-                ack = head.register_agent(**core.registration())
-                core.apply_assignments(ack["assignments"], ack.get("revocations"))
-                self.registered.add(name)
-            reply = head.heartbeat(**core.heartbeat_payload())
-            if reply.get("reregister"):
-                self.registered.discard(name)
-                continue
-            core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"), reply.get("reconfigure"))
-            changed = core.poll_health(0.0)  # a new MIG layout (or health) is pushed, as the agent actor does
-            if changed is not None:
-                head.update_inventory(core.node_name, core.incarnation, changed.model_dump(mode="json"))
+            with calling_as(head.caller({"agent": self.agent_keys[name], "node": name})):
+                self._beat(head, name, core)
+
+    def _beat(self, head: HeadService, name: str, core: AgentCore) -> None:
+        if name not in self.registered:
+            ack = head.register_agent(**core.registration())
+            core.apply_assignments(ack["assignments"], ack.get("revocations"))
+            self.registered.add(name)
+        reply = head.heartbeat(**core.heartbeat_payload())
+        if reply.get("reregister"):
+            self.registered.discard(name)
+            return
+        core.apply_assignments(reply.get("assignments", {}), reply.get("revocations"), reply.get("reconfigure"))
+        changed = core.poll_health(0.0)  # a new MIG layout (or health) is pushed, as the agent actor does
+        if changed is not None:
+            head.update_inventory(core.node_name, core.incarnation, changed.model_dump(mode="json"))
 
 
 class InProcessHead:

@@ -44,6 +44,7 @@ scheduled again at once). ``clock`` stays the monotonic time of leases and delay
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
@@ -68,6 +69,8 @@ from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.repartition import MigSlot, MigTarget, RepartitionPlan, must_move, plan_repartition
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.scheduling.windows import WindowStatus, effective_config, window_status
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -289,24 +292,34 @@ class HeadController:
         for e in revocation.confirm(self.ledger, node_name, revoked):  # the agent stopped them: free now
             self._free(e)
         for lease_id, path in (checkpointed or {}).items():
-            e = self.ledger.find(lease_id)
+            e = self._on_node(node_name, lease_id)
             if e is not None and e.lease.state is LeaseState.CHECKPOINTING:
                 self.ack_preemption(lease_id, path, reason=f"checkpoint written through the agent of {node_name}")
         changed: list[LedgerEntry] = []
         for lease_id, uuid in (mig_uuids or {}).items():
-            e = self.ledger.find(lease_id)
+            e = self._on_node(node_name, lease_id)
             if e is not None and e.lease.holding and e.handout is None and e.lease.allocation is not None:
                 changed.append(replace(e, handout=lease_handout(e.lease, rec.ray_node_id, self.settings, mig_uuid=uuid,
                                                                 node_gpu_uuids=_uuids(rec))))
         if changed:
             self.ledger.commit(changed)
         for lease_id, why in (rejected or {}).items():
-            e = self.ledger.find(lease_id)
+            e = self._on_node(node_name, lease_id)
             if e is not None and e.lease.holding:
                 self._lose([e], f"agent on {node_name} refused the devices: {why}", ReconcileReport())
         return {"ok": True, "assignments": revocation.node_assignments(self.ledger, node_name),
                 "revocations": revocation.node_revocations(self.ledger, node_name),
                 "reconfigure": self.repartitions.node_work(node_name)}
+
+    def _on_node(self, node_name: str, lease_id: str) -> LedgerEntry | None:
+        """Lease ``lease_id``'s entry when it is placed on ``node_name``: an agent's heartbeat acts on the leases of
+        its own node only (another node's lease, or an unknown id, is ignored and logged)."""
+        e = self.ledger.find(lease_id)
+        a = e.lease.allocation if e is not None else None
+        if a is None or a.node_name != node_name:
+            log.warning("the agent of %s reported lease %s, which is not on its node: ignored", node_name, lease_id)
+            return None
+        return e
 
     def observe_ray_nodes(self, nodes: Iterable[RayNodeInfo]) -> None:
         """The live Ray nodes (the wrapper reads the GCS node table); used to decide where agents go."""

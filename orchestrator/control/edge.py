@@ -12,7 +12,8 @@ Checks are plain ``isinstance`` tests built once per method from the
 declaration (no pydantic on the heartbeat path). Numbers must be finite, ints
 fit in 64 bits, a timeout is at most :data:`MAX_TIMEOUT_S`, a lease or job id
 matches :data:`~orchestrator.core.ids.ID_PATTERN`. Invariant: a call
-that passes here reaches the service with exactly the declared types.
+that passes here reaches the service with exactly the declared types, from a caller
+:data:`~orchestrator.core.api.CALLERS` lets call it (:func:`authorize`, the identity half).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from collections import abc
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestrator.core.api import BATCHED, MAX_BATCH_CALLS, HeadApi
-from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core import credentials
+from orchestrator.core.api import BATCHED, CALLERS, MAX_BATCH_CALLS, Caller, HeadApi
+from orchestrator.core.errors import InvalidRequestError, PermissionDeniedError
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN
 
 #: The longest a caller may ask the head to wait for a lease (a week): a bound on what a call holds.
@@ -121,6 +123,20 @@ class _Method:
         for k in _ID_PARAMS.intersection(given):
             if given[k] is not None and not ID_PATTERN.match(given[k]):
                 raise InvalidRequestError(k, given[k], ID_ALLOWED, detail=f"not accepted by {self.name}")
+        authorize(self.name, given)
+
+
+def authorize(name: str, given: Mapping[str, Any]) -> None:
+    """The identity half of ``CALLERS[name]`` for the caller of the call being carried out
+    (:func:`orchestrator.core.credentials.current`): an administrator's methods need one, an agent's the agent of
+    the node it names (the head itself passes both). What needs an object's capability (a lease's key, a job's
+    owner) is the service's to check, where it looks the object up. :class:`PermissionDeniedError` otherwise."""
+    role = CALLERS[name]
+    who = credentials.current()
+    if role is Caller.ADMIN and not who.trusted:
+        raise PermissionDeniedError(name, role.value)
+    if role is Caller.AGENT and not (who.internal or (who.node is not None and who.node == given.get("node_name"))):
+        raise PermissionDeniedError(name, f"the agent of node {given.get('node_name')!r}", str(given.get("node_name")))
 
 
 @functools.cache

@@ -67,7 +67,8 @@ from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
 from orchestrator.core import env as envvars
 from orchestrator.core.config import RAY_NODE_ID_LABEL
-from orchestrator.core.errors import InvalidRequestError, JobApiUnavailableError, UnknownObjectError
+from orchestrator.core.errors import (InvalidRequestError, JobApiUnavailableError, PermissionDeniedError,
+                                      UnknownObjectError)
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN, attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
 from orchestrator.core.lease import LeaseRequest, LeaseState
@@ -342,13 +343,14 @@ class JobManager:
             self._touched.add(owner[4:])
 
     # ---- public API ----------------------------------------------------------------------------
-    def submit(self, spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
-        """Queue a validated spec (the head's edge validated it) or refuse it at once, naming the field."""
+    def submit(self, spec: JobSpec, job_id: str | None = None, owner: str | None = None) -> dict[str, Any]:
+        """Queue a validated spec (the head's edge validated it) or refuse it at once, naming the field. ``owner``:
+        the user id it is submitted under (who may cancel it and read its logs besides an administrator)."""
         if job_id is not None and not ID_PATTERN.match(job_id):  # it becomes a Ray submission id, in URLs
             raise InvalidRequestError("job_id", job_id, ID_ALLOWED)
         if job_id is not None and job_id in self._jobs:
             known = self._jobs[job_id]
-            if known.spec != spec:
+            if known.spec != spec or known.owner != owner:
                 raise InvalidRequestError("job_id", job_id, "an id not used before",
                                           detail="that id already names a different job")
             return self.get(job_id)
@@ -362,7 +364,7 @@ class JobManager:
             job_id, self._names[slug] = f"{slug}-{n}", n
             self.store.put(self._names_key, dict(self._names))
         now = self.clock()
-        job = Job.new(job_id, spec, priority=pclass.priority, priority_class=class_name, now=now)
+        job = Job.new(job_id, spec, priority=pclass.priority, priority_class=class_name, now=now, owner=owner)
         job = replace(job, attempt=1, lease_id=attempt_id(job_id, 1))
         self._commit(job)
         self._request_lease(job)
@@ -479,17 +481,23 @@ class JobManager:
         return {"requested": job.state is JobState.PREEMPTING, "lease_id": job.lease_id,
                 "deadline": e.preempt_deadline if e else None, "reason": (e.preempt_reason or None) if e else None}
 
+    def owner_of(self, job_id: str) -> str | None:
+        """The user id job ``job_id`` was submitted under (``UnknownObjectError`` for an unknown job)."""
+        return self._job(job_id).owner
+
     def ack_checkpoint(self, job_id: str, path: str, step: int | None = None,
                        token: int | None = None) -> dict[str, Any]:
         """The job checkpointed because it was asked to; its lease (a gang's: every worker's) ends as PREEMPTED now.
 
-        ``token`` must be the fencing token of the job's current lease (a gang's: worker 0's) while it
-        holds devices (the job has it in ``ORCHESTRATOR_FENCING_TOKEN``): a stale attempt or another driver
-        cannot end the lease."""
+        ``token`` must be the fencing token of the job's current lease (a gang's: worker 0's), and that lease
+        must hold devices (the job has the token in ``ORCHESTRATOR_FENCING_TOKEN``): a stale attempt or another
+        driver can neither end the lease nor name the checkpoint a queued job will resume from
+        (:class:`PermissionDeniedError` while it holds none)."""
         job = self._job(job_id)
         lease = self._lease(job)
-        if lease is not None and lease.lease.holding:
-            self.ctl.check_token(lease, token)
+        if lease is None or not lease.lease.holding:
+            raise PermissionDeniedError("job_ack_checkpoint", "the job, while its lease holds devices", job_id)
+        self.ctl.check_token(lease, token)
         now = self.clock()
         self._acks[job_id] = (path, step, now)
         for e in self._leases(job):
@@ -1010,5 +1018,5 @@ def _job_from_json(d: dict[str, Any]) -> Job:
         resume_from=d.get("resume_from"), placement_reason=d.get("placement_reason", ""),
         preemptions=tuple(Preempted(p["by"], p["reason"], p["at"], p.get("checkpoint_path"), p.get("checkpoint_s"))
                           for p in d.get("preemptions", [])),
-        message=d.get("message", ""),
+        message=d.get("message", ""), owner=d.get("owner"),
     )

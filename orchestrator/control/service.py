@@ -56,10 +56,11 @@ from orchestrator.control.jobs import Chore, JobManager, JobRunner, RaySubmissio
 from orchestrator.control.metrics import OTHER_SERVICE, HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.store import StateStore
-from orchestrator.core.api import HEAD_METHODS, Json
+from orchestrator.core.api import HEAD_METHODS, Caller, Json
 from orchestrator.core.clock import Clock, DayClock, SystemClock
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
-from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError
+from orchestrator.core import credentials
+from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, PermissionDeniedError
 from orchestrator.core.inventory import NodeInventory
 from orchestrator.core.job import JobSpec
 from orchestrator.core.lease import LeaseRequest, LeaseState, key_matches
@@ -109,7 +110,8 @@ class ClusterPort(Protocol):
 
     def holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]: ...
 
-    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None) -> None: ...
+    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None, agent_key: str) -> None:
+        """Start node ``node_name``'s agent with ``agent_key``, its credential (core.credentials)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,11 +149,35 @@ class HeadService:
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
         self.metrics_url: str | None = None  # set by whoever serves the metrics (the head actor)
         self._dashboard: tuple[str, float] | None = None  # (url, announced until)
+        self.store = store
+        #: node -> the digest of the key its current agent was started with (hard state: in the journal)
+        self.agent_digests: dict[str, str] = {k[len(self._agent_prefix):]: d["sha256"]
+                                              for k in store.keys(self._agent_prefix) if (d := store.get(k))}
         self.restored = self.ctl.restore()
         self.jobs.restore()
         self.started_at = clock()
         self._heap = HeapState()  # when the heap was last frozen and collected (orchestrator.control.heap)
         self._fast_reports: list[ReconcileReport] = []  # what grant_now did since the last cycle
+
+    # ---- callers ---------------------------------------------------------------------------------
+    @property
+    def _agent_prefix(self) -> str:
+        return f"{self.settings.namespace}/agentkey/"
+
+    def _new_agent_key(self, node_name: str) -> str:
+        """A fresh credential for the agent about to be started on ``node_name``; its digest replaces the last
+        one's (in the journal first), so an agent the head replaced can no longer speak for the node."""
+        key = credentials.new_key()
+        d = credentials.digest(key)
+        self.store.put(self._agent_prefix + node_name, {"sha256": d})
+        self.agent_digests[node_name] = d
+        return key
+
+    def caller(self, creds: Any) -> credentials.Principal:
+        """The :class:`~orchestrator.core.credentials.Principal` a transport's credentials prove (a wrong
+        administrator or agent key is an ``InvalidRequestError``; none, an anonymous caller)."""
+        return credentials.principal(creds, admin_digest=self.settings.admin_key_sha256,
+                                     agent_digest=self.agent_digests.get)
 
     # ---- time ----------------------------------------------------------------------------------
     def cycle(self) -> ReconcileReport:
@@ -164,7 +190,8 @@ class HeadService:
         sim_nodes = {n.name: n for n in self.cluster.nodes} if report.start_agents else {}
         for start in report.start_agents:
             try:
-                self.port.start_agent(start.node_name, start.ray_node_id, sim_nodes.get(start.node_name))
+                self.port.start_agent(start.node_name, start.ray_node_id, sim_nodes.get(start.node_name),
+                                      self._new_agent_key(start.node_name))
                 log.info("started agent on %s (%s)", start.node_name, start.reason)
             except Exception:
                 log.exception("could not start the agent of %s", start.node_name)
@@ -378,15 +405,33 @@ class HeadService:
             return settled
         return self.ctl.activate(settled["lease_id"], int(settled["fencing_token"]), holder)
 
-    def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
+    def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None,
+                 key: str | None = None) -> Json:
+        self.check_lease_key("activate", lease_id, key)
         return self.ctl.activate(lease_id, token, holder, workload)
 
-    def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
+    def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder",
+                key: str | None = None) -> Json:
+        self.check_lease_key("release", lease_id, key)
         return self.ctl.release(lease_id, token, reason)
 
-    def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None) -> Json:
+    def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None,
+                       key: str | None = None) -> Json:
+        self.check_lease_key("ack_preemption", lease_id, key)
         return self.ctl.ack_preemption(lease_id, checkpoint_path, token,
                                        reason="checkpoint acknowledged by its requester")
+
+    def check_lease_key(self, method: str, lease_id: str, key: str | None) -> None:
+        """Refuse (:class:`PermissionDeniedError`) a call that changes lease ``lease_id`` without its requester's
+        ``key``, in every state (pending, granted, active, checkpointing, ended): the token fences a holder against
+        its own older attempts, the key says the caller is the requester or a holder it handed the lease to. A
+        lease asked without a key (the head's own job leases) is changed only by the head itself. An unknown
+        lease is ``UnknownObjectError``, as before."""
+        if credentials.current().internal:
+            return
+        e = self.ctl.ledger.get(lease_id)
+        if not key_matches(e.spec.requester_digest, key):
+            raise PermissionDeniedError(method, Caller.LEASE_HOLDER.value, lease_id)
 
     def explain_lease(self, lease_id: str) -> Json:
         return self.ctl.explain_lease(lease_id)
@@ -396,7 +441,7 @@ class HeadService:
         return self._planned(self._begin_submit_job(spec, job_id))
 
     def _begin_submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Begun:
-        d = self.jobs.submit(JobSpec.parse(spec), job_id)
+        d = self.jobs.submit(JobSpec.parse(spec), job_id, owner=credentials.current().user)
 
         def finish(report: ReconcileReport) -> Json:
             if not report.granted:
@@ -415,14 +460,26 @@ class HeadService:
         return self.jobs.board(limit)
 
     def cancel_job(self, job_id: str) -> Json:
+        self.check_job_owner("cancel_job", job_id)
         return self.jobs.cancel(job_id)
 
     def job_logs(self, job_id: str, attempt: int | None = None) -> str:
+        self.check_job_owner("job_logs", job_id)
         return self.jobs.logs(job_id, attempt)
 
     def job_log_source(self, job_id: str, attempt: int | None = None) -> str | None:
-        """The Ray submission whose log ``job_logs`` reads (:meth:`JobManager.log_source`), on the loop."""
+        """The Ray submission whose log ``job_logs`` reads (:meth:`JobManager.log_source`), on the loop; only for
+        the job's owner or an administrator."""
+        self.check_job_owner("job_logs", job_id)
         return self.jobs.log_source(job_id, attempt)
+
+    def check_job_owner(self, method: str, job_id: str) -> None:
+        """Refuse (:class:`PermissionDeniedError`) ``method`` on job ``job_id`` unless the caller is its owner (the
+        user key it was submitted with), an administrator or the head itself. ``UnknownObjectError`` first."""
+        who = credentials.current()
+        owner = self.jobs.owner_of(job_id)
+        if not who.trusted and (owner is None or who.user != owner):
+            raise PermissionDeniedError(method, Caller.JOB_OWNER.value, job_id)
 
     def read_job_log(self, submission_id: str) -> str:
         """The log of ``submission_id`` (:meth:`JobManager.read_log`): touches no state, safe off the loop."""
@@ -523,6 +580,7 @@ class HeadService:
                   reconfigure_failed: Mapping[str, str] | None = None) -> Json:
         return self.ctl.heartbeat(node_name, incarnation, allocated or (), rejected, mig_uuids, utilization,
                                   revoked or (), checkpointed, reconfigure_failed)
+
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
         return self.ctl.update_inventory(node_name, incarnation, _inventory(inventory))

@@ -18,6 +18,7 @@ retry across a head restart.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Mapping, Protocol, Sequence
 
 Json = dict[str, Any]
@@ -57,20 +58,25 @@ class HeadApi(Protocol):
         together (:data:`BATCHED`): the SDK's ``lease()`` tries this first and waits only when it must."""
         ...
 
-    def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None) -> Json:
-        """The holder started on the devices (a stale token is refused). ``workload`` names what runs on them
-        (``actor:<ns>/<name>``, ``job:<id>``, ``pid:<n>``) so the node's agent can stop it when it is revoked."""
+    def activate(self, lease_id: str, token: int, holder: str | None = None, workload: str | None = None,
+                 key: str | None = None) -> Json:
+        """The holder started on the devices (a stale token is refused; ``key``, the requester's, is needed in
+        every state). ``workload`` names what runs on them (``actor:<ns>/<name>``, ``job:<id>``, ``pid:<n>``) so
+        the node's agent can stop it when it is revoked."""
         ...
 
-    def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder") -> Json:
-        """Give the devices back (a pending lease needs no token). Idempotent."""
+    def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder",
+                key: str | None = None) -> Json:
+        """Give the devices back, or withdraw a pending request: the requester's ``key`` in every state, and the
+        current token while the lease holds devices. Idempotent."""
         ...
 
-    def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None) -> Json:
+    def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None,
+                       key: str | None = None) -> Json:
         """The holder of a lease being preempted (checkpointing) checkpointed to ``checkpoint_path`` (None: it
         just stopped): the lease ends preempted, its devices go on, and a lease asked with ``requeue_on_preempt``
-        is queued again to resume from the path. Idempotent; a stale token is refused. A gang's requester acks
-        each worker's lease with the one checkpoint of the run."""
+        is queued again to resume from the path. Idempotent; a stale token or a wrong ``key`` is refused. A gang's
+        requester acks each worker's lease with the one checkpoint of the run."""
         ...
 
     def explain_lease(self, lease_id: str) -> Json:
@@ -113,7 +119,8 @@ class HeadApi(Protocol):
 
     def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None, token: int | None = None) -> Json:
         """The job wrote the checkpoint at ``path``: while preempting it is stopped and requeued to resume.
-        ``token`` is its lease's fencing token (``ORCHESTRATOR_FENCING_TOKEN``); a wrong one is refused."""
+        ``token`` is its lease's fencing token (``ORCHESTRATOR_FENCING_TOKEN``), needed in every state: a wrong
+        or missing one is refused, and so is an acknowledgement while the job holds no devices."""
         ...
 
     # ---- the cluster ---------------------------------------------------------------------------
@@ -182,6 +189,35 @@ class HeadApi(Protocol):
 
     def update_inventory(self, node_name: str, incarnation: str, inventory: Mapping[str, Any]) -> Json: ...
 
+
+class Caller(str, Enum):
+    """Who may call a method (:data:`CALLERS`). The head checks the caller's identity at its edge
+    (``control/edge.py``: administrator, agent of the node named by ``node_name``), and the object's
+    capability where it looks the object up (the lease's key, the job's owner). Administrators and the
+    head itself pass every identity check; a lease's key is needed whoever calls."""
+
+    ANYONE = "anyone"  # read-only public views (no token in them), and asking for a lease or a job
+    LEASE_HOLDER = "the lease's requester or holder (its key)"
+    JOB_HOLDER = "the job itself (its lease's token)"
+    JOB_OWNER = "the job's owner (the user key it was submitted with) or an administrator"
+    AGENT = "the agent of the node it names"
+    ADMIN = "an administrator"
+
+
+#: Every method of :class:`HeadApi` and who may call it (a test checks each is declared and enforced).
+CALLERS: Mapping[str, Caller] = {
+    "request_lease": Caller.ANYONE, "get_lease": Caller.ANYONE, "wait_lease": Caller.ANYONE,
+    "acquire_lease": Caller.ANYONE, "acquire_lease_now": Caller.ANYONE,
+    "activate": Caller.LEASE_HOLDER, "release": Caller.LEASE_HOLDER, "ack_preemption": Caller.LEASE_HOLDER,
+    "explain_lease": Caller.ANYONE,
+    "submit_job": Caller.ANYONE, "get_job": Caller.ANYONE, "list_jobs": Caller.ANYONE, "job_board": Caller.ANYONE,
+    "cancel_job": Caller.JOB_OWNER, "job_logs": Caller.JOB_OWNER, "explain_job": Caller.ANYONE,
+    "job_preemption_requested": Caller.ANYONE, "job_ack_checkpoint": Caller.JOB_HOLDER,
+    "status": Caller.ANYONE, "ping": Caller.ANYONE, "agent_inventories": Caller.ANYONE,
+    "report_inventory_check": Caller.ADMIN, "metric_samples": Caller.ANYONE, "record_inference": Caller.ANYONE,
+    "repartition_mig": Caller.ADMIN, "set_day_clock": Caller.ADMIN, "announce_dashboard": Caller.ADMIN,
+    "register_agent": Caller.AGENT, "heartbeat": Caller.AGENT, "update_inventory": Caller.AGENT,
+}
 
 #: The names of the head's methods, in declaration order.
 HEAD_METHODS: tuple[str, ...] = tuple(n for n in HeadApi.__dict__ if not n.startswith("_") and callable(HeadApi.__dict__[n]))

@@ -119,6 +119,11 @@ class RuntimeSettings(_Frozen):
         default="mps", description="What a Ray task asking for a fraction of a GPU (num_gpus=0.5) outside any "
         "lease is granted: an MPS share of that many SMs, a time-slice of that fraction, or the smallest MIG slice "
         "with that much compute (docs/ray-native.md)")
+    admin_key_sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the administrator key (core.credentials): "
+        "who shows it may repartition, set the day clock, announce the dashboard, cancel any job. `orchestrator up` "
+        "sets it from the state folder's admin.key; null when the head is started: the digest of the starter's "
+        "own administrator key (ORCHESTRATOR_ADMIN_KEY or admin.key), else no administrator")
     day_clock: DayClock | None = Field(default=None, description="A compressed day for the head's time windows "
                                        "({speedup: 720, start: '06:00'}: a day in 120 s from 06:00); "
                                        "null: the machine's local time of day")

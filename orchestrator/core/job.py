@@ -179,11 +179,13 @@ class Job:
     placement_reason: str = ""
     preemptions: tuple[Preempted, ...] = field(default=())
     message: str = ""
+    owner: str | None = None  # the user id (credentials.user_id) it was submitted under; None: the head's own
 
     @classmethod
-    def new(cls, job_id: str, spec: JobSpec, *, priority: int, priority_class: str, now: float) -> "Job":
+    def new(cls, job_id: str, spec: JobSpec, *, priority: int, priority_class: str, now: float,
+            owner: str | None = None) -> "Job":
         return cls(job_id, spec, priority, priority_class, now,
-                   history=(Transition(now, JobState.QUEUED, "submitted"),))
+                   history=(Transition(now, JobState.QUEUED, "submitted"),), owner=owner)
 
     @property
     def terminal(self) -> bool:
@@ -211,5 +213,5 @@ class Job:
             "submitted_at": self.submitted_at, "lease_id": self.lease_id, "ray_submission_id": self.ray_submission_id,
             "attempt": self.attempt, "resume_from": self.resume_from, "placement_reason": self.placement_reason,
             "preemptions": [p.to_dict() for p in self.preemptions], "message": self.message,
-            "history": [t.to_dict() for t in self.history],
+            "owner": self.owner, "history": [t.to_dict() for t in self.history],
         }

@@ -12,18 +12,27 @@ from typing import Any, Mapping
 import ray
 
 from orchestrator.core.config import ClusterConfig, RuntimeSettings
+from orchestrator.core.credentials import client_credentials, digest
 from orchestrator.rayport.agent import AgentActor
 from orchestrator.rayport.head import HeadActor
 from orchestrator.rayport.ray_api import agent_name, kill_named, pin
 
 
-def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: str | None = None) -> Any:
+def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: str | None = None,
+               admin_key: str | None = None) -> Any:
     """Create the detached head actor (or return the running one: ``get_if_exists``).
 
     ``max_restarts=-1``: Ray restarts a head that dies, and it resumes from the GCS
     store; ``max_task_retries=-1``: calls in flight across a restart are retried,
     which is safe because every state-changing method is idempotent.
+
+    Its administrator (``settings.admin_key_sha256``, when that is unset): whoever holds ``admin_key``, else the
+    starter's own administrator key (:func:`~orchestrator.core.credentials.client_credentials`), else nobody.
     """
+    if settings.admin_key_sha256 is None:
+        key = admin_key or client_credentials(create_user_key=False).get("admin")
+        if key:
+            settings = settings.model_copy(update={"admin_key_sha256": digest(key)})
     opts: dict[str, Any] = dict(name=settings.head_name, namespace=settings.namespace, lifetime="detached",
                                 get_if_exists=True, max_restarts=-1, max_task_retries=-1, num_cpus=0,
                                 max_concurrency=1000)
@@ -33,8 +42,10 @@ def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: st
                                                          cluster.model_dump(mode="json"), start_agent)
 
 
-def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim_node: Mapping[str, Any] | None) -> Any:
-    """Create the detached agent of one node, pinned there (``soft=False``).
+def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim_node: Mapping[str, Any] | None,
+                agent_key: str) -> Any:
+    """Create the detached agent of one node, pinned there (``soft=False``), with ``agent_key``, the credential the
+    head made for it (only the head calls this: the key reaches the agent's constructor, no driver).
 
     An older agent of the node that is still alive but silent is killed first;
     Ray frees the name once the old actor is dead, so creation is retried briefly.
@@ -47,7 +58,8 @@ def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim
     deadline = time.monotonic() + 5.0
     while True:
         try:
-            return cls.remote(node_name, ray_node_id, settings.model_dump(mode="json"), dict(sim_node) if sim_node else None)
+            return cls.remote(node_name, ray_node_id, settings.model_dump(mode="json"), dict(sim_node) if sim_node else None,
+                              agent_key)
         except ValueError:  # the name is still held by the actor just killed
             if time.monotonic() > deadline:
                 raise

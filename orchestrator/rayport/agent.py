@@ -129,8 +129,10 @@ class RayWorkloads:
 class AgentActor:
     """The Ray actor around :class:`AgentCore` (async: its loop and its methods share one event loop)."""
 
-    def __init__(self, node_name: str, ray_node_id: str, settings: dict[str, Any], sim_node: dict[str, Any] | None) -> None:
+    def __init__(self, node_name: str, ray_node_id: str, settings: dict[str, Any], sim_node: dict[str, Any] | None,
+                 agent_key: str) -> None:
         self.settings = RuntimeSettings.model_validate(settings)
+        self._caller = {"agent": agent_key, "node": node_name}  # what the head made for this agent: never shown
         sim = SimNode.model_validate(sim_node) if sim_node else None
         backend = select_backend(self.settings.discovery, node_name, sim)
         self.core = AgentCore(node_name, ray_node_id, backend, self.settings,
@@ -148,13 +150,13 @@ class AgentActor:
                 if head is None:
                     head = ray_api.get_head(self.settings.namespace, self.settings.head_name)
                 if not registered:
-                    ack = await head.register_agent.remote(**self.core.registration())
+                    ack = await head.register_agent.remote(**self.core.registration(), _caller=self._caller)
                     ack = unwrap(ack)
                     self.core.apply_assignments(ack["assignments"], ack.get("revocations"))
                     await self._hold(ack["assignments"])
                     registered = True
                 t0 = time.monotonic()
-                reply = unwrap(await head.heartbeat.remote(**self.core.heartbeat_payload()))
+                reply = unwrap(await head.heartbeat.remote(**self.core.heartbeat_payload(), _caller=self._caller))
                 took = time.monotonic() - t0
                 if took > self.settings.heartbeat_interval_s:  # the head is slow to hear us: say so
                     log.warning("agent %s: heartbeat took %.1fs", self.core.node_name, took)
@@ -168,7 +170,7 @@ class AgentActor:
                 changed = self.core.poll_health(0.0)
                 if changed is not None:
                     await head.update_inventory.remote(self.core.node_name, self.core.incarnation,
-                                                       changed.model_dump(mode="json"))
+                                                       changed.model_dump(mode="json"), _caller=self._caller)
             except Exception as e:  # the head restarting, or not there yet: try again next beat
                 log.warning("agent %s: %s: %s", self.core.node_name, type(e).__name__, e)
                 head, registered = None, False

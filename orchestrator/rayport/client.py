@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from orchestrator.core import env
 from orchestrator.core.api import BATCHED, HEAD_METHODS, HeadApi
+from orchestrator.core.credentials import CALLER_KWARG, client_credentials
 from orchestrator.core.errors import NotConnectedError
 from orchestrator.rayport.channel import Channel, ChannelBroken, Endpoint
 from orchestrator.rayport.ray_api import get_head
@@ -49,8 +50,11 @@ class HeadClient(HeadApi):
     It subclasses the protocol so type checkers see every method; each is replaced below by a real call."""
 
     def __init__(self, namespace: str = "rgo", name: str = "rgo-head", handle: Any = None,
-                 direct: bool | None = None) -> None:
+                 direct: bool | None = None, credentials: Mapping[str, str] | None = None) -> None:
         self.handle = handle if handle is not None else get_head(namespace, name)
+        #: what every call presents (``_caller``): this process's user key and, where it has one, the administrator
+        #: key (:func:`~orchestrator.core.credentials.client_credentials`); never sent anywhere but the head
+        self.credentials = dict(client_credentials() if credentials is None else credentials)
         self.actor_sends = 0  # quick calls sent as call_many actor calls (no channel): for tests and figures
         self.gone = False  # a call found the actor dead: a new client must look the head up again
         self._direct: Channel | None = None
@@ -63,6 +67,8 @@ class HeadClient(HeadApi):
         """``method`` on the head; its answer, or its typed error raised again. A batched method goes with the calls
         made meanwhile and waits for its batch, which waits :data:`CALL_TIMEOUT_S` once sent (none of them waits
         on the head: ``timeout`` is for the others)."""
+        if self.credentials:
+            kwargs[CALLER_KWARG] = self.credentials
         if method in BATCHED:
             if self.direct:
                 reply = self._call_direct(method, [method, list(args), kwargs])

@@ -60,6 +60,7 @@ from orchestrator.control.jobs import AdmissionOnlyRunner, Chore, RaySubmission
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import Begun, HeadService
 from orchestrator.core import env
+from orchestrator.core.credentials import ANONYMOUS, CALLER_KWARG, Principal, calling_as
 from orchestrator.core.api import HEAD_METHODS, HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.errors import JobApiUnavailableError
@@ -123,8 +124,9 @@ class RayClusterPort:
     def holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
         return ray_api.actors_alive(holders)
 
-    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None) -> None:
-        self._start(node_name, ray_node_id, self.settings, sim_node.model_dump(mode="json") if sim_node else None)
+    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None, agent_key: str) -> None:
+        self._start(node_name, ray_node_id, self.settings, sim_node.model_dump(mode="json") if sim_node else None,
+                    agent_key)
 
 
 class HeadActor:
@@ -256,22 +258,35 @@ class HeadActor:
                     if not waiting:
                         del self._waiters[lease_id]
 
-    async def wait_lease(self, lease_id: str, timeout: float, key: str | None = None) -> dict[str, Any]:
+    def _who(self, creds: Any) -> dict[str, Any]:
+        """The caller a call's credentials prove (``{"ok": Principal}``), or the error that refuses them."""
+        return answer(self.service.caller, creds)
+
+    async def wait_lease(self, lease_id: str, timeout: float, key: str | None = None,
+                         _caller: Any = None) -> dict[str, Any]:
         """Wait on the event loop until the lease (or its latest attempt) is handed out or has ended."""
-        bad = answer(check_args, "wait_lease", (lease_id, timeout, key), {})  # as every forwarded method is
+        who = self._who(_caller)
+        if "error" in who:
+            return who
+        with calling_as(who["ok"]):
+            bad = answer(check_args, "wait_lease", (lease_id, timeout, key), {})  # as every forwarded method is
         if "error" in bad:
             return bad
         reply = await self._settled(lease_id, timeout, key)
         await self.commit.durable()
         return reply
 
-    async def job_logs(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+    async def job_logs(self, job_id: str, attempt: int | None = None, _caller: Any = None) -> dict[str, Any]:
         """``HeadApi.job_logs``: the attempt is found on the loop, its log read off it (a call out of the head:
-        Ray's job API, or a task on the driver's node; :meth:`RayJobRunner.logs`)."""
-        bad = answer(check_args, "job_logs", (job_id, attempt), {})  # as every forwarded method is
-        if "error" in bad:
-            return bad
-        source = answer(self.service.job_log_source, job_id, attempt)
+        Ray's job API, or a task on the driver's node; :meth:`RayJobRunner.logs`). Only for the job's owner."""
+        who = self._who(_caller)
+        if "error" in who:
+            return who
+        with calling_as(who["ok"]):
+            bad = answer(check_args, "job_logs", (job_id, attempt), {})  # as every forwarded method is
+            if "error" in bad:
+                return bad
+            source = answer(self.service.job_log_source, job_id, attempt)
         if "error" in source or source["ok"] is None:
             return source if "error" in source else {"ok": ""}
         text = await asyncio.get_running_loop().run_in_executor(self._job_logs, self.service.read_job_log,
@@ -279,9 +294,13 @@ class HeadActor:
         return {"ok": text}
 
     async def acquire_lease(self, lease_request: dict[str, Any], timeout: float, key: str | None = None,
-                            holder: str | None = None) -> dict[str, Any]:
+                            holder: str | None = None, _caller: Any = None) -> dict[str, Any]:
         """Queue, try the fast grant path, wait: ``HeadApi.acquire_lease``."""
-        reply = await self._acquire(lease_request, timeout, key, holder)
+        who = self._who(_caller)
+        if "error" in who:
+            return who
+        with calling_as(who["ok"]):
+            reply = await self._acquire(lease_request, timeout, key, holder)
         await self.commit.durable()
         return reply
 
@@ -331,13 +350,29 @@ class HeadActor:
     def _answer_together(self, calls: Sequence[tuple[str, Sequence[Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
         """Each call's envelope: a call of :data:`HeadService.PLANNED` begun (:meth:`HeadService.begin`), any other
         carried out, in order; then one fast grant path for the requests the begun ones queued, and each of those
-        finished with its report."""
-        begun = [self._answer_call(name, self.service.begin, name, args, kwargs) if name in HeadService.PLANNED
-                 else self._answer_call(name, getattr(self.service, name), *args, **kwargs)
-                 for name, args, kwargs in calls]
+        finished with its report. Each call is carried out as the caller its own credentials prove
+        (``_caller`` beside its arguments)."""
+        begun: list[dict[str, Any]] = []
+        whos: list[Principal] = []
+        for name, args, kwargs in calls:
+            kwargs = dict(kwargs)
+            who = self._who(kwargs.pop(CALLER_KWARG, None))
+            whos.append(who.get("ok", ANONYMOUS))
+            if "error" in who:
+                begun.append(who)
+                continue
+            with calling_as(who["ok"]):
+                begun.append(self._answer_call(name, self.service.begin, name, args, kwargs)
+                             if name in HeadService.PLANNED
+                             else self._answer_call(name, getattr(self.service, name), *args, **kwargs))
         report = self.service.plan_begun([b["ok"] for b in begun if isinstance(b.get("ok"), Begun)])
-        return [self._answer_call(name, b["ok"].finish, report) if isinstance(b.get("ok"), Begun) else b
-                for (name, _, _), b in zip(calls, begun)]
+        out = []
+        for (name, _, _), b, who_ in zip(calls, begun, whos):
+            if isinstance(b.get("ok"), Begun):
+                with calling_as(who_):
+                    b = self._answer_call(name, b["ok"].finish, report)
+            out.append(b)
+        return out
 
     def _answer_call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         """``fn`` (``HeadService.<name>``, or a half of it) in the wire envelope, alone or in a batch: a typed error
@@ -365,7 +400,11 @@ def _forward(name: str) -> Callable[..., Any]:
 
     @functools.wraps(declared)
     async def method(self: HeadActor, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        reply = self._answer_call(name, getattr(self.service, name), *args, **kwargs)
+        who = self._who(kwargs.pop(CALLER_KWARG, None))
+        if "error" in who:
+            return who
+        with calling_as(who["ok"]):
+            reply = self._answer_call(name, getattr(self.service, name), *args, **kwargs)
         if name in WAKES:
             self._poke()
         await self.commit.durable()

@@ -220,14 +220,14 @@ class _AutoLeases:
                 try:
                     info = self.head.wait_lease(lid, self.wait_s, ticket.key)
                 except Exception:
-                    _quietly(self.head.release, lid, None, "withdrawn: not granted in time")
+                    _quietly(self.head.release, lid, None, "withdrawn: not granted in time", ticket.key)
                     raise
             ticket.token, ticket.handout = int(info["fencing_token"]), info["handout"]
             t1 = time.perf_counter()
             try:
                 ticket.pg = lease_group(ticket.handout["node_name"], lid, self.namespace)
             except Exception:
-                _quietly(self.head.release, lid, ticket.token, "its placement group was not made")
+                _quietly(self.head.release, lid, ticket.token, "its placement group was not made", ticket.key)
                 raise
             self.timings.append({"grant_ms": (t1 - ticket.t0) * 1000, "group_ms": (time.perf_counter() - t1) * 1000})
             del self.timings[:-256]
@@ -248,7 +248,7 @@ class _AutoLeases:
         """Give back a ticket nothing took: withdrawn while pending, released once granted."""
         if not ticket.used:
             ticket.used = True
-            _quietly(self.head.release, ticket.lease_id, ticket.token, reason)
+            _quietly(self.head.release, ticket.lease_id, ticket.token, reason, ticket.key)
 
     def release_when_gone(self, ticket: Ticket, reason: str, timeout_s: float = 120.0) -> None:
         """Release ``ticket``'s lease once the actor holding it is dead (a thread; the head would otherwise see
@@ -263,7 +263,7 @@ class _AutoLeases:
                 time.sleep(0.1)
             else:
                 return  # still alive: it holds the lease as long as it lives
-            _quietly(self.head.release, ticket.lease_id, ticket.token, reason)
+            _quietly(self.head.release, ticket.lease_id, ticket.token, reason, ticket.key)
 
         threading.Thread(target=watch, daemon=True, name=f"rgo-release-{ticket.lease_id}").start()
 
@@ -320,12 +320,12 @@ class _AutoLeases:
             ticket.used = True
             if actor:  # the actor holds it: dead actor, freed lease; revoked lease, stopped actor
                 ticket.holder = result._actor_id.hex()
-                head.activate(lid, token, ticket.holder, f"actor:{ns}/{out['name']}")
+                head.activate(lid, token, ticket.holder, f"actor:{ns}/{out['name']}", ticket.key)
                 return
-            head.activate(lid, token, holder)
+            head.activate(lid, token, holder, None, ticket.key)
             ref = result[0] if isinstance(result, list) else result
             if isinstance(ref, ray.ObjectRef):
-                ref.future().add_done_callback(lambda _f: _quietly(head.release, lid, token, "its task ended"))
+                ref.future().add_done_callback(lambda _f: _quietly(head.release, lid, token, "its task ended", ticket.key))
 
         return out, done
 
@@ -344,14 +344,14 @@ class _AutoLeases:
         lid, token = ticket.lease_id, int(ticket.token or 0)
         lease = _Lease(lid, ticket.handout["node_name"], self.namespace, token, ticket.handout["node_id"])
         ticket.used = True
-        self.head.activate(lid, token, self.holder_id())
+        self.head.activate(lid, token, self.holder_id(), None, ticket.key)
         try:
             group = make_group_in_lease(lease, original, bundles, args, kwargs)
         except Exception:
-            _quietly(self.head.release, lid, token, "its placement group could not be made")
+            _quietly(self.head.release, lid, token, "its placement group could not be made", ticket.key)
             raise
         head = self.head
-        _ADOPTED[group.id.hex()] = (lid, token, lambda: head.release(lid, token, "its placement group was removed"))
+        _ADOPTED[group.id.hex()] = (lid, token, lambda: head.release(lid, token, "its placement group was removed", ticket.key))
         return group
 
 

@@ -136,7 +136,8 @@ class LeaseHandle:
         out = ray_api.actor_options(self.handout, extra_env=extra_env)
         out.update(name=self.actor_name, namespace=self.namespace)
         out.update(options)
-        self.head.activate(self.lease_id, self.fencing_token, None, f"actor:{out['namespace']}/{out['name']}")
+        self.head.activate(self.lease_id, self.fencing_token, None, f"actor:{out['namespace']}/{out['name']}",
+                           self._key)
         return out
 
     def wait_resumed(self, timeout: float = 300.0) -> "LeaseHandle":
@@ -145,7 +146,7 @@ class LeaseHandle:
         info = self.head.wait_lease(self.lease_id, timeout, self._key)
         if info.get("state") not in ("granted", "active") or info["lease_id"] == self.lease_id:
             raise OrchestratorError(f"lease {self.lease_id} was not requeued: {info.get('state')}")
-        info = {**info, **self.head.activate(info["lease_id"], int(info["fencing_token"]), None)}
+        info = {**info, **self.head.activate(info["lease_id"], int(info["fencing_token"]), None, None, self._key)}
         return LeaseHandle(self.head, info, poll_s=self._poll.interval_s, key=self._key, namespace=self.namespace)
 
     def refresh(self) -> dict[str, Any]:
@@ -164,7 +165,7 @@ class LeaseHandle:
 
     def release(self, reason: str = "released by its holder") -> dict[str, Any]:
         """Give the devices back (idempotent). Leaving the ``with`` block does this."""
-        d = self.head.release(self.lease_id, self.fencing_token, reason)
+        d = self.head.release(self.lease_id, self.fencing_token, reason, self._key)
         self.info, self.released = d, True
         return d
 
@@ -210,7 +211,7 @@ def lease(request: GpuRequest | str | int | Mapping[str, Any], *, priority: str 
             last = (info.get("history") or [{}])[-1].get("reason", "")
             raise OrchestratorError(f"lease {lid} ended before it was handed out: {info.get('state')} ({last})")
         if info.get("state") == "granted":  # waited for, or no holder to activate it with (fate_share=False)
-            info = {**info, **head.activate(lid, int(info["fencing_token"]), holder_id)}
+            info = {**info, **head.activate(lid, int(info["fencing_token"]), holder_id, None, key)}
         handle = LeaseHandle(head, info, poll_s=poll_s, key=key,
                              namespace=conn.target.namespace if conn is not None else (namespace or "rgo"))
         yield handle
@@ -239,7 +240,7 @@ def _withdraw(head: HeadApi, lease_id: str, reason: str, key: str) -> None:
     """Release a lease in whatever live state it is (pending needs no token); ended ones are left alone."""
     d = head.get_lease(lease_id, key)
     if d["state"] in _LIVE_LEASE:
-        head.release(lease_id, d.get("fencing_token") if d["state"] != "pending" else None, reason)
+        head.release(lease_id, d.get("fencing_token") if d["state"] != "pending" else None, reason, key)
 
 
 def _default_owner() -> str:
@@ -319,7 +320,7 @@ class GangHandle:
         for m in self.members:
             state = m.refresh()["state"]
             if state == "checkpointing":
-                m.info = m.head.ack_preemption(m.lease_id, m.fencing_token, checkpoint_path)
+                m.info = m.head.ack_preemption(m.lease_id, m.fencing_token, checkpoint_path, m._key)
             elif state in ("granted", "active"):
                 m.release("its gang was preempted")
             m.released = True
@@ -487,7 +488,7 @@ def gang_lease(gang: GangRequest | str, *, priority: str | None = None, queue: s
         holder_id = conn.holder_id() if fate_share and conn is not None else None
         ns = conn.target.namespace if conn is not None else (namespace or "rgo")
         for d in infos:
-            d = {**d, **head.activate(d["lease_id"], int(d["fencing_token"]), holder_id)}
+            d = {**d, **head.activate(d["lease_id"], int(d["fencing_token"]), holder_id, None, key)}
             members.append(LeaseHandle(head, d, poll_s=poll_s, key=key, namespace=ns))
         handle = GangHandle(gid, members, None)
         handle.placement_group = _gang_pg(gid, members, deadline)
