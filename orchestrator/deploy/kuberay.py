@@ -22,6 +22,13 @@ serves the live dashboard there: ``orchestrator dashboard --host 0.0.0.0``, a
 child process (the dashboard sits above this layer), which requires the
 cluster's Ray token (``RAY_AUTH_TOKEN`` in the pod). It then stays running until
 SIGTERM, SIGINT or SIGHUP (or the dashboard exits), and stops the child on its way out.
+
+With ``--supervise S`` it is the head's supervisor, the process a Kubernetes container runs (the rendered
+head pod runs it as a restartable native sidecar, ``docs/kubernetes.md``): it stays in the foreground,
+printing to its own stdout and stderr (the container's logs), and every ``S`` seconds looks the detached
+head actor up by name. When the GCS answers "no such actor" :data:`LOST_AFTER` looks in a row (killed for
+good, its restarts spent, its node lost) it exits with :data:`EXIT_HEAD_LOST`, so the kubelet restarts the container
+and the next run starts the head again (which restores its ledger from the GCS) or reattaches to it.
 """
 
 from __future__ import annotations
@@ -65,6 +72,33 @@ def watch_inventory(head: HeadApi, list_nodes: Callable[[], list], every_s: floa
     return ok
 
 
+#: Consecutive "no such actor" answers before the supervisor calls the head lost (one could race a restart).
+LOST_AFTER = 3
+#: The supervisor's exit status when the head actor is lost (any non-zero restarts the container).
+EXIT_HEAD_LOST = 4
+
+
+def supervise_head(head_alive: Callable[[], bool], every_s: float, stop: threading.Event,
+                   lost_after: int = LOST_AFTER) -> bool:
+    """Look at the head every ``every_s`` until ``stop``; True as soon as ``lost_after`` looks in a row were
+    answered "no such actor", False when stopped.
+
+    A look that raises (the GCS restarting, this driver reconnecting) is no answer: it is logged and counts
+    neither way, so a GCS restart under fault tolerance never restarts the sidecar; only the GCS saying the
+    head is gone does. A GCS gone for good takes the Ray container, and so the pod, with it."""
+    misses = 0
+    while not stop.wait(every_s):
+        try:
+            alive = head_alive()
+        except Exception as e:  # no answer: say why, decide nothing
+            print(f"head check got no answer: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            continue
+        misses = 0 if alive else misses + 1
+        if misses >= lost_after:
+            return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m orchestrator.deploy.kuberay", description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["head"], help="what to start")
@@ -73,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--k8s-inventory-every", type=float, default=0.0, metavar="S",
                    help="stay running and cross-check node labels with the agents every S seconds (0: exit)")
+    p.add_argument("--supervise", type=float, default=0.0, metavar="S",
+                   help="stay running as the head's supervisor: look the head actor up every S seconds and exit "
+                   f"{EXIT_HEAD_LOST} when it is lost, so the container's restart starts it again (0: no)")
     a = p.parse_args(argv)
     try:
         cfg = load_config(a.config) if a.config else ClusterConfig(settings=RuntimeSettings(
@@ -84,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(e)
     print(f"orchestrator head up on {state.address} in {state.up_seconds}s", flush=True)
     port = os.environ.get(env.DASHBOARD_PORT)
-    if not port and a.k8s_inventory_every <= 0:
+    if not port and a.k8s_inventory_every <= 0 and a.supervise <= 0:
         return 0
     stop = threading.Event()
     old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -94,19 +131,47 @@ def main(argv: list[str] | None = None) -> int:
             argv = dashboard_argv(port, a.address, cfg.settings.namespace)
             print(f"serving the dashboard: {' '.join(argv[1:])}", flush=True)
             dash = subprocess.Popen(argv)
+        inventory = None
         if a.k8s_inventory_every > 0:
             from orchestrator.deploy.k8s.client import KubeRayClient
             from orchestrator.sdk.connect import connect_head
 
             head = connect_head(a.address, namespace=cfg.settings.namespace, head_name=cfg.settings.head_name)
-            watch_inventory(head, KubeRayClient.from_kubeconfig().list_nodes, a.k8s_inventory_every, stop)
-        else:
+            list_nodes = KubeRayClient.from_kubeconfig().list_nodes
+            if a.supervise <= 0:
+                watch_inventory(head, list_nodes, a.k8s_inventory_every, stop)
+            else:
+                inventory = threading.Thread(target=watch_inventory, args=(head, list_nodes, a.k8s_inventory_every,
+                                                                           stop), name="inventory", daemon=True)
+                inventory.start()
+        if a.supervise > 0:
+            from orchestrator.rayport import ray_api
+
+            s = cfg.settings
+
+            def head_alive() -> bool:
+                if dash is not None and dash.poll() is not None:
+                    stop.set()  # the dashboard died: end, and let the restart bring both back
+                ray_api.connect(a.address, s.namespace)  # a no-op once connected; raises while the GCS is away
+                return ray_api.named_actor_alive(s.head_name, s.namespace)
+
+            print(f"supervising head {s.head_name!r} in namespace {s.namespace!r} every {a.supervise:g}s",
+                  flush=True)
+            if supervise_head(head_alive, a.supervise, stop):
+                print(f"error: head {s.head_name!r} lost ({LOST_AFTER} looks in a row); exiting "
+                      f"{EXIT_HEAD_LOST} so the container restarts and starts it again", file=sys.stderr, flush=True)
+                return EXIT_HEAD_LOST
+            if dash is not None and dash.poll() is not None:
+                print(f"error: the dashboard exited with status {dash.returncode}", file=sys.stderr, flush=True)
+                return 1
+        elif a.k8s_inventory_every <= 0:
             while dash is not None and dash.poll() is None and not stop.wait(1.0):
                 pass
     except OrchestratorError as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_code(e)
     finally:
+        stop.set()  # ends the inventory thread, if any
         if dash is not None and dash.poll() is None:
             dash.terminate()
             try:

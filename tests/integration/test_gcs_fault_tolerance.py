@@ -16,6 +16,9 @@ Two kills:
    Redis; the raylet and the actors reconnect.
 2. ``ray.kill`` of the head actor (Ray restarts it, ``max_restarts=-1``): it restores its ledger and
    job table from that KV.
+3. ``ray.kill`` of the head actor for good: the head pod's supervisor (``python -m orchestrator.deploy.kuberay
+   head --supervise``, the orchestrator-head sidecar's command, run here as a real process) exits non-zero,
+   as the kubelet needs to restart it; the same command run again starts the head, which restores it all.
 
 After each: every lease (state, fencing token, allocation), every job (state, attempt), the queue
 and the fencing counter are what they were, and the raw KV holds the same keys. A control asserts
@@ -43,7 +46,7 @@ from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.job import JobSpec
 from orchestrator.core.lease import key_digest, token_counter
 from orchestrator.core.request import GpuRequest
-from orchestrator.deploy.local import LOOPBACK_SITE, CODE_ROOT, free_port, session_members
+from orchestrator.deploy.local import LOOPBACK_SITE, REPO_ROOT, free_port, session_members
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -132,7 +135,7 @@ def ft_cluster() -> Iterator[FtCluster]:
         }.items():
             env.setenv(k, v)
         env.setenv("PATH", os.path.dirname(sys.executable), prepend=os.pathsep)  # job commands say `python`
-        env.setenv("PYTHONPATH", os.pathsep.join((LOOPBACK_SITE, str(CODE_ROOT))), prepend=os.pathsep)
+        env.setenv("PYTHONPATH", os.pathsep.join((LOOPBACK_SITE, str(REPO_ROOT))), prepend=os.pathsep)
         gcs_port = free_port()
         argv = [sys.executable, "-m", "orchestrator.deploy.raylet", "start", "--head",
                 "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
@@ -219,22 +222,33 @@ def _kv(namespace: str) -> dict[str, Any]:
     return {k: journal.get(k) for k in journal.keys("")}
 
 
-def _start_head() -> tuple[Any, Any]:
-    from orchestrator.rayport import ray_api
+def _supervisor(cluster: FtCluster) -> subprocess.Popen:
+    """The head pod's orchestrator-head sidecar, as a real process: the same supervisor command (render.py's
+    ``head.command``), with the cluster file the ConfigMap would hold. Each call is one container (re)start."""
+    cfg = cluster.tmp / "cluster.yaml"
+    cfg.write_text(json.dumps(ClusterConfig(settings=SETTINGS, nodes=(NODE,)).model_dump(mode="json")))
+    argv = [sys.executable, "-m", "orchestrator.deploy.kuberay", "head", "--supervise", "0.5",
+            "--address", cluster.gcs_address, "--config", str(cfg), "--timeout", "120"]
+    proc = subprocess.Popen(argv, stdout=(cluster.tmp / "supervisor.log").open("ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    cluster.sessions.append(proc.pid)
+    return proc
 
-    try:  # the layer's newer home; ray_api kept them before
-        from orchestrator.rayport.actors import start_head
-        from orchestrator.rayport.client import HeadClient
-    except ImportError:  # pragma: no cover
-        start_head, HeadClient = ray_api.start_head, ray_api.HeadClient  # type: ignore[attr-defined]
-    handle = start_head(SETTINGS, ClusterConfig(settings=SETTINGS, nodes=(NODE,)), node_id=ray_api.head_node_id())
-    return handle, HeadClient(handle=handle)
+
+def _start_head(cluster: FtCluster) -> tuple[Any, Any, subprocess.Popen]:
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.client import HeadClient
+
+    sup = _supervisor(cluster)
+    handle = _wait("the supervisor to start the head", lambda: ray_api.named_actor_alive(
+        SETTINGS.head_name, SETTINGS.namespace) and ray_api.get_head(SETTINGS.namespace, SETTINGS.head_name), 120)
+    return handle, HeadClient(handle=handle), sup
 
 
 def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_restart(ft_cluster: FtCluster) -> None:
     import ray
 
-    handle, head = _start_head()
+    handle, head, sup = _start_head(ft_cluster)
     try:
         _wait("the agent of ft-a100 to register", lambda: any(
             n["name"] == NODE.name and n["state"] != "lost" for n in head.status()["nodes"]), 120)
@@ -278,6 +292,15 @@ def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_re
               90, every=0.5)
         after_head = _wait("the restarted head's ledger", lambda: _ledger(head), 60, every=0.5)
         assert after_head == before
+        assert sup.poll() is None, (ft_cluster.tmp / "supervisor.log").read_text()[-3000:]  # rode out both
+
+        # 3. Kill the head for good: its supervisor exits non-zero (the kubelet's cue to restart the sidecar),
+        # and the same command, run again, starts the head again from the GCS.
+        ray.kill(handle, no_restart=True)
+        assert sup.wait(timeout=30) == 4, (ft_cluster.tmp / "supervisor.log").read_text()[-2000:]
+        handle, head, sup = _start_head(ft_cluster)
+        after_supervisor = _wait("the head the supervisor started again", lambda: _ledger(head), 60, every=0.5)
+        assert after_supervisor == before
 
         # The fencing counter goes on from where it was: the old tokens still hold, a new grant is above them all.
         head.cancel_job("ft-queued")

@@ -121,7 +121,7 @@ def test_an_existing_claim_is_mounted_and_not_rendered() -> None:
      "pools.0.simulated", "unset"),
     ({"pools": [{"name": "s", "sharing": "cpu", "simulated": {"model": "T4"}, "max_replicas": 2}]},
      "pools.0.max_replicas", "0 or 1"),
-    ({"quota": {"cpu": "4"}, "head": {"resources": {"cpu": "4", "memory": "1Gi"}}}, "quota.cpu", "4.5"),
+    ({"quota": {"cpu": "4"}, "head": {"resources": {"cpu": "4", "memory": "1Gi"}}}, "quota.cpu", "5"),  # head 4, its sidecar 0.5, Redis 0.5
 ])
 def test_bad_durable_state_config_names_the_field(over: dict[str, Any], field: str, allowed: str) -> None:
     e = _error(**over)
@@ -188,9 +188,9 @@ def test_a_managed_redis_replaces_the_rendered_one_and_off_means_off() -> None:
 def test_the_quota_counts_the_redis() -> None:
     cfg = _cfg(head={"resources": {"cpu": "4", "memory": "16Gi"}})
     need = cfg.minimum_requests()
-    assert need["cpu"] == pytest.approx(4.5)  # head 4 + Redis 500m
+    assert need["cpu"] == pytest.approx(5)  # head 4 + its orchestrator-head sidecar 500m + Redis 500m
     assert _cfg(head={"resources": {"cpu": "4", "memory": "16Gi"}},
-                gcs_fault_tolerance={"enabled": False}).minimum_requests()["cpu"] == pytest.approx(4)
+                gcs_fault_tolerance={"enabled": False}).minimum_requests()["cpu"] == pytest.approx(4.5)
 
 
 def _free_port() -> int:

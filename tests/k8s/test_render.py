@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -202,9 +203,38 @@ def test_the_job_and_service_run_through_the_orchestrator(configs: tuple[K8sConf
     assert job["spec"]["entrypoint"].startswith("orchestrator submit")
     (svc,) = _by_kind(objs, "RayService")
     assert "orchestrator.serve.app:app" in svc["spec"]["serveConfigV2"]
-    head = svc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    assert "orchestrator.deploy.kuberay head" in head["lifecycle"]["postStart"]["exec"]["command"][-1]
+    pod = svc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    head = pod["containers"][0]
+    (sidecar,) = pod["initContainers"]
+    assert "orchestrator.deploy.kuberay head --supervise" in sidecar["command"][-1]
     assert {p["name"] for p in head["ports"]} >= {"serve", "orch-metrics", "dashboard"}
+
+
+def test_the_head_runs_as_a_restartable_sidecar_that_reads_the_policy_configmap(
+        configs: tuple[K8sConfig, dict[str, K8sConfig]]) -> None:
+    from orchestrator.core.config import parse_config
+    from orchestrator.core.priorities import SchedulerConfig
+
+    objs = render_objects(configs[0])
+    (rc,) = _by_kind(objs, "RayCluster")
+    pod = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    (sidecar,) = pod["initContainers"]
+    # A native sidecar: the kubelet restarts it whenever it exits, whatever the pod's restartPolicy; its
+    # stdout is `kubectl logs -c orchestrator-head`. No process is started from a lifecycle hook.
+    assert sidecar["name"] == "orchestrator-head" and sidecar["restartPolicy"] == "Always"
+    script = sidecar["command"][-1]
+    assert "nohup" not in script and script.rstrip().split("; ")[-1].startswith("exec python -m orchestrator.deploy")
+    assert "--supervise" in script and "--config /etc/orchestrator/cluster.yaml" in script
+    for c in pod["containers"]:
+        assert "orchestrator.deploy" not in str(c.get("lifecycle", {}))
+    # The head reads the policy file from the ConfigMap the base renders, mounted where its --config points.
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "head-config"]
+    (mount,) = [m for m in sidecar["volumeMounts"] if m["name"] == "head-config"]
+    assert mount["mountPath"] == "/etc/orchestrator"
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    cluster_file = parse_config(yaml.safe_load(cm["data"]["cluster.yaml"]))
+    assert cluster_file.scheduler == SchedulerConfig.load(CONFIG.parent / "priorities.yaml")
+    assert "research" in cluster_file.scheduler.queues  # configs/priorities.yaml's, not the built-in default
 
 
 def test_rendering_is_deterministic_and_anchor_free(configs: tuple[K8sConfig, dict[str, K8sConfig]]) -> None:

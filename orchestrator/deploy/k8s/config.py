@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, MigProfile, gpu_model
+from orchestrator.core.priorities import SchedulerConfig
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Kubernetes resource.Quantity, the decimal and binary suffixes the API server accepts.
@@ -352,14 +353,33 @@ class NodePool(_Frozen):
         return self.gpus_per_node
 
 
+#: Where the head pod mounts the ConfigMap with the head's cluster file (its settings and its policy file).
+HEAD_CONFIG_DIR = "/etc/orchestrator"
+HEAD_CONFIG_FILE = f"{HEAD_CONFIG_DIR}/cluster.yaml"
+
+
 class HeadSpec(_Frozen):
-    """The Ray head pod, which also runs the orchestrator head."""
+    """The Ray head pod, which also runs the orchestrator head (a native sidecar supervises it)."""
 
     resources: Resources = Field(default_factory=lambda: Resources(cpu="4", memory="16Gi"))
+    supervisor_resources: Resources = Field(
+        default_factory=lambda: Resources(cpu="500m", memory="1Gi"),
+        description="The orchestrator-head sidecar: the supervisor, the dashboard and the inventory check "
+        "(the head actor itself runs in Ray's worker processes, in the ray-head container)",
+    )
     priority_class: str | None = Field(default=None, description="Name of a declared priority class")
     command: tuple[str, ...] = Field(
-        default=("python", "-m", "orchestrator.deploy.kuberay", "head", "--k8s-inventory-every", "60"),
-        description="Starts the orchestrator head once Ray is up (run from the head container's postStart hook)",
+        default=("python", "-m", "orchestrator.deploy.kuberay", "head", "--supervise", "5",
+                 "--config", HEAD_CONFIG_FILE, "--k8s-inventory-every", "60"),
+        description="The head's supervisor, run by the orchestrator-head sidecar once Ray is up; it must stay "
+        "running (--supervise S) and exits when the head actor is lost, so the kubelet restarts it. "
+        f"{HEAD_CONFIG_FILE} is the ConfigMap rendered from `scheduler`",
+    )
+    scheduler: SchedulerConfig = Field(
+        default_factory=SchedulerConfig,
+        description="The head's policy file (priority classes, queues, quotas, windows), rendered into the "
+        f"ConfigMap <name>-head-config the head reads at {HEAD_CONFIG_FILE}. In configs/k8s.yaml "
+        "`scheduler_file: <path>` (relative to the config) reads it from a file, e.g. priorities.yaml",
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the head pod requires")
 
@@ -368,6 +388,9 @@ class HeadSpec(_Frozen):
     def _command(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v:
             raise _bad("command", [], "a command that starts the orchestrator head")
+        if "--supervise" not in v:
+            raise _bad("command", list(v), "a command with --supervise S",
+                       "the sidecar restarts whatever ends; only the supervisor stays running while the head lives")
         return v
 
 
@@ -805,8 +828,9 @@ class K8sConfig(_Frozen):
     def minimum_requests(self) -> dict[str, float]:
         """What the head, every pool's ``min_replicas`` and the Redis request: the least the cluster needs to be ready."""
         total: dict[str, float] = {
-            "cpu": parse_quantity(self.head.resources.cpu),
-            "memory": parse_quantity(self.head.resources.memory),
+            "cpu": parse_quantity(self.head.resources.cpu) + parse_quantity(self.head.supervisor_resources.cpu),
+            "memory": (parse_quantity(self.head.resources.memory)
+                       + parse_quantity(self.head.supervisor_resources.memory)),
         }
         if self.redis_deployed:
             total["cpu"] += parse_quantity(self.gcs_fault_tolerance.redis.resources.cpu)
@@ -922,4 +946,25 @@ def load_config(path: str | Path) -> tuple[K8sConfig, dict[str, K8sConfig]]:
     """Read ``configs/k8s.yaml``: the base config and its overlays, validated."""
     from orchestrator.core.yamlfile import read_yaml
 
-    return parse_config(read_yaml(path, "--config") or {})
+    data = read_yaml(path, "--config") or {}
+    if isinstance(data, dict):
+        base_dir = Path(path).parent
+        data = _read_scheduler_file(data, base_dir, "head")
+        if isinstance(data.get("overlays"), dict):
+            data["overlays"] = {k: _read_scheduler_file(v, base_dir, f"overlays.{k}.head") if isinstance(v, dict)
+                                else v for k, v in data["overlays"].items()}
+    return parse_config(data)
+
+
+def _read_scheduler_file(data: dict[str, Any], base_dir: Path, field: str) -> dict[str, Any]:
+    """``head.scheduler_file: <path>`` (relative to the config) read into ``head.scheduler``."""
+    head = data.get("head")
+    if not isinstance(head, dict) or "scheduler_file" not in head:
+        return data
+    head = dict(head)
+    ref = base_dir / str(head.pop("scheduler_file"))
+    if not ref.is_file():
+        raise ConfigError(f"{field}.scheduler_file", str(ref), "a policy file (see configs/priorities.yaml)",
+                          detail="no such file")
+    head["scheduler"] = SchedulerConfig.load(ref).model_dump(mode="json")
+    return {**data, "head": head}

@@ -49,6 +49,8 @@ import yaml
 
 from orchestrator.deploy.k8s.config import (
     GPU_PRODUCT_LABEL,
+    HEAD_CONFIG_DIR,
+    HEAD_CONFIG_FILE,
     MIG_CONFIG_LABEL,
     SHARING_STRATEGY_LABEL,
     K8sConfig,
@@ -234,12 +236,56 @@ def _port(name: str, port: int) -> Obj:
     return {"name": name, "containerPort": port, "protocol": "TCP"}
 
 
-def _head_start_hook(cfg: K8sConfig) -> Obj:
-    # postStart runs beside `ray start`; wait for the GCS, then start the
-    # orchestrator head detached so the hook returns at once.
-    inner = f"until ray health-check >/dev/null 2>&1; do sleep 2; done; exec {shlex.join(cfg.head.command)}"
-    script = f"nohup sh -c {shlex.quote(inner)} >/tmp/orchestrator-head.log 2>&1 &"
+#: Where the ray-head container hands KubeRay's token to the sidecar (the shared /tmp emptyDir, mode 0600).
+TOKEN_HANDOFF = "/tmp/rgo-auth/ray-token"
+HEAD_SIDECAR = "orchestrator-head"
+
+
+def _token_handoff_hook() -> Obj:
+    # Under auth.mode kuberay the operator injects RAY_AUTH_TOKEN into the Ray container only (containers[0]),
+    # from a Secret named after the RayCluster -- which a RayService's generated cluster makes unknowable here.
+    # This hook starts no process: it copies the token to a 0600 file the sidecar reads (RAY_AUTH_TOKEN_PATH).
+    script = (f'umask 077 && mkdir -p {shlex.quote(str(Path(TOKEN_HANDOFF).parent))} && '
+              f'printf %s "$RAY_AUTH_TOKEN" > {TOKEN_HANDOFF}.new && mv {TOKEN_HANDOFF}.new {TOKEN_HANDOFF}')
     return {"postStart": {"exec": {"command": ["/bin/sh", "-c", script]}}}
+
+
+def _head_sidecar(cfg: K8sConfig, mounts: list[Obj]) -> Obj:
+    """The orchestrator head's supervisor as a restartable native sidecar (an init container with
+    ``restartPolicy: Always``, Kubernetes >= 1.29): its stdout and stderr are the container's logs
+    (``kubectl logs -c orchestrator-head``), and the kubelet restarts it whenever it exits -- which the
+    supervisor does when the head actor is lost (``deploy/kuberay.py``, ``--supervise``), so the restart
+    starts the head again. A sidecar, not a second container: it restarts whatever the pod's own
+    restartPolicy says, and KubeRay judges the pod by its Ray container only."""
+    wait = ""
+    if cfg.auth.mode == "kuberay":
+        wait = (f"until [ -s {TOKEN_HANDOFF} ]; do sleep 1; done; "
+                f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={TOKEN_HANDOFF}; ")
+    script = f"{wait}until ray health-check >/dev/null 2>&1; do sleep 2; done; exec {shlex.join(cfg.head.command)}"
+    r = cfg.head.supervisor_resources
+    return {
+        "name": HEAD_SIDECAR,
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "restartPolicy": "Always",
+        "command": ["/bin/sh", "-c", script],
+        "env": _env(cfg, None),
+        "resources": _resources(r.cpu, r.memory),
+        "securityContext": _security(cfg),
+        "volumeMounts": [*(m for m in mounts if m["name"] in ("tmp", "cache")),
+                         {"name": "head-config", "mountPath": HEAD_CONFIG_DIR, "readOnly": True}],
+    }
+
+
+def head_cluster_file(cfg: K8sConfig) -> Obj:
+    """The head's cluster file (``orchestrator.core.config.ClusterConfig``): its settings and its policy file."""
+    return {"settings": {"discovery": "auto", "metrics_host": "0.0.0.0", "metrics_port": cfg.metrics_port},
+            "scheduler": cfg.head.scheduler.model_dump(mode="json")}
+
+
+def _head_config(cfg: K8sConfig) -> Obj:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(cfg, f"{cfg.name}-head-config", "head"),
+            "data": {Path(HEAD_CONFIG_FILE).name: to_yaml(head_cluster_file(cfg))}}
 
 
 def _pod_template(cfg: K8sConfig, pool: NodePool | None, *, serve: bool) -> Obj:
@@ -275,8 +321,8 @@ def _pod_template(cfg: K8sConfig, pool: NodePool | None, *, serve: bool) -> Obj:
         "securityContext": _security(cfg),
         "volumeMounts": mounts,
     }
-    if head:
-        container["lifecycle"] = _head_start_hook(cfg)
+    if head and cfg.auth.mode == "kuberay":
+        container["lifecycle"] = _token_handoff_hook()
     component = "ray-head" if head else "ray-worker"
     labels = {"app.kubernetes.io/instance": cfg.name, "app.kubernetes.io/part-of": "ray-gpu-orchestrator",
               "app.kubernetes.io/component": component}
@@ -289,6 +335,9 @@ def _pod_template(cfg: K8sConfig, pool: NodePool | None, *, serve: bool) -> Obj:
         "containers": [container],
         "volumes": vols,
     }
+    if head:
+        spec["initContainers"] = [_head_sidecar(cfg, mounts)]
+        spec["volumes"] = [*vols, {"name": "head-config", "configMap": {"name": f"{cfg.name}-head-config"}}]
     priority = cfg.head.priority_class if head else (pool.priority_class if pool else None)
     if priority:
         spec["priorityClassName"] = priority
@@ -604,11 +653,24 @@ def _pod_monitor(cfg: K8sConfig) -> list[Obj]:
     }]
 
 
+#: Kueue (>= 0.14, feature gate ElasticJobsViaWorkloadSlices) admits an autoscaling RayCluster only as an
+#: elastic job: each scale-up is a new workload slice. Without the annotation its webhook refuses
+#: enableInTreeAutoscaling.
+KUEUE_ELASTIC_JOB = "kueue.x-k8s.io/elastic-job"
+
+
+def _scheduled_meta(cfg: K8sConfig, name: str, component: str) -> Obj:
+    meta = _meta(cfg, name, component, extra_labels=cfg.scheduler.labels())
+    if cfg.scheduler.kind == "kueue" and cfg.autoscaling:
+        meta["annotations"] = {KUEUE_ELASTIC_JOB: "true"}
+    return meta
+
+
 def _ray_cluster(cfg: K8sConfig) -> Obj:
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": _meta(cfg, cfg.name, "ray-cluster", extra_labels=cfg.scheduler.labels()),
+        "metadata": _scheduled_meta(cfg, cfg.name, "ray-cluster"),
         "spec": _cluster_spec(cfg, cfg.pools, serve=False),
     }
 
@@ -659,7 +721,7 @@ def _ray_service(cfg: K8sConfig) -> list[Obj]:
     return [{
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
-        "metadata": _meta(cfg, f"{cfg.name}-{inf.name}", "ray-service", extra_labels=cfg.scheduler.labels()),
+        "metadata": _scheduled_meta(cfg, f"{cfg.name}-{inf.name}", "ray-service"),
         "spec": {
             "serveConfigV2": yaml.safe_dump(serve, sort_keys=False),
             "rayClusterConfig": _cluster_spec(cfg, cfg.inference_pools, serve=True),
@@ -676,6 +738,7 @@ def render_objects(cfg: K8sConfig) -> list[Obj]:
         *_quota(cfg),
         _network_policy(cfg),
         *_dashboard(cfg),
+        _head_config(cfg),
         *_checkpoint_claim(cfg),
         *_redis(cfg),
         _ray_cluster(cfg),
