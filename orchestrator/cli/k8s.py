@@ -30,7 +30,8 @@ app = typer.Typer(
 T = TypeVar("T")
 
 CONFIG_OPT = typer.Option(Path("configs/k8s.yaml"), "--config", "-c", help="The deployment config (pydantic, see docs/kubernetes.md)")
-OVERLAY_OPT = typer.Option(None, "--overlay", "-o", help="Use this overlay of the config instead of the base")
+# No short form: -o is --output, the output format, on every command.
+OVERLAY_OPT = typer.Option(None, "--overlay", help="Use this overlay of the config instead of the base")
 KUBECONFIG_OPT = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
 CONTEXT_OPT = typer.Option(None, "--context", help="kubeconfig context")
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON object on stdout (progress on stderr)")
@@ -90,11 +91,47 @@ def _results_table(title: str, results) -> Table:
     return t
 
 
+def _prerequisites(base: K8sConfig, overlays: dict[str, K8sConfig], overlay: Optional[str],
+                   kubeconfig: Optional[Path], context: Optional[str]) -> list:  # -> list[prereqs.Finding]
+    """Each render's prerequisites, checked against the cluster the kubeconfig names (``--kubeconfig`` or
+    ``$KUBECONFIG``; never a default file: a check offline must not reach for some cluster), else unchecked."""
+    import os
+
+    from orchestrator.deploy.k8s.prereqs import check_all
+    from orchestrator.deploy.k8s.render import render_objects
+
+    if overlay is not None and overlay not in overlays:
+        raise InvalidRequestError("--overlay", overlay, sorted(overlays) or ["(none declared)"])
+    picked = {overlay: overlays[overlay]} if overlay else {"base": base, **overlays}
+    renders = {label: (cfg, render_objects(cfg)) for label, cfg in picked.items()}
+    source = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
+    if not source:
+        return check_all(renders, None, "offline: no cluster to ask (set KUBECONFIG or pass --kubeconfig)")
+    try:
+        cluster = _client(Path(source), context)
+    except OrchestratorError as e:  # unreachable, bad kubeconfig, or the k8s extra not installed
+        return check_all(renders, None, f"not checked: {e}")
+    return check_all(renders, cluster)
+
+
+def _prerequisites_table(findings: list) -> Table:
+    t = Table(title="prerequisites (docs/kubernetes.md, section 1)")
+    for col in ("prerequisite", "needed by", "status", "detail", "how"):
+        t.add_column(col, overflow="fold")
+    for f in findings:
+        t.add_row(f.what, ", ".join(f.needed_by), f.status, f.detail, "" if f.status == "ok" else f.how)
+    return t
+
+
 @app.command()
 def render(
     config: Path = CONFIG_OPT,
     out: Path = typer.Option(..., "--out", help="Directory to write base/ and overlays/<name>/ into"),
-    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when DIR differs from a fresh render"),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when DIR differs from a fresh render "
+                               "or the cluster lacks a prerequisite (checked when KUBECONFIG names a cluster)"),
+    overlay: Optional[str] = typer.Option(None, "--overlay", help="With --check: only this overlay's prerequisites"),
+    kubeconfig: Optional[Path] = KUBECONFIG_OPT,
+    context: Optional[str] = CONTEXT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write the kustomize tree (base plus one overlay per config overlay) from the config."""
@@ -106,15 +143,23 @@ def render(
         con = _console(as_json)
         if check:
             stale = stale_files(tree, out)
+            findings = _prerequisites(base, overlays, overlay, kubeconfig, context)
+            missing = [f for f in findings if f.status == "missing"]
             if as_json:
-                typer.echo(json.dumps({"out": str(out), "files": len(tree), "matches": not stale, "stale": stale}))
+                typer.echo(json.dumps({"out": str(out), "files": len(tree), "matches": not stale, "stale": stale,
+                                       "prerequisites": [f.to_dict() for f in findings]}))
+            con.print(_prerequisites_table(findings))
             if stale:
                 con.print(f"{out} differs from a render of {config} in {len(stale)} file(s):")
                 for rel in stale:
                     con.print(f"  {rel}")
                 con.print(f"run: orchestrator k8s render --config {config} --out {out}")
+            else:
+                con.print(f"{out} matches {config} ({len(tree)} files)")
+            if missing:
+                con.print(f"the cluster lacks {len(missing)} prerequisite(s): {', '.join(f.key for f in missing)}")
+            if stale or missing:
                 raise typer.Exit(1)
-            con.print(f"{out} matches {config} ({len(tree)} files)")
             return
         written = write_tree(tree, out)
         con.print(f"wrote {len(written)} files under {out}: base/ and overlays/{{{','.join(sorted(overlays))}}}")

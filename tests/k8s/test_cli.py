@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -140,3 +141,21 @@ def test_the_guide_exists_and_its_commands_parse() -> None:
         args = [a for a in shlex.split(line.replace("[", "").replace("]", "")) if a != "|"]
         r = runner.invoke(app, [*args, "--help"])
         assert r.exit_code == 0, f"{line}: {r.output}"
+
+
+def test_overlay_has_no_short_form(kubeconfig: Path) -> None:
+    # -o is --output (the output format) on every command; the overlay is only --overlay.
+    r = runner.invoke(app, ["status", "--config", str(CONFIG), "-o", "dev", "--kubeconfig", str(kubeconfig)])
+    assert r.exit_code == 2 and "-o" in r.output
+
+
+def test_a_missing_kubernetes_client_names_the_k8s_extra(kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m == "kubernetes" or m.startswith("kubernetes.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed: importing it raises ImportError
+    monkeypatch.setitem(sys.modules, "kubernetes", None)
+    r = runner.invoke(app, ["status", "--config", str(CONFIG), "--kubeconfig", str(kubeconfig), "--json"])
+    assert r.exit_code == 1, r.output
+    err = json.loads(r.stdout)
+    assert err["extra"] == "k8s" and "ray-gpu-orchestrator[k8s]" in err["message"], err

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from orchestrator.core.extras import require
 from orchestrator.core.errors import NotConnectedError, OrchestratorError
 from orchestrator.deploy.k8s.render import FIELD_MANAGER, GENERATE_KEYS_ANNOTATION, Obj, object_key
 
@@ -149,11 +150,17 @@ def _api_error(verb: str, obj_kind: str, name: str, e: Any) -> KubernetesApiErro
     return KubernetesApiError(verb, obj_kind, name, status, reason, message)
 
 
+def _kubernetes(module: str) -> Any:
+    """A module of the ``kubernetes`` client, an optional dependency: without it, MissingExtraError names the
+    ``k8s`` extra (``pip install 'ray-gpu-orchestrator[k8s]'``)."""
+    return require(module, "k8s")
+
+
 class KubeRayClient:
     """Server-side apply, status and delete of our objects over one ``kubernetes`` ApiClient."""
 
     def __init__(self, api_client: Any, *, discovery_cache: str | None = None) -> None:
-        from kubernetes.dynamic import DynamicClient  # imported here: the CLI's render needs no client
+        DynamicClient = _kubernetes("kubernetes.dynamic").DynamicClient  # here: render needs no client
 
         self._api = api_client
         try:
@@ -165,8 +172,8 @@ class KubeRayClient:
     def from_kubeconfig(cls, kubeconfig: str | None = None, context: str | None = None,
                         *, discovery_cache: str | None = None) -> "KubeRayClient":
         """A client from a kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``), else the in-cluster config."""
-        from kubernetes import client as k8s_client
-        from kubernetes import config as k8s_config
+        k8s_client = _kubernetes("kubernetes.client")
+        k8s_config = _kubernetes("kubernetes.config")
 
         try:
             api = k8s_config.new_client_from_config(config_file=kubeconfig, context=context)
@@ -188,7 +195,7 @@ class KubeRayClient:
         return NotConnectedError(f"Kubernetes API server at {host} not reachable: {type(e).__name__}: {e}")
 
     def _resource(self, api_version: str, kind: str) -> Any | None:
-        from kubernetes.dynamic.exceptions import ResourceNotFoundError
+        ResourceNotFoundError = _kubernetes("kubernetes.dynamic.exceptions").ResourceNotFoundError
 
         try:
             return self._dyn.resources.get(api_version=api_version, kind=kind)
@@ -196,8 +203,8 @@ class KubeRayClient:
             return None
 
     def _call(self, verb: str, kind: str, name: str, fn: Callable[[], Any]) -> Any:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+        ApiException = _kubernetes("kubernetes.client.exceptions").ApiException
+        from urllib3.exceptions import HTTPError  # kubernetes' own transport
 
         try:
             return fn()
@@ -258,6 +265,16 @@ class KubeRayClient:
                 return None
             raise
         return got.to_dict()
+
+    def served(self, api_version: str, kind: str) -> bool:
+        """Whether the server serves ``kind`` at ``api_version`` (its CRD is installed), from discovery."""
+        return self._resource(api_version, kind) is not None
+
+    def server_version(self) -> tuple[int, int]:
+        """(major, minor) of the API server, from ``/version`` (``"30+"`` on some clouds reads as 30)."""
+        got = self._call("get", "Version", "/version", lambda: self._dyn.version["kubernetes"])
+        digits = lambda v: int("".join(ch for ch in str(v) if ch.isdigit()) or 0)  # noqa: E731
+        return digits(got.get("major")), digits(got.get("minor"))
 
     def cluster_status(self, name: str, namespace: str) -> ClusterStatus:
         obj = self.get("ray.io/v1", "RayCluster", name, namespace)
