@@ -60,7 +60,7 @@ from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import InvalidRequestError, StaleFencingTokenError
 from orchestrator.core.inventory import NodeInventory
-from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches, make_token
+from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
@@ -106,7 +106,7 @@ class HeadController:
 
     def __init__(self, settings: RuntimeSettings, store: StateStore, *, clock: Callable[[], float],
                  holder_probe: HolderProbe = lambda hs: {h: True for h in hs}, sched_config: SchedulerConfig | None = None,
-                 day_clock: Clock | None = None) -> None:
+                 day_clock: Clock | None = None, token_secret: bytes | None = None) -> None:
         self.settings = settings
         self.sched_config = sched_config or SchedulerConfig()
         self.day_clock: Clock = day_clock or SystemClock()  # the time of day time windows read
@@ -116,7 +116,7 @@ class HeadController:
         self.clock = clock
         self.holder_probe = holder_probe
         self.policy = get_policy(self.sched_config.policy)
-        self.ledger = Ledger(store, settings.namespace)
+        self.ledger = Ledger(store, settings.namespace, token_secret)  # tokens are made from the head's secret
         self.nodes = NodeRegistry(store, settings.namespace)
         self.repartitions = Repartitions(store, settings.namespace)
         self._last_enqueued = 0.0
@@ -462,7 +462,7 @@ class HeadController:
         for g in plan.grants:  # all fit: the plan was made on the snapshot and took each in turn (Plan.after)
             e = self.ledger.get(g.item_id)
             self.ledger.fencing += 1
-            lease = e.lease.grant(g.placement.allocation, make_token(self.ledger.fencing), now=now,
+            lease = e.lease.grant(g.placement.allocation, self.ledger.make_token(e.lease_id), now=now,
                                   reason=str(g.reason))
             rec = self.nodes.records[g.placement.allocation.node_name]
             grants.append(replace(e, lease=lease, handout=lease_handout(lease, rec.ray_node_id, self.settings,

@@ -47,7 +47,7 @@ from orchestrator.core.allocation import Allocation
 from orchestrator.core.changefeed import ChangeFeed
 from orchestrator.core.errors import UnknownObjectError
 from orchestrator.core.lease import (HOLDING_STATES, LEASE_TRANSITIONS, REDACTED, Lease, LeaseRequest, LeaseState,
-                                     token_counter)
+                                     make_token, token_counter)
 from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.cycle import Waiting
 from orchestrator.scheduling.preemption import USAGE_UNITS, usage_units
@@ -158,8 +158,12 @@ _UNINDEXED = frozenset({"waiting", "why_pending"})
 class Ledger:
     """The entries, the fencing counter and the sequence, over a :class:`StateStore`; see the module docstring."""
 
-    def __init__(self, store: StateStore, namespace: str) -> None:
+    def __init__(self, store: StateStore, namespace: str, token_secret: bytes | None = None) -> None:
         self.store = store
+        #: what tokens are made from (:func:`~orchestrator.core.lease.make_token`); the journal keeps only their
+        #: counters (:meth:`_sealed`), so reading the GCS KV gives no holder's token. Without one (in-process use),
+        #: a random secret kept in the store itself (the Ray head passes its own: the GCS never sees it).
+        self.token_secret = token_secret if token_secret is not None else self._store_secret(store, namespace)
         self.meta_key = f"{namespace}/meta"
         self.prefix = f"{namespace}/lease/"
         self.entries: dict[str, LedgerEntry] = {}
@@ -198,7 +202,7 @@ class Ledger:
             d = self.store.get(key)
             if d is None:
                 continue
-            e = LedgerEntry.from_json(d)
+            e = LedgerEntry.from_json(self._unsealed(d))
             self._put(e)
             self.seq = max(self.seq, e.seq)
             self.fencing = max(self.fencing, token_counter(e.lease.fencing_token))
@@ -212,9 +216,48 @@ class Ledger:
         """Write entries to the store, then make them current in memory (hard state first)."""
         entries = list(entries)
         for e in entries:
-            self.store.put(self.prefix + e.lease_id, e.to_json())
+            self.store.put(self.prefix + e.lease_id, self._sealed(e.to_json()))
         for e in entries:
             self._put(e)
+
+    def make_token(self, lease_id: str) -> int:
+        """The token of ``lease_id``'s grant at the current fencing counter (:func:`~orchestrator.core.lease.make_token`)."""
+        return make_token(self.fencing, lease_id, self.token_secret)
+
+    @staticmethod
+    def _sealed(d: dict[str, Any]) -> dict[str, Any]:
+        """``d`` (an entry's stored form) without its token: the counter stays (``fencing_counter``), the token and
+        the hand-out's copy of it go. What the GCS KV holds: any driver of the cluster can read it."""
+        token = d.get("fencing_token")
+        if token:
+            d = {**d, "fencing_token": 0, "fencing_counter": token_counter(token)}
+            h = d.get("handout")
+            if h and E.FENCING_TOKEN in (h.get("env_vars") or {}):
+                d["handout"] = {**h, "env_vars": {**h["env_vars"], E.FENCING_TOKEN: REDACTED}}
+        return d
+
+    def _unsealed(self, d: dict[str, Any]) -> dict[str, Any]:
+        """The stored form with its token made again from the counter and the secret (:meth:`_sealed` undone)."""
+        counter = d.get("fencing_counter")
+        if counter is None:
+            return d
+        token = make_token(int(counter), d["spec"]["lease_id"], self.token_secret)
+        d = {**d, "fencing_token": token}
+        h = d.get("handout")
+        if h and E.FENCING_TOKEN in (h.get("env_vars") or {}):
+            d["handout"] = {**h, "env_vars": {**h["env_vars"], E.FENCING_TOKEN: str(token)}}
+        return d
+
+    @staticmethod
+    def _store_secret(store: StateStore, namespace: str) -> bytes:
+        key = f"{namespace}/token-secret"
+        got = store.get(key)
+        if got is None:
+            import secrets
+
+            got = {"hex": secrets.token_hex(32)}
+            store.put(key, got)
+        return bytes.fromhex(got["hex"])
 
     def soft(self, e: LedgerEntry, **changes: Any) -> None:
         """Change soft state only (never persisted: ``waiting``, ``why_pending``, a moved column position).

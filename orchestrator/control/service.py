@@ -131,14 +131,15 @@ class HeadService:
     def __init__(self, settings: RuntimeSettings, cluster: ClusterConfig, store: StateStore, runner: JobRunner,
                  port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = JOB_STATUS_POLL_S,
                  metrics: HeadMetrics | None = None, day_clock: Clock | None = None,
-                 launch_in_cycle: bool = True) -> None:
+                 launch_in_cycle: bool = True, token_secret: bytes | None = None) -> None:
         self.settings = settings
         self.cluster = cluster
         self.port = port
         self.clock = clock
         self._nodes_read_at = float("-inf")
         self.ctl = HeadController(settings, store, clock=clock, holder_probe=port.holders_alive,
-                                  sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings))
+                                  sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings),
+                                  token_secret=token_secret)
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
                                head_name=settings.head_name, status_poll_s=status_poll_s,
                                launch_in_step=launch_in_cycle)

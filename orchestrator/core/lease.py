@@ -152,17 +152,20 @@ LEASE_TRANSITIONS: TransitionTable[LeaseState] = TransitionTable(
 HOLDING_STATES = frozenset({L.GRANTED, L.ACTIVE, L.CHECKPOINTING})
 
 
-#: A fencing token is ``counter << TOKEN_RANDOM_BITS | random``: the counter (high bits) orders grants as a fencing
-#: token must (a later grant's token is larger), the random low bits make a holder's token unguessable from
-#: another's (a counter alone let anyone who saw one token name the next). 31 + 32 bits: a signed 64-bit JSON int.
+#: A fencing token is ``counter << TOKEN_RANDOM_BITS | seal``: the counter (high bits) orders grants as a fencing
+#: token must (a later grant's token is larger), the low bits -- an HMAC of the lease id and the counter under the
+#: head's secret (:func:`make_token`) -- make a holder's token unguessable from another's (a counter alone let
+#: anyone who saw one token name the next). 31 + 32 bits: a signed 64-bit JSON int. The journal (the GCS KV, which
+#: any driver of the cluster can read) keeps the counter only; the head, which alone has the secret, derives the
+#: token again when it restores (``control.ledger``).
 TOKEN_RANDOM_BITS = 32
 
 
-def make_token(counter: int) -> int:
-    """The token of the grant the fencing ``counter`` has just reached: its counter, then 32 random bits."""
-    import secrets
-
-    return (int(counter) << TOKEN_RANDOM_BITS) | secrets.randbits(TOKEN_RANDOM_BITS)
+def make_token(counter: int, lease_id: str, secret: bytes) -> int:
+    """The token of lease ``lease_id``'s grant at fencing ``counter``: the counter, then 32 bits of
+    HMAC-SHA256(``secret``, lease id and counter). Deterministic for the head; unguessable without ``secret``."""
+    mac = hmac.new(secret, f"{lease_id}\0{int(counter)}".encode(), hashlib.sha256).digest()
+    return (int(counter) << TOKEN_RANDOM_BITS) | int.from_bytes(mac[:TOKEN_RANDOM_BITS // 8], "big")
 
 
 def token_counter(token: int) -> int:

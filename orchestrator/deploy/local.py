@@ -64,7 +64,7 @@ from typing import Any, Callable, Iterator, Mapping
 from orchestrator.core import env as E
 from orchestrator.core.config import ClusterConfig, raylet_native_env
 from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
-from orchestrator.core.credentials import admin_key_for
+from orchestrator.core.credentials import admin_key_for, head_secret_for
 from orchestrator.core.statefile import Proc, State, checked_state_dir
 from orchestrator.rayport.loopback import LOOPBACK_SITE
 
@@ -396,7 +396,8 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
             _wait_started(state.processes[-1], node, deadline)
         _apply_env(state.env)
         _start_orchestrator(config, plan.address, progress, timeout_s - (time.monotonic() - t0),
-                            expect_nodes=len(plan.nodes), admin_key=admin_key_for(state_dir))
+                            expect_nodes=len(plan.nodes), admin_key=admin_key_for(state_dir),
+                            token_secret=head_secret_for(state_dir))
     except BaseException:
         progress("up failed; stopping what it started")
         down(state_dir, progress=progress, keep_logs=True)
@@ -437,7 +438,8 @@ def attach(config: ClusterConfig, address: str, state_dir: Path, *, progress: Pr
     state = State(address, s.namespace, s.head_name, attached=True, started_at=time.time())
     checked_state_dir(state_dir, create=True)
     state.started_head = _start_orchestrator(config, address, progress, timeout_s, expect_nodes=None,
-                                             admin_key=admin_key_for(state_dir))
+                                             admin_key=admin_key_for(state_dir),
+                                             token_secret=head_secret_for(state_dir))
     state.save(state_dir)
     state.up_seconds = round(time.monotonic() - t0, 2)
     state.save(state_dir)
@@ -474,7 +476,8 @@ def _tail(path: str, lines: int = 12) -> str:
 
 
 def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress, timeout_s: float,
-                        expect_nodes: int | None, admin_key: str | None = None) -> bool:
+                        expect_nodes: int | None, admin_key: str | None = None,
+                        token_secret: str | None = None) -> bool:
     """Start the head (unless one runs) and wait for every agent. True if this call started the head. Its
     administrator: who holds ``admin_key`` (``up`` keeps it in the state folder's ``admin.key``, 0600)."""
     from orchestrator.rayport import ray_api  # Ray loads only when a cluster is started (`--help` stays quick)
@@ -502,7 +505,7 @@ def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress,
             progress(f"head {s.head_name!r} already runs in namespace {s.namespace!r}; using it")
         except NotConnectedError:
             started = True
-        head = start_head(s, config, node_id=ray_api.head_node_id(), admin_key=admin_key)
+        head = start_head(s, config, node_id=ray_api.head_node_id(), admin_key=admin_key, token_secret=token_secret)
         client = HeadClient(handle=head)
         want = {n.name for n in ray_api.alive_nodes()}
         progress(f"head actor {s.head_name!r} in namespace {s.namespace!r}; waiting for {len(want)} agents")

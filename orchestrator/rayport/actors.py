@@ -6,6 +6,7 @@ so :mod:`.head` does not import this module that imports it).
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any, Mapping
 
@@ -19,7 +20,7 @@ from orchestrator.rayport.ray_api import agent_name, kill_named, pin
 
 
 def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: str | None = None,
-               admin_key: str | None = None) -> Any:
+               admin_key: str | None = None, token_secret: str | None = None) -> Any:
     """Create the detached head actor (or return the running one: ``get_if_exists``).
 
     ``max_restarts=-1``: Ray restarts a head that dies, and it resumes from the GCS
@@ -28,6 +29,10 @@ def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: st
 
     Its administrator (``settings.admin_key_sha256``, when that is unset): whoever holds ``admin_key``, else the
     starter's own administrator key (:func:`~orchestrator.core.credentials.client_credentials`), else nobody.
+
+    ``token_secret`` (hex): what its fencing tokens are made from; it reaches the head as a constructor argument,
+    so a head Ray restarts keeps it, and never the GCS KV. ``up`` keeps one in the state folder (0600) so a head
+    made again over the same journal derives the same tokens; none given: a new one.
     """
     if settings.admin_key_sha256 is None:
         key = admin_key or client_credentials(create_user_key=False).get("admin")
@@ -39,7 +44,8 @@ def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: st
     if node_id:
         opts["scheduling_strategy"] = pin(node_id, soft=True)  # the Ray head node, while it stands
     return ray.remote(HeadActor).options(**opts).remote(settings.model_dump(mode="json"),
-                                                         cluster.model_dump(mode="json"), start_agent)
+                                                         cluster.model_dump(mode="json"), start_agent,
+                                                         token_secret or secrets.token_hex(32))
 
 
 def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim_node: Mapping[str, Any] | None,

@@ -132,7 +132,8 @@ class RayClusterPort:
 class HeadActor:
     """See the module docstring; the API methods are added below the class from :data:`HEAD_METHODS`."""
 
-    def __init__(self, settings: dict[str, Any], cluster: dict[str, Any], start_agent: Callable[..., Any]) -> None:
+    def __init__(self, settings: dict[str, Any], cluster: dict[str, Any], start_agent: Callable[..., Any],
+                 token_secret: str | None = None) -> None:
         s = RuntimeSettings.model_validate(settings)
         # Ray's threads hand each call to the loop and each reply back under the GIL; with Python's 5 ms
         # default a busy loop kept them waiting and capped the grants a second (docs/load.md).
@@ -141,7 +142,8 @@ class HeadActor:
         journal = Journal.load(table)
         self.service = HeadService(s, ClusterConfig.model_validate(cluster), journal,
                                    ray_api.RayJobRunner() if s.job_runner == "ray" else AdmissionOnlyRunner(),
-                                   RayClusterPort(s, start_agent), clock=time.time, launch_in_cycle=False)
+                                   RayClusterPort(s, start_agent), clock=time.time, launch_in_cycle=False,
+                                   token_secret=bytes.fromhex(token_secret) if token_secret else None)
         self.commit = GroupCommit(journal, table, self.service.metrics)  # what the restore wrote goes in its first batch
         port = s.metrics_port or int(os.environ.get(env.METRICS_PORT, "0") or 0)
         if port:

@@ -21,7 +21,7 @@ SPEC = LeaseRequest(lease_id="job-1.a1", request=GpuRequest.mps(30, 20480), owne
 
 
 #: The token of the grant the fencing counter reached 7 with (its counter, then random bits).
-TOKEN_7 = make_token(7)
+TOKEN_7 = make_token(7, SPEC.lease_id, b"s" * 32)
 
 
 def _active(now: float = 100.0) -> LedgerEntry:

@@ -12,12 +12,38 @@ from orchestrator.core.errors import StaleFencingTokenError
 from orchestrator.core.lease import TOKEN_RANDOM_BITS, key_digest, make_token, token_counter
 
 
-def test_a_token_keeps_its_counters_order_and_its_low_bits_are_random() -> None:
-    tokens = [make_token(n) for n in (1, 1, 2, 2**31 - 1)]
-    assert [token_counter(t) for t in tokens] == [1, 1, 2, 2**31 - 1]
-    assert tokens[0] < tokens[2] < tokens[3] < 2**63  # a later grant's token is larger; a signed 64-bit int
-    same = {make_token(5) for _ in range(64)}
-    assert len(same) == 64  # the same counter never gives the same token twice (2^-32 a pair)
+def test_a_token_keeps_its_counters_order_and_its_low_bits_need_the_heads_secret() -> None:
+    a, b = b"a" * 32, b"b" * 32
+    tokens = [make_token(n, "l", a) for n in (1, 2, 2**31 - 1)]
+    assert [token_counter(t) for t in tokens] == [1, 2, 2**31 - 1]
+    assert tokens[0] < tokens[1] < tokens[2] < 2**63  # a later grant's token is larger; a signed 64-bit int
+    assert make_token(5, "l", a) == make_token(5, "l", a)  # the head derives it again after a restart
+    assert len({make_token(5, lid, a) for lid in map(str, range(64))}) == 64  # another lease: other low bits
+    assert make_token(5, "l", a) != make_token(5, "l", b)  # another secret: other low bits
+
+
+def test_the_journal_keeps_no_token_and_a_restored_head_derives_each_again(tmp_path: Path) -> None:
+    """The journal is in the GCS KV, which any driver of the cluster can read (``ray.experimental.internal_kv``):
+    it held every lease's token, and every job hand-out's copy. Now it keeps the counter; the head, which alone
+    has its secret, makes the token again when it restores, and the holder's token still works."""
+    import json
+
+    from orchestrator.control.service import HeadService
+
+    head = InProcessHead(workdir=tmp_path)
+    try:
+        head.request_lease({"lease_id": "l", "request": "1", "requester_digest": key_digest("k")})
+        token = head.wait_lease("l", 5, "k")["fencing_token"]
+        stored = json.dumps({k: head.store.get(k) for k in head.store.keys("")})
+        assert str(token) not in stored and str(token & 0xFFFFFFFF) not in stored
+        again = HeadService(head.settings, head.config, head.store, head.runner, head.cluster,
+                            token_secret=head.service.ctl.ledger.token_secret)
+        assert again.ctl.ledger.get("l").lease.fencing_token == token
+        other = HeadService(head.settings, head.config, head.store, head.runner, head.cluster,
+                            token_secret=b"x" * 32)  # a head without the secret derives no one's token
+        assert other.ctl.ledger.get("l").lease.fencing_token != token
+    finally:
+        head.close()
 
 
 def test_one_holders_token_does_not_name_the_next_grants_token(tmp_path: Path) -> None:
