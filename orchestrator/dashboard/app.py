@@ -13,8 +13,8 @@ Routes:
 * ``GET /api/comparison`` -- the comparison of sharing schemes, once computed;
 * ``GET /healthz``.
 
-Access: with a ``token`` every route but ``/healthz`` needs it -- ``Authorization:
-Bearer TOKEN``, or ``?token=TOKEN`` once (which sets an HttpOnly cookie, so the
+Access: with a ``token`` every route but ``/healthz`` and ``/login`` needs it -- ``Authorization:
+Bearer TOKEN``, or the session cookie ``POST /login`` sets (the token in a form body, never a URL; so the
 page's own requests and its event stream carry it). The command binds to
 127.0.0.1 without a token, and refuses any other address without one.
 """
@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import secrets
 import threading
+from urllib.parse import parse_qs
 from importlib import resources
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -33,7 +35,8 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse,
+                                 Response, StreamingResponse)
 from starlette.routing import Route
 
 from orchestrator.core.errors import OrchestratorError, UnknownObjectError
@@ -147,22 +150,47 @@ def _sse(event: str, data: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+#: The login form (``GET /login``): the token goes in a POST body, never in a URL (where logs and history keep it).
+_LOGIN = """<!doctype html><meta charset="utf-8"><title>ray-gpu-orchestrator: sign in</title>
+<form method="post" action="/login" style="font-family:sans-serif;margin:4em auto;max-width:28em">
+<p>This dashboard needs its token (printed by <code>orchestrator dashboard</code> to its own file, 0600).</p>
+<input type="password" name="token" autocomplete="current-password" autofocus style="width:100%">
+<button type="submit">Open the dashboard</button></form>"""
+
+
 def _require(token: str) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
+    """Every route but ``/healthz`` and ``/login`` needs ``Authorization: Bearer <token>`` or the session cookie
+    that ``POST /login`` with the token sets (HttpOnly, SameSite=Strict; a random session id, not the token).
+    A token in the URL (``?token=``) is never accepted: URLs end up in logs, history and Referer headers."""
+    sessions: set[str] = set()
+
     def ok(given: str | None) -> bool:
         return bool(given) and hmac.compare_digest(str(given).encode(), token.encode())
 
     async def dispatch(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if request.url.path == "/healthz":
+        path = request.url.path
+        if path == "/healthz":
             return await call_next(request)
+        if path == "/login":
+            if request.method == "POST":
+                body = (await request.body())[:4096].decode(errors="replace")  # a urlencoded form, one field
+                if ok((parse_qs(body).get("token") or [""])[0]):
+                    sid = secrets.token_urlsafe(32)
+                    sessions.add(sid)
+                    response = RedirectResponse("/", status_code=303)
+                    response.set_cookie(COOKIE, sid, httponly=True, samesite="strict",
+                                        secure=request.url.scheme == "https")
+                    return response
+                return HTMLResponse(_LOGIN.replace("<p>", "<p><b>Wrong token.</b> ", 1), status_code=401)
+            return HTMLResponse(_LOGIN)
         auth = request.headers.get("authorization", "")
         bearer = auth[7:] if auth.lower().startswith("bearer ") else None
-        if ok(bearer) or ok(request.cookies.get(COOKIE)):
+        sid = request.cookies.get(COOKIE)
+        if ok(bearer) or (sid is not None and any(hmac.compare_digest(sid, s) for s in sessions)):
             return await call_next(request)
-        if ok(request.query_params.get("token")):
-            response = await call_next(request)
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
-            return response
-        return PlainTextResponse("this dashboard needs the cluster's token: open it with ?token=TOKEN "
-                                 "or send Authorization: Bearer TOKEN", status_code=401)
+        if path == "/" and request.method == "GET":
+            return RedirectResponse("/login", status_code=303)
+        return PlainTextResponse("this dashboard needs its token: sign in at /login, or send "
+                                 "Authorization: Bearer TOKEN", status_code=401)
 
     return dispatch

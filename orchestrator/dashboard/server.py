@@ -10,14 +10,15 @@ head where the page is (``announce_dashboard``), which ``orchestrator status
 last frame in place and says so in ``error``; the next poll tries again.
 
 Binding: 127.0.0.1 by default. Any other address needs a token
-(:func:`resolve_token`: the one given, else the cluster's Ray auth token), or
-the server refuses to start with an :class:`~orchestrator.core.errors.InvalidRequestError`
-naming ``host``.
+(:func:`resolve_token`: the one given, else a new one of the page's own -- never
+Ray's cluster token, which would give whoever signs in to the page the cluster);
+the page asks for it in a form (``/login``), never in a URL.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import logging
 import os
 import signal
@@ -50,32 +51,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def cluster_token(environ: dict[str, str] | None = None, home: Path | None = None) -> str | None:
-    """The cluster's Ray auth token, as Ray finds it: ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``."""
-    e = os.environ if environ is None else environ
-    if e.get(env.RAY_AUTH_TOKEN):
-        return e[env.RAY_AUTH_TOKEN].strip()
-    for path in (e.get(env.RAY_AUTH_TOKEN_PATH), (home or Path.home()) / ".ray" / "auth_token"):
-        if path and Path(path).is_file():
-            text = Path(path).read_text().strip()
-            if text:
-                return text
-    return None
-
-
-def resolve_token(host: str, token: str | None, environ: dict[str, str] | None = None,
-                  home: Path | None = None) -> str | None:
-    """The token the page requires: none on loopback unless one is given; the cluster's elsewhere."""
+def resolve_token(host: str, token: str | None) -> str | None:
+    """The token the page requires: ``token`` when one is given; none on loopback; elsewhere a new random one of
+    the page's own (never Ray's cluster token: whoever signs in to the page must not get the cluster with it)."""
     if token:
+        if not 16 <= len(token) <= 256:
+            raise InvalidRequestError("token", "<token>", "16 to 256 characters")
         return token
     if is_loopback(host):
         return None
-    found = cluster_token(environ, home)
-    if not found:
-        raise InvalidRequestError("host", host, "127.0.0.1 (or another loopback address)",
-                                  detail="serving beyond this machine needs the cluster's token "
-                                         "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) or --token")
-    return found
+    return secrets.token_urlsafe(32)
 
 
 class DashboardServer:
@@ -109,7 +94,7 @@ class DashboardServer:
 
     @property
     def url(self) -> str:
-        """The page's address (``?token=`` left off: say it separately)."""
+        """The page's address (its token is never part of it: the page asks for it, ``/login``)."""
         host = self.public_host
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/"
 

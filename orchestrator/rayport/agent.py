@@ -23,6 +23,8 @@ from orchestrator.control.revocation import parse_workload
 from orchestrator.control.discovery import HealthEvent, select_backend
 from orchestrator.core import env
 from orchestrator.core.config import RuntimeSettings, SimNode
+from orchestrator.core.credentials import matches
+from orchestrator.core.errors import PermissionDeniedError
 from orchestrator.rayport import ray_api
 from orchestrator.rayport.holds import RayHolds
 from orchestrator.rayport.wire import answer, unwrap
@@ -234,8 +236,12 @@ class AgentActor:
         """A holder on this node shows its token; answers the wire envelope (a stale one is refused)."""
         return answer(self.core.check_holder, lease_id, token)
 
-    async def inject_health(self, gpu_index: int, healthy: bool, reason: str) -> bool:
-        """Simulated backend only: report a health change, as an XID would on a real card."""
+    async def inject_health(self, gpu_index: int, healthy: bool, reason: str, admin_key: str | None = None) -> bool:
+        """Simulated backend only: report a health change, as an XID would on a real card. Only for an
+        administrator (``admin_key``, checked against ``settings.admin_key_sha256``): a card marked failed loses
+        its leases, so any driver could otherwise end another's work. ``PermissionDeniedError`` otherwise."""
+        if not matches(self.settings.admin_key_sha256, admin_key):
+            raise PermissionDeniedError("inject_health", "an administrator", self.core.node_name)
         inject = getattr(self.core.backend, "inject", None)
         if inject is None:
             return False

@@ -22,7 +22,7 @@ from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
 from orchestrator.dashboard.feed import histogram_quantile, quantile
 from orchestrator.dashboard.report import chart_specs, write_report
-from orchestrator.dashboard.server import DashboardServer, cluster_token, resolve_token
+from orchestrator.dashboard.server import DashboardServer, resolve_token
 
 
 def until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -128,25 +128,47 @@ def test_static_files_and_plotly_are_served_offline(page: DashboardServer) -> No
     assert get(page.url + "static/..%2Fapp.py")[0] == 404
 
 
-def test_a_token_guards_every_route_but_health(head: InProcessHead) -> None:
-    with DashboardServer(head, port=0, poll_s=0.2, token="s3cret") as server:
-        assert get(server.url + "api/frame")[0] == 401
+def test_a_token_guards_every_route_but_health_and_is_never_taken_from_a_url(head: InProcessHead) -> None:
+    import urllib.parse
+    import urllib.request
+
+    token = "s3cret-token-of-the-page"
+    with DashboardServer(head, port=0, poll_s=0.2, token=token) as server:
         assert get(server.url + "healthz")[0] == 200
-        assert get(server.url + "api/frame", {"Authorization": "Bearer wrong"})[0] == 401
-        assert get(server.url + "api/frame", {"Authorization": "Bearer s3cret"})[0] == 200
-        status, _, headers = get(server.url + "?token=s3cret")
-        assert status == 200 and "rgo_dashboard_token=s3cret" in headers.get("set-cookie", "")
-        assert get(server.url + "api/frame", {"Cookie": "rgo_dashboard_token=s3cret"})[0] == 200
+        assert get(server.url + "api/frame")[0] == 401
+        _, body, headers = get(server.url + "?token=" + token)  # a token in a URL is never taken (logs keep URLs)
+        assert 'action="/login"' in str(body) and not any(k.lower() == "set-cookie" for k in headers)
+        assert get(server.url + "api/frame", {"Authorization": f"Bearer {token}"})[0] == 200
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *a: object, **k: object) -> None:
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+        for given, want in (("wrong-token-xxxxxxxx", 401), (token, 303)):
+            req = urllib.request.Request(server.url + "login", data=urllib.parse.urlencode({"token": given}).encode(),
+                                         method="POST")
+            try:
+                resp = opener.open(req, timeout=10)
+                code, cookie = resp.status, resp.headers.get("set-cookie", "")
+            except urllib.error.HTTPError as e:
+                code, cookie = e.code, e.headers.get("set-cookie", "") or ""
+            assert code == want
+        assert "rgo_dashboard_token=" in cookie and token not in cookie and "HttpOnly" in cookie  # a session id
+        session = cookie.split(";")[0]
+        assert get(server.url + "api/frame", {"Cookie": session})[0] == 200
+        assert get(server.url + "api/frame", {"Cookie": f"rgo_dashboard_token={token}"})[0] == 401
 
 
-def test_binding_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
-    assert resolve_token("127.0.0.1", None, environ={}, home=tmp_path) is None
+def test_binding_beyond_loopback_makes_a_token_of_the_pages_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_token("127.0.0.1", None) is None
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the-clusters-own-token")
+    made = {resolve_token("0.0.0.0", None) for _ in range(3)}
+    assert len(made) == 3 and "the-clusters-own-token" not in made and all(len(t) >= 32 for t in made)
+    assert resolve_token("0.0.0.0", "given-token-0123456789") == "given-token-0123456789"
     with pytest.raises(InvalidRequestError) as e:
-        resolve_token("0.0.0.0", None, environ={}, home=tmp_path)
-    assert e.value.field == "host" and "token" in str(e.value)
-    assert resolve_token("0.0.0.0", None, environ={"RAY_AUTH_TOKEN": "abc"}, home=tmp_path) == "abc"
-    (tmp_path / "tok").write_text("fromfile\n")
-    assert cluster_token({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "tok")}, tmp_path) == "fromfile"
+        resolve_token("0.0.0.0", "short")
+    assert e.value.field == "token"
 
 
 def test_bad_port_and_a_taken_port_are_refused_naming_the_field(head: InProcessHead, page: DashboardServer) -> None:
