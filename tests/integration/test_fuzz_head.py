@@ -140,23 +140,25 @@ def test_a_second_driver_learns_no_token_from_a_refusal_and_cannot_make_the_head
     honest = _ok(_call(head, "wait_lease", "honest", 30.0, KEY))
     token = honest["fencing_token"]
     for guess in (0, token + 1):
-        refused = _call(head, "release", "honest", guess)
-        assert refused["error"]["type"] == "StaleFencingTokenError", refused
-        assert token not in refused["error"]["fields"].values(), refused
-        assert str(token) not in refused["error"]["message"].replace(f"fencing token {guess}", ""), refused
+        for key, refusal in ((None, "PermissionDeniedError"), ("guessed-key", "PermissionDeniedError"),
+                             (KEY, "StaleFencingTokenError")):  # without the key, refused before any token is read
+            refused = _call(head, "release", "honest", guess, "stolen", key)
+            assert refused["error"]["type"] == refusal, refused
+            assert token not in refused["error"]["fields"].values(), refused
+            assert str(token) not in refused["error"]["message"].replace(f"fencing token {guess}", ""), refused
     before = _ok(_call(head, "ping"))
     mine, my_key = "attacker", "attacker-key"
     _ok(_call(head, "request_lease", {"lease_id": mine, "request": "timeslice:0.1", "requester_digest": key_digest(my_key)}))
     my_token = _ok(_call(head, "wait_lease", mine, 30.0, my_key))["fencing_token"]
     for target in (SETTINGS.head_name, "rgo-agent-a100-0"):
-        reply = _call(head, "activate", mine, my_token, None, f"actor:{SETTINGS.namespace}/{target}")
+        reply = _call(head, "activate", mine, my_token, None, f"actor:{SETTINGS.namespace}/{target}", my_key)
         assert reply["error"]["type"] == "InvalidRequestError" and reply["error"]["fields"]["field"] == "workload", reply
     after = _ok(_call(head, "ping"))
     assert (after["pid"], after["started_at"]) == (before["pid"], before["started_at"])
     kept = _ok(_call(head, "get_lease", "honest", KEY))
     assert kept["state"] == "granted" and kept["fencing_token"] == token
-    _ok(_call(head, "release", mine, my_token))
-    _ok(_call(head, "release", "honest", token))
+    _ok(_call(head, "release", mine, my_token, "done", my_key))
+    _ok(_call(head, "release", "honest", token, "done", KEY))
 
 
 def test_malformed_batches_get_typed_answers_each_call_its_own(head: Any) -> None:

@@ -46,7 +46,7 @@ from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.job import JobSpec
 from orchestrator.core.lease import key_digest, token_counter
 from orchestrator.core.request import GpuRequest
-from orchestrator.deploy.local import LOOPBACK_SITE, REPO_ROOT, free_port, session_members
+from orchestrator.deploy.local import LOOPBACK_SITE, CODE_ROOT, free_port, session_members
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -135,7 +135,7 @@ def ft_cluster() -> Iterator[FtCluster]:
         }.items():
             env.setenv(k, v)
         env.setenv("PATH", os.path.dirname(sys.executable), prepend=os.pathsep)  # job commands say `python`
-        env.setenv("PYTHONPATH", os.pathsep.join((LOOPBACK_SITE, str(REPO_ROOT))), prepend=os.pathsep)
+        env.setenv("PYTHONPATH", os.pathsep.join((LOOPBACK_SITE, str(CODE_ROOT))), prepend=os.pathsep)
         gcs_port = free_port()
         argv = [sys.executable, "-m", "orchestrator.deploy.raylet", "start", "--head",
                 "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
@@ -256,7 +256,7 @@ def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_re
         # and one cancelled (an ended job must survive too).
         mine = {"requester_digest": key_digest("ft-key")}  # the token is returned only with this key
         a = head.wait_lease(head.request_lease({"lease_id": "ft-a", "request": "1", **mine}), 60, "ft-key")
-        head.activate("ft-a", a["fencing_token"])
+        head.activate("ft-a", a["fencing_token"], key="ft-key")
         b = head.wait_lease(head.request_lease({"lease_id": "ft-b", "request": "1", **mine}), 60, "ft-key")
         head.request_lease({"lease_id": "ft-c", "request": "1", **mine})
         queued = head.submit_job(JobSpec(name="ft-queued", entrypoint="python -c pass", gpu=GpuRequest.whole(1),
@@ -304,11 +304,11 @@ def test_leases_jobs_and_the_fencing_counter_survive_a_gcs_restart_and_a_head_re
 
         # The fencing counter goes on from where it was: the old tokens still hold, a new grant is above them all.
         head.cancel_job("ft-queued")
-        head.release("ft-a", a["fencing_token"])
+        head.release("ft-a", a["fencing_token"], key="ft-key")
         c = head.wait_lease("ft-c", 60, "ft-key")  # the token only to its requester
         assert token_counter(c["fencing_token"]) > before["fencing_counter"] and c["fencing_token"] > b["fencing_token"]
-        head.release("ft-b", b["fencing_token"])
-        head.release("ft-c", c["fencing_token"])
+        head.release("ft-b", b["fencing_token"], key="ft-key")
+        head.release("ft-c", c["fencing_token"], key="ft-key")
     finally:
         from orchestrator.rayport import ray_api
 

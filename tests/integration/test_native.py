@@ -106,7 +106,7 @@ def test_a_leased_actor_sees_its_card_through_ray_and_ray_books_the_same_card(he
         for x in actors:
             ray.kill(x)
         for g in grants:
-            head.release(g["lease_id"], g["fencing_token"])
+            head.release(g["lease_id"], g["fencing_token"], key="k")
     until("the released shares held again", lambda: ray.available_resources().get("GPU", 0) == 0, 30)
 
 
@@ -251,7 +251,7 @@ def test_a_serve_replica_on_a_lease_is_preempted_and_serve_starts_it_again_on_an
         checker.stop()
         for lid in locals().get("blockers", []):
             le = head.get_lease(lid, "k")
-            head.release(lid, le.get("fencing_token"))
+            head.release(lid, le.get("fencing_token"), key="k")
     out = nb.read_probe(result.get("logs", ""), "serve-hold")
     assert result.get("status") == "SUCCEEDED" and out, result.get("logs", "")[-3000:]
     cards = [a["gpu_ids"][0] for a in out["answers"]]
@@ -283,7 +283,7 @@ def test_serves_controller_keeps_answering_while_its_replicas_leases_wait(head: 
                                           "owner": "it", "priority_class": "inference",
                                           "requester_digest": key_digest("k")}, "k")
             if got["state"] == "pending":
-                head.release(lid, None, "the cluster is full")
+                head.release(lid, None, "the cluster is full", "k")
                 break
             blockers.append(lid)
         assert len(blockers) >= 2, blockers
@@ -302,14 +302,14 @@ def test_serves_controller_keeps_answering_while_its_replicas_leases_wait(head: 
         for lid in blockers[:2]:
             le = head.get_lease(lid, "k")
             freed += le["allocation"]["gpu_uuids"]
-            head.release(lid, le["fencing_token"])
+            head.release(lid, le["fencing_token"], key="k")
         job.join(400)
     finally:
         checker.stop()
         for lid in blockers:
             le = head.get_lease(lid, "k")
             if le["state"] in ("granted", "active"):
-                head.release(lid, le.get("fencing_token"))
+                head.release(lid, le.get("fencing_token"), key="k")
     assert gone
     out = nb.read_probe(result.get("logs", ""), "serve-wait")
     assert result.get("status") == "SUCCEEDED" and out, result.get("logs", "")[-3000:]

@@ -122,7 +122,7 @@ def test_a_rogue_actor_is_killed_and_its_cards_go_to_the_preemptor_only_after(he
             ray.get(rogue.ping.remote(), timeout=30)
     st = head.status()
     assert all(d["fencing_token"] is None for d in st["leases"])  # a third party sees no token
-    head.release("urgent", _owner_token(head, "urgent"))
+    head.release("urgent", _owner_token(head, "urgent"), key=KEY)
 
 
 def _owner_token(head: Any, lease_id: str) -> int:
@@ -141,7 +141,7 @@ def test_a_requeued_actor_checkpoints_through_the_agent_and_resumes(head: Any, t
         done = head.get_lease("coop")
         assert done["state"] == "preempted" and done["checkpoint_path"] == str(tmp_path / "coop" / "step.txt")
         assert "through the agent" in done["history"][-1]["reason"]
-        head.release("urgent-2", _owner_token(head, "urgent-2"))
+        head.release("urgent-2", _owner_token(head, "urgent-2"), key=KEY)
         again = le.wait_resumed(60)
         assert again.lease_id == "coop.a2" and again.resume_from == done["checkpoint_path"]
         resumed = ray.remote(_trainer()).options(**again.actor_options(num_cpus=0)).remote(again.resume_from)
@@ -208,7 +208,7 @@ def test_the_example_training_actor_yields_to_inference_and_ends_bit_identical(h
     victim = head.get_lease("ex-train")
     assert victim["state"] == "preempted" and "through the agent" in victim["history"][-1]["reason"]
     meta = json.loads(Path(victim["checkpoint_path"] + ".meta.json").read_text())
-    head.release("urgent-3", _owner_token(head, "urgent-3"))
+    head.release("urgent-3", _owner_token(head, "urgent-3"), key=KEY)
     t.join(timeout=180)
     assert "error" not in out, out.get("error")
     res = out["result"]
@@ -231,13 +231,13 @@ def test_a_training_actor_resumes_on_another_shape_of_share(head: Any, tmp_path:
     _until("the training actor at work", lambda: "error" in out or (
         _training_stepped(head, "shape") and any("training on" in s for s in out.get("log", []))), 120)
     assert head.get_lease("shape")["allocation"]["kind"] == "whole"
-    head.release("blocker", _owner_token(head, "blocker"))
+    head.release("blocker", _owner_token(head, "blocker"), key=KEY)
     time.sleep(1.0)
     head.request_lease({"lease_id": "urgent-4", "request": GpuRequest.whole(2, node="a100-1").model_dump(mode="json"),
                         "owner": "it", "priority_class": "inference", "requester_digest": key_digest(KEY)})
     _until("the preemptor granted", lambda: head.get_lease("urgent-4")["state"] == "granted", 60)
     t.join(timeout=180)
-    head.release("urgent-4", _owner_token(head, "urgent-4"))
+    head.release("urgent-4", _owner_token(head, "urgent-4"), key=KEY)
     assert "error" not in out, out.get("error")
     res = out["result"]
     assert [(a["lease_id"], a["kind"]) for a in res["attempts"]] == [("shape", "whole"), ("shape.a2", "mig")]

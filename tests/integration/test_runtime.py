@@ -189,7 +189,7 @@ def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -
         assert env["CUDA_VISIBLE_DEVICES"] == want, k  # Ray did not overwrite it
         # Ray's own GPU API tells the truth inside the lease (docs/ray-native.md): the leased card or MIG slice
         assert [str(i) for i in seen[k]["gpu_ids"]] == want.split(","), k
-        head.activate(le["lease_id"], le["fencing_token"], seen[k]["actor_id"])
+        head.activate(le["lease_id"], le["fencing_token"], seen[k]["actor_id"], key=KEY)
     assert leases["mig"]["allocation"]["node"] == "a100-1" and seen["mig"]["env"]["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
     for k in ("mps-a", "mps-b"):
         env = seen[k]["env"]
@@ -219,7 +219,7 @@ def test_an_actor_from_a_lease_of_each_kind_sees_its_devices_inside(head: Any) -
     assert d["state"] == "lost" and d["history"][-1]["reason"] == "holder died"
     for k, le in leases.items():
         if k != "timeslice":
-            head.release(le["lease_id"], le["fencing_token"])
+            head.release(le["lease_id"], le["fencing_token"], key=KEY)
             ray.kill(actors[k])
 
 
@@ -243,7 +243,7 @@ def test_whatever_the_ledger_grants_ray_places_and_nothing_else_takes_a_card(hea
         try:
             granted.append(head.wait_lease(f"o-whole-{i}", 4, KEY))
         except LeaseTimeoutError:  # the node is full in the ledger's books: withdraw the request
-            head.release(f"o-whole-{i}", head.get_lease(f"o-whole-{i}", KEY)["fencing_token"])
+            head.release(f"o-whole-{i}", head.get_lease(f"o-whole-{i}", KEY)["fencing_token"], key=KEY)
             break
     assert [le["state"] for le in granted] == ["granted"] * len(granted) and len(granted) >= 5, granted
     cards = {r for le in granted for r in le["handout"]["resources"]}
@@ -263,7 +263,7 @@ def test_whatever_the_ledger_grants_ray_places_and_nothing_else_takes_a_card(hea
     for a in outsiders + holders:
         ray.kill(a)
     for le in granted:
-        head.release(le["lease_id"], le["fencing_token"])
+        head.release(le["lease_id"], le["fencing_token"], key=KEY)
 
 
 def test_a_sigkilled_agent_is_noticed_within_the_ttl(head: Any) -> None:
@@ -272,7 +272,7 @@ def test_a_sigkilled_agent_is_noticed_within_the_ttl(head: Any) -> None:
     from orchestrator.rayport import ray_api
 
     le = _lease(head, "ttl-1", {"kind": "whole", "count": 1, "node": "h100-0"}, requeue_on_loss=True)
-    head.activate("ttl-1", le["fencing_token"])
+    head.activate("ttl-1", le["fencing_token"], key=KEY)
     agent = ray.get_actor(ray_api.agent_name("h100-0"), namespace=SETTINGS.namespace)
     deadline = time.monotonic() + 30
     while (info := ray.get(agent.info.remote()))["allocated"] != ["ttl-1"]:  # the agent holds it (a heartbeat later)
@@ -296,14 +296,14 @@ def test_a_sigkilled_agent_is_noticed_within_the_ttl(head: Any) -> None:
     print(f"agent back and the lease re-granted after {back:.2f}s")
     assert retry["lease_id"] == "ttl-1.a2" and retry["state"] == "granted"
     assert next(n for n in head.status()["nodes"] if n["name"] == "h100-0")["incarnation"] != info["incarnation"]
-    head.release("ttl-1.a2", retry["fencing_token"])
+    head.release("ttl-1.a2", retry["fencing_token"], key=KEY)
 
 
 def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> None:
     import ray
 
     le = _lease(head, "restart-1", "mig:1g.20gb")
-    head.activate("restart-1", le["fencing_token"])
+    head.activate("restart-1", le["fencing_token"], key=KEY)
     counter = head.status()["head"]["fencing_counter"]
     from orchestrator.rayport.store import load_journal
 
@@ -337,8 +337,8 @@ def test_a_killed_head_restarts_and_resumes_from_the_gcs_store(head: Any) -> Non
     with pytest.raises(LeaseTimeoutError) as e:
         head.wait_lease("restart-2", 2, KEY)
     assert "no free valid placement" in str(e.value)
-    head.release("restart-1", le["fencing_token"])
+    head.release("restart-1", le["fencing_token"], key=KEY)
     nxt = head.wait_lease("restart-2", 30, KEY)
     assert nxt["fencing_token"] > counter
     assert nxt["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == le["handout"]["env_vars"]["CUDA_VISIBLE_DEVICES"]
-    head.release("restart-2", nxt["fencing_token"])
+    head.release("restart-2", nxt["fencing_token"], key=KEY)

@@ -216,8 +216,10 @@ def test_the_cli_submits_waits_and_reads_back(head: Any, ray_cluster: Any, tmp_p
     first = json.loads(watch.stdout.readline())
     assert first["state"] == "succeeded", first
     watch.send_signal(signal.SIGTERM)
-    out, err = watch.communicate(timeout=30)
-    assert watch.returncode == 0, err[-2000:]
+    # the rest through the same buffered reader readline() used (communicate() reads the pipe itself and would lose
+    # what that reader had already taken in: half a line)
+    out, err = watch.stdout.read(), watch.stderr.read()
+    assert watch.wait(timeout=30) == 0, err[-2000:]
     assert all(json.loads(ln)["state"] == "succeeded" for ln in out.splitlines())
     r = _cli("explain", job_id, "--json", "--address", addr)
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "succeeded", r.stderr
