@@ -18,19 +18,16 @@ the page asks for it in a form (``/login``), never in a URL.
 from __future__ import annotations
 
 import ipaddress
-import secrets
 import logging
-import os
+import secrets
 import signal
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from orchestrator.core import env
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.dashboard.app import Comparison, create_app, plotly_js
 from orchestrator.dashboard.feed import Feed
