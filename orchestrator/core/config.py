@@ -32,7 +32,7 @@ from orchestrator.core.clock import DayClock
 from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
 from orchestrator.core.priorities import SchedulerConfig
-from orchestrator.core.request import parse_memory_mib
+from orchestrator.core.quantity import parse_memory_mib
 from orchestrator.core.yamlfile import read_yaml
 
 #: Ray node label that names the simulated (or configured) node a raylet stands for.

@@ -43,6 +43,7 @@ from orchestrator.core.catalogue import (
     mig_compute_slices,
 )
 from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.quantity import MAX_MIB, parse_memory_mib
 
 
 def typed_error(e: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> InvalidRequestError:
@@ -79,46 +80,9 @@ class Isolation(str, Enum):
     NONE = "none"
 
 
-#: Upper bounds of the amounts a request may name (1 PiB of memory, a million cores): far beyond any
-#: machine, and small enough that every amount stays an exact int64 in the engine's arrays.
-MAX_MIB = 1 << 30
 #: The most whole cards one request asks for (all of them on one node).
 MAX_CARDS = 64
 MAX_CPU_MILLI = 10**9
-
-
-_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|[KMGT])?\s*$", re.IGNORECASE)
-_UNIT_MIB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-
-
-def parse_memory_mib(value: str | int | float, field_name: str = "memory") -> int:
-    """``"20GiB"``, ``"20GB"``, ``"512MiB"``, ``"1.5Ti"`` or a bare number of MiB -> MiB.
-
-    GB and GiB are both read as GiB: GPU memory is sold in binary units and
-    nobody means 10^9 bytes when they ask for "20GB" of an 80 GB card.
-    """
-    allowed = "a non-negative size such as 20GiB, 512MiB or a number of MiB"
-    if isinstance(value, bool):
-        raise InvalidRequestError(field_name, value, allowed)
-    if isinstance(value, int):
-        if value < 0:
-            raise InvalidRequestError(field_name, value, allowed)
-        return value
-    if isinstance(value, float):
-        if value < 0 or not math.isfinite(value):
-            raise InvalidRequestError(field_name, value, allowed)
-        return int(value)
-    if not isinstance(value, str):
-        raise InvalidRequestError(field_name, value, allowed)
-    m = _MEM_RE.match(value)
-    if not m:
-        raise InvalidRequestError(field_name, value, allowed)
-    number, unit = float(m.group(1)), (m.group(2) or "")[:1].lower()
-    mib = number * _UNIT_MIB[unit]
-    if not math.isfinite(mib) or mib > MAX_MIB:
-        raise InvalidRequestError(field_name, value, f"at most {MAX_MIB // (1 << 20)} TiB",
-                                  detail="larger than any memory there is")
-    return int(mib)
 
 
 class GpuRequest(BaseModel):

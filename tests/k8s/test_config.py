@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.deploy.k8s.config import deep_merge, fit_mig_layout, load_config, parse_config, parse_quantity
+from orchestrator.core.quantity import parse_quantity
+from orchestrator.deploy.k8s.config import deep_merge, fit_mig_layout, load_config, parse_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "k8s.yaml"
 

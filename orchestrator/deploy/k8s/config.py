@@ -51,10 +51,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, MigProfile, gpu_model
 from orchestrator.core.priorities import SchedulerConfig
+from orchestrator.core.quantity import is_quantity, parse_quantity
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-# Kubernetes resource.Quantity, the decimal and binary suffixes the API server accepts.
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _RAY_IMAGE = re.compile(r"^(docker\.io/)?rayproject/ray(-ml)?:(?P<version>\d+\.\d+\.\d+)")
 # name[:tag][@digest] with a tag or a digest: a registry host (with a port), path components, then the reference.
 _IMAGE_REF = re.compile(
@@ -83,7 +82,7 @@ def _dns_label(field: str, v: str, max_len: int = 63) -> str:
 
 
 def _quantity(field: str, v: str) -> str:
-    if not _QUANTITY.match(v):
+    if not is_quantity(v):
         raise ConfigError(field, v, "a Kubernetes quantity, e.g. '4', '500m', '16Gi'")
     return v
 
@@ -104,21 +103,6 @@ def _image(field: str, v: str) -> str:
 def _bad(field: str, value: Any, allowed: str | list[str], detail: str = "") -> ConfigError:
     """A cross-field check failed; ``field`` is relative to the model that checks it."""
     return ConfigError(field, value, allowed, detail=detail)
-
-
-def parse_quantity(q: str) -> float:
-    """A Kubernetes quantity as a plain number (cores for CPU, bytes for memory)."""
-    m = re.match(r"^([0-9.]+)([a-zA-Z]*)$", q.strip())
-    if not m:
-        raise ValueError(f"not a Kubernetes quantity: {q!r}")
-    num, suffix = float(m.group(1)), m.group(2)
-    scale = {
-        "": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-        "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    }
-    if suffix not in scale:
-        raise ValueError(f"unknown quantity suffix in {q!r}")
-    return num * scale[suffix]
 
 
 def fit_mig_layout(model: str, profiles: list[str]) -> list[tuple[str, int]] | None:

@@ -51,7 +51,8 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, GpuModel
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.inventory import K8S_NODE_LABEL, GpuDevice, MigDevice, NodeInventory
-from orchestrator.deploy.k8s.config import fit_mig_layout, parse_quantity
+from orchestrator.core.quantity import parse_quantity
+from orchestrator.deploy.k8s.config import fit_mig_layout
 
 PRODUCT = "nvidia.com/gpu.product"
 COUNT = "nvidia.com/gpu.count"
