@@ -66,6 +66,7 @@ from orchestrator.control.controller import HeadController
 from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
 from orchestrator.core import env as envvars
+from orchestrator.core.backoff import backoff_s
 from orchestrator.core.config import RAY_NODE_ID_LABEL
 from orchestrator.core.errors import (InvalidRequestError, JobApiUnavailableError, PermissionDeniedError,
                                       UnknownObjectError)
@@ -149,7 +150,7 @@ class _Retry:
     def after(prev: "_Retry | None", now: float) -> "_Retry":
         """The retry after one more failure at ``now``: due 1, 2, 4 ... at most 30 s later, counted from the first."""
         first, tries = (prev.first, prev.tries) if prev is not None else (now, 0)
-        return _Retry(first=first, due=now + min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_FIRST_S * 2 ** tries),
+        return _Retry(first=first, due=now + backoff_s(tries, SUBMIT_BACKOFF_FIRST_S, SUBMIT_BACKOFF_MAX_S),
                       tries=tries + 1)
 
 

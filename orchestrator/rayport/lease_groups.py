@@ -20,6 +20,7 @@ import ray
 from orchestrator.control.holds import lease_group_name
 from orchestrator.control.revocation import AGENT_ACTOR_PREFIX
 from orchestrator.core import env as E
+from orchestrator.core.backoff import backoff_s
 
 
 def agent_name(node_name: str) -> str:
@@ -57,7 +58,7 @@ def lease_group(node_name: str, lease_id: str, namespace: str | None = None, *,
 
     ns = namespace or os.environ.get(E.NAMESPACE) or DEFAULT_NAMESPACE
     deadline = time.monotonic() + timeout_s
-    delay = 0.02
+    waits = 0
     agent = None
     woken = False
     while True:
@@ -80,8 +81,8 @@ def lease_group(node_name: str, lease_id: str, namespace: str | None = None, *,
             raise TimeoutError(f"lease {lease_id}: its placement group {lease_group_name(node_name, lease_id)} is not "
                                f"placed after {timeout_s:g}s; the agent of {node_name} (namespace {ns}) makes it; "
                                f"its holds: {holds}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)  # the agent makes it at once when woken: look often
+        time.sleep(backoff_s(waits, 0.02, 0.05))  # the agent makes it at once when woken: look often
+        waits += 1
 
 
 def native_actor_options(handout: Mapping[str, Any], env: Mapping[str, str], *,

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from orchestrator.control.journal import Batch, Journal, KvTable, Snapshot, drop_covered, write_snapshot
+from orchestrator.core.backoff import backoff_s
 from orchestrator.rayport.ray_api import GcsKv
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class GroupCommit:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="rgo-commit")
         self._flushing: asyncio.Future[None] | None = None
         self._retry_s = 0.0
+        self._failures = 0  # failed writes in a row
 
     async def durable(self) -> None:
         """Return once every change made to the journal before this call is in the table."""
@@ -94,6 +96,7 @@ class GroupCommit:
             done = asyncio.get_running_loop().run_in_executor(self._writer, self._compact, snap)
             done.add_done_callback(lambda f: self._compacted(snap, f))
         self._retry_s = 0.0
+        self._failures = 0
         if self.observer is not None:
             self.observer.committed(batch.records, time.monotonic() - t0)
 
@@ -121,7 +124,8 @@ class GroupCommit:
         self.journal.failed(batch)
         if self.observer is not None:
             self.observer.commit_failed()
-        self._retry_s = min(RETRY_MAX_S, self._retry_s * 2 or RETRY_FIRST_S)
+        self._retry_s = backoff_s(self._failures, RETRY_FIRST_S, RETRY_MAX_S)
+        self._failures += 1
         log.warning("head: writing %d records to the GCS failed (%s: %s); retrying in %.2fs",
                     batch.records, type(e).__name__, e, self._retry_s)
 

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from orchestrator.core.api import HeadApi
+from orchestrator.core.backoff import backoff_s
 from orchestrator.core.errors import InvalidRequestError, OrchestratorError
 from orchestrator.core.job import JOB_TRANSITIONS, JobSpec
 from orchestrator.rayport.packages import upload_working_dir
@@ -165,12 +166,12 @@ class JobHandle:
         sleep = sleep or time.sleep
         deadline = None if timeout is None else clock() + timeout
         seen: tuple[Any, ...] | None = None
-        delay = poll_s
+        polls = 0  # quiet polls in a row: the wait grows from poll_s to max_poll_s
         while True:
             d = self.status()
             key = (d.get("state"), d.get("message"), d.get("attempt"))
             if key != seen:
-                seen, delay = key, poll_s
+                seen, polls = key, 0
                 if on_change is not None:
                     on_change(d)
             if d["state"] in TERMINAL_STATES:
@@ -182,9 +183,10 @@ class JobHandle:
                 except OrchestratorError:
                     pass
                 raise JobWaitTimeoutError(self.job_id, float(timeout or 0), d["state"], summary)
+            delay = backoff_s(polls, poll_s, max(poll_s, max_poll_s), 1.5)
             step = delay if deadline is None else max(0.0, min(delay, deadline - clock()))
             sleep(step)
-            delay = min(max_poll_s, delay * 1.5)
+            polls += 1
 
     def logs(self, attempt: int | None = None) -> str:
         """The Ray job's output so far: the current attempt's, or ``attempt``'s (1 is the first; the head refuses
