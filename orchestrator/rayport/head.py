@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import os
 import secrets
@@ -264,45 +265,55 @@ class HeadActor:
         """The caller a call's credentials prove (``{"ok": Principal}``), or the error that refuses them."""
         return answer(self.service.caller, creds)
 
-    async def wait_lease(self, lease_id: str, timeout: float, key: str | None = None,
-                         _caller: Any = None) -> dict[str, Any]:
-        """Wait on the event loop until the lease (or its latest attempt) is handed out or has ended."""
-        who = self._who(_caller)
+    def _entry(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The caller (``_caller``) and the arguments of a call to ``name`` that the actor answers itself (a wait, a
+        log read): ``{"ok": (principal, {parameter: value})}`` once the caller is known and the arguments fit the
+        declaration (:func:`check_args`, as for every forwarded method), else the error that refuses them -- never
+        an exception across the boundary, whatever a caller sends."""
+        who = self._who(kwargs.pop(CALLER_KWARG, None))
         if "error" in who:
             return who
         with calling_as(who["ok"]):
-            bad = answer(check_args, "wait_lease", (lease_id, timeout, key), {})  # as every forwarded method is
+            bad = answer(check_args, name, args, kwargs)
         if "error" in bad:
             return bad
-        reply = await self._settled(lease_id, timeout, key)
+        params = inspect.signature(getattr(HeadApi, name)).bind(None, *args, **kwargs)
+        params.apply_defaults()
+        return {"ok": (who["ok"], {k: v for k, v in params.arguments.items() if k != "self"})}
+
+    async def wait_lease(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Wait on the event loop until the lease (or its latest attempt) is handed out or has ended."""
+        entry = self._entry("wait_lease", args, kwargs)
+        if "error" in entry:
+            return entry
+        _, a = entry["ok"]
+        reply = await self._settled(a["lease_id"], a["timeout"], a["key"])
         await self.commit.durable()
         return reply
 
-    async def job_logs(self, job_id: str, attempt: int | None = None, _caller: Any = None) -> dict[str, Any]:
+    async def job_logs(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """``HeadApi.job_logs``: the attempt is found on the loop, its log read off it (a call out of the head:
         Ray's job API, or a task on the driver's node; :meth:`RayJobRunner.logs`). Only for the job's owner."""
-        who = self._who(_caller)
-        if "error" in who:
-            return who
-        with calling_as(who["ok"]):
-            bad = answer(check_args, "job_logs", (job_id, attempt), {})  # as every forwarded method is
-            if "error" in bad:
-                return bad
-            source = answer(self.service.job_log_source, job_id, attempt)
+        entry = self._entry("job_logs", args, kwargs)
+        if "error" in entry:
+            return entry
+        who, a = entry["ok"]
+        with calling_as(who):
+            source = answer(self.service.job_log_source, a["job_id"], a["attempt"])
         if "error" in source or source["ok"] is None:
             return source if "error" in source else {"ok": ""}
         text = await asyncio.get_running_loop().run_in_executor(self._job_logs, self.service.read_job_log,
                                                                 source["ok"])
         return {"ok": text}
 
-    async def acquire_lease(self, lease_request: dict[str, Any], timeout: float, key: str | None = None,
-                            holder: str | None = None, _caller: Any = None) -> dict[str, Any]:
+    async def acquire_lease(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Queue, try the fast grant path, wait: ``HeadApi.acquire_lease``."""
-        who = self._who(_caller)
-        if "error" in who:
-            return who
-        with calling_as(who["ok"]):
-            reply = await self._acquire(lease_request, timeout, key, holder)
+        entry = self._entry("acquire_lease", args, kwargs)
+        if "error" in entry:
+            return entry
+        who, a = entry["ok"]
+        with calling_as(who):
+            reply = await self._acquire(a["lease_request"], a["timeout"], a["key"], a["holder"])
         await self.commit.durable()
         return reply
 
