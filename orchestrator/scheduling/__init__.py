@@ -1,6 +1,7 @@
 """Decisions: pure functions from an immutable cluster snapshot to a plan.
 
-What lives here: the snapshot (:mod:`.snapshot`) and the one definition of
+What lives here: the ranking of a request's alternatives (:mod:`.alternatives`);
+the snapshot (:mod:`.snapshot`) and the one definition of
 what fits on a GPU and what a placement changes there (:mod:`.gpufit`); the
 placement engine (:mod:`.engine`), the candidate slots it scores
 (:mod:`.candidates`) and its contract with policies (:mod:`.policy`); the

@@ -33,7 +33,8 @@ import numpy as np
 from orchestrator.core.catalogue import MODEL_INDEX, MODEL_NAMES, gpu_model
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.priorities import PriorityClass, SchedulerConfig
-from orchestrator.core.request import Alternative, GpuRequest, ShareKind, resolve
+from orchestrator.core.request import Alternative, GpuRequest, ShareKind
+from orchestrator.scheduling.alternatives import resolve
 from orchestrator.scheduling.candidates import mig_placements
 from orchestrator.scheduling.snapshot import ClusterSnapshot, SnapshotStatic
 

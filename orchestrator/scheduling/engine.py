@@ -4,7 +4,7 @@ Pure: imports no Ray, does no I/O, never changes the snapshot. One call
 reads as a short script:
 
 1. **resolve** the request into alternatives, cheapest first
-   (:func:`orchestrator.core.request.resolve`);
+   (:func:`orchestrator.scheduling.alternatives.resolve`);
 2. for each alternative, **filter** nodes on what is node-wide (the node and
    model constraints, free CPU and host memory) -- a few vector operations;
 3. **score states, not nodes**: every node's GPU state is interned
@@ -44,8 +44,8 @@ from orchestrator.core.request import (
     GpuRequest,
     ResolvedRequest,
     ShareKind,
-    resolve,
 )
+from orchestrator.scheduling.alternatives import resolve
 from orchestrator.scheduling.candidates import (
     FIT_REASONS,
     MIG_SLOT,

@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.catalogue import MODEL_NAMES
-from orchestrator.core.request import GpuRequest, ResolvedRequest, resolve
+from orchestrator.core.request import GpuRequest, ResolvedRequest
+from orchestrator.scheduling.alternatives import resolve
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.fragmentation import FragModel, Workload
 from orchestrator.scheduling.policies import get_policy

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.core.request import GpuRequest, resolve
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.alternatives import resolve
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.fgd import DefaultPolicy
 from orchestrator.scheduling.fragmentation import TaskType

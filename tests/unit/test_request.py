@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.errors import InvalidRequestError
-from orchestrator.core.request import GpuRequest, Isolation, ShareKind, parse_memory_mib, resolve
+from orchestrator.core.request import GpuRequest, Isolation, ShareKind, parse_memory_mib
+from orchestrator.scheduling.alternatives import resolve
 
 
 @pytest.mark.parametrize("text,kind,check", [

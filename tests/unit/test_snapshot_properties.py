@@ -40,7 +40,8 @@ from hypothesis import strategies as st
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, gpu_model
 from orchestrator.core.priorities import POLICY_NAMES
-from orchestrator.core.request import Alternative, GpuRequest, ShareKind, resolve
+from orchestrator.core.request import Alternative, GpuRequest, ShareKind
+from orchestrator.scheduling.alternatives import resolve
 from orchestrator.scheduling.engine import Placement, Unschedulable, place, warm
 from orchestrator.scheduling.gpufit import GPU_FIELDS
 from orchestrator.scheduling.policies import get_policy
