@@ -107,6 +107,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import start_http_server
 
 from orchestrator.control.controller import HeadController, ReconcileReport
+from orchestrator.control.curves import CurveHistory, Reading
 from orchestrator.control.ledger import Ledger
 from orchestrator.control.nodes import NodeRegistry, NodeState
 from orchestrator.core.allocation import Allocation
@@ -303,6 +304,9 @@ class HeadMetrics:
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}  # (gauge, labels) -> its child, to set it cheaply
         self._gpu_caps: dict[str, tuple[Any, dict[tuple[str, str], Any]]] = {}  # node -> (inventory, its GPUs)
         self._capacity_mark: _CapacityMark | None = None  # where _capacity last looked
+        self._node_util: dict[str, float] = {}  # node -> mean utilisation of its cards (the curves' util)
+        #: The live page's curves (:mod:`.curves`): a point every ``curves.every_s``, from the first update on.
+        self.curves = CurveHistory(origin=None)
 
     # ---- from the controller, once per cycle ----------------------------------------------------------
     def update(self, ctl: HeadController, report: ReconcileReport | None = None,
@@ -345,6 +349,22 @@ class HeadMetrics:
         self.heartbeat_age.follow(ctl.clock, ctl.nodes)
         if report is not None:
             self._count(ctl, report)
+        if self.curves.origin is None:
+            self.curves.origin = now
+        if self.curves.due(now):
+            self.curves.record(self._reading(now, sum(counts.queued.values())))
+
+    def _reading(self, now: float, queued: float) -> Reading:
+        """What a point of the curves is made of, read from the families the page draws (each with bounded labels,
+        so a reading costs the same at any cluster size; utilisation comes from :meth:`_set_node`'s means)."""
+        buckets: dict[float, float] = {}
+        for s in _samples(self.inference_latency):
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + s.value
+        return Reading(at=now, granted=_summed(self.granted), inference=_summed(self.inference_requests),
+                       inference_buckets=buckets, preemptions=_summed(self.preemptions), queue=int(queued),
+                       util=dict(self._node_util))
 
     def _lease_counts(self, ledger: Any) -> "LeaseCounts":
         """The counts of ``ledger``'s live leases, kept by watching it (:meth:`Ledger.watch`) from the
@@ -366,6 +386,7 @@ class HeadMetrics:
             return
         cls, queue = _class_and_queue(e)
         self.lease_wait.labels(cls, queue).observe(max(0.0, granted - lease.history[0].at))
+        self.curves.granted(granted, granted - lease.history[0].at)
         self.granted.labels(lease.allocation.kind.value, cls, queue).inc()
         if decided:
             self.decision_to_grant.observe(max(0.0, granted - min(decided)))
@@ -479,6 +500,11 @@ class HeadMetrics:
             table.values.update(new)
             for labels in old.keys() - new.keys():
                 del table.values[labels]
+        util = values.get(self.gpu_util)
+        if util:
+            self._node_util[node] = sum(util.values()) / len(util)
+        else:
+            self._node_util.pop(node, None)
 
     def _child(self, gauge: Gauge, labels: tuple[str, ...]) -> Any:
         key = (gauge._name, labels)  # noqa: SLF001 - the gauge's own name, unique in the registry
@@ -589,6 +615,15 @@ class HeadMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def _samples(metric: Any) -> list[Any]:
+    return [s for family in metric.collect() for s in family.samples]
+
+
+def _summed(counter: Counter) -> float:
+    """A counter's ``_total`` summed over its labels."""
+    return sum(s.value for s in _samples(counter) if s.name.endswith("_total"))
 
 
 def _class_and_queue(e: Any) -> tuple[str, str]:

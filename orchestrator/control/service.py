@@ -541,6 +541,9 @@ class HeadService:
     def metric_samples(self) -> Json:
         return {"at": self.clock(), "samples": self.metrics.samples()}
 
+    def metric_history(self, since: float | None = None) -> Json:
+        return self.metrics.curves.since(since, self.clock())
+
     def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> Json:
         if not service or not isinstance(service, str):
             raise InvalidRequestError("service", service, "a service name")

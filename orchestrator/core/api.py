@@ -146,6 +146,13 @@ class HeadApi(Protocol):
         """The head's Prometheus samples as JSON (``{"at": time, "samples": [[name, labels, value], ...]}``)."""
         ...
 
+    def metric_history(self, since: float | None = None) -> Json:
+        """The live page's curves, as the head keeps them (:mod:`orchestrator.control.curves`): a bounded ring of
+        points, one a second for the last hour, each taken after ``since`` (the head's wall clock; None: all kept).
+        ``{"at", "origin" (where each point's ``t`` counts from: a new one means a restarted head), "every_s",
+        "max_points", "rate_s", "window_s", "points": [{"t", "at", "grants_per_s", ..., "util": {node: ratio}}]}``."""
+        ...
+
     def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> Json:
         """A running service reports requests it served and their latencies (seconds); counted in the metrics
         under its name if ``settings.inference_services`` registers it, else under ``other`` (the reply's
@@ -214,7 +221,8 @@ CALLERS: Mapping[str, Caller] = {
     "cancel_job": Caller.JOB_OWNER, "job_logs": Caller.JOB_OWNER, "explain_job": Caller.ANYONE,
     "job_preemption_requested": Caller.ANYONE, "job_ack_checkpoint": Caller.JOB_HOLDER,
     "status": Caller.ANYONE, "ping": Caller.ANYONE, "agent_inventories": Caller.ANYONE,
-    "report_inventory_check": Caller.ADMIN, "metric_samples": Caller.ANYONE, "record_inference": Caller.ANYONE,
+    "report_inventory_check": Caller.ADMIN, "metric_samples": Caller.ANYONE, "metric_history": Caller.ANYONE,
+    "record_inference": Caller.ANYONE,
     "repartition_mig": Caller.ADMIN, "set_day_clock": Caller.ADMIN, "announce_dashboard": Caller.ADMIN,
     "register_agent": Caller.AGENT, "heartbeat": Caller.AGENT, "update_inventory": Caller.AGENT,
 }
