@@ -6,10 +6,15 @@ Routes:
   ``/static/plotly.min.js`` the copy of Plotly shipped inside the ``plotly`` package
   (the page works offline);
 * ``GET /api/events`` -- server-sent events: ``init`` (the latest frame, the curves'
-  history and the schemes' comparison) once, then ``frame`` whenever the feed has a
-  new one; a comment line every 15 s keeps proxies from closing the stream;
+  history -- the head's, so a restarted server sends the past too -- and the schemes' comparison) once,
+  then ``frame`` whenever the feed has a new one, its ``points`` those this page lacks (``restarted``: a
+  new head, draw them anew); a comment line every 15 s keeps proxies from closing the stream;
 * ``GET /api/frame`` -- the same as one JSON document (for scripts and tests);
 * ``GET /api/explain/{job_id}`` -- the head's ``explain_job``;
+* ``GET /api/logs/{job_id}[?attempt=N]`` -- the job's driver log (the head's ``job_logs``: only its owner or an
+  administrator may read it, and the page's server asks as the administrator), as plain text, its last
+  :data:`LOG_TAIL_CHARS` characters; only for a signed-in page: a page without a token (loopback) answers 403,
+  since anyone on the machine reaches it;
 * ``GET /api/comparison`` -- the comparison of sharing schemes, once computed;
 * ``GET /healthz``.
 
@@ -39,13 +44,15 @@ from starlette.responses import (FileResponse, HTMLResponse, JSONResponse, Plain
                                  Response, StreamingResponse)
 from starlette.routing import Route
 
-from orchestrator.core.errors import OrchestratorError, UnknownObjectError
+from orchestrator.core.errors import OrchestratorError, PermissionDeniedError, UnknownObjectError
 from orchestrator.core.extras import require
 from orchestrator.dashboard.feed import CURVES, STAGES, Feed
 
 STATIC = Path(str(resources.files("orchestrator.dashboard") / "static"))
 COOKIE = "rgo_dashboard_token"
 KEEPALIVE_S = 15.0
+#: The most of a job's log the logs route sends: its end (a training job's log grows for days).
+LOG_TAIL_CHARS = 1_000_000
 
 
 def plotly_js() -> Path:
@@ -73,8 +80,10 @@ class Comparison:
 
 
 def create_app(feed: Feed, explain: Callable[[str], dict[str, Any]], *, comparison: Comparison | None = None,
-               token: str | None = None, stop: threading.Event | None = None, tick_s: float = 0.25) -> Starlette:
-    """The app over a feed; ``explain`` answers a job id (the head's ``explain_job``)."""
+               token: str | None = None, stop: threading.Event | None = None, tick_s: float = 0.25,
+               logs: Callable[[str, int | None], str] | None = None) -> Starlette:
+    """The app over a feed; ``explain`` answers a job id (the head's ``explain_job``), ``logs`` a job id and an
+    attempt (the head's ``job_logs``; None: the route answers 404)."""
     comparison = comparison or Comparison()
 
     async def page(request: Request) -> Response:
@@ -100,8 +109,10 @@ def create_app(feed: Feed, explain: Callable[[str], dict[str, Any]], *, comparis
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
-            seen = feed.version()
-            yield _sse("init", init())
+            seen, origin = feed.version(), feed.origin()
+            first = init()
+            last_t = first["history"][-1]["t"] if first["history"] else float("-inf")
+            yield _sse("init", first)
             comparison_ready = comparison.data is not None
             idle = 0.0
             while not (stop is not None and stop.is_set()):
@@ -110,7 +121,17 @@ def create_app(feed: Feed, explain: Callable[[str], dict[str, Any]], *, comparis
                 v = feed.version()
                 if v != seen:
                     seen, idle = v, 0.0
-                    yield _sse("frame", feed.latest())
+                    # The points since the last one this page got, not only the latest frame's: frames the
+                    # stream skipped (polls faster than its tick) keep none of theirs back.
+                    frame = dict(feed.latest() or {})
+                    restarted = feed.origin() != origin
+                    if restarted:
+                        origin, last_t = feed.origin(), float("-inf")
+                    frame["points"] = feed.points_after(last_t)
+                    frame["restarted"] = restarted
+                    if frame["points"]:
+                        last_t = frame["points"][-1]["t"]
+                    yield _sse("frame", frame)
                 if not comparison_ready and comparison.data is not None:
                     comparison_ready = True
                     yield _sse("comparison", comparison.to_dict())
@@ -130,6 +151,32 @@ def create_app(feed: Feed, explain: Callable[[str], dict[str, Any]], *, comparis
         except OrchestratorError as e:
             return JSONResponse(e.to_dict(), status_code=503)
 
+    async def logs_route(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        if logs is None:
+            return PlainTextResponse("this page serves no job logs", status_code=404)
+        if not token:  # no sign-in in front of it: every user of this machine would read every job's log
+            return PlainTextResponse("job logs need a signed-in page: start the dashboard with --token (a page on "
+                                     "loopback without one is open to every user of the machine)", status_code=403)
+        raw = request.query_params.get("attempt")
+        try:
+            attempt = None if raw in (None, "") else int(raw)
+            if attempt is not None and attempt < 1:
+                raise ValueError(raw)
+        except ValueError:
+            return PlainTextResponse(f"attempt must be a whole number >= 1, not {raw!r}", status_code=400)
+        try:
+            text = await run_in_threadpool(logs, job_id, attempt)
+        except UnknownObjectError as e:
+            return JSONResponse(e.to_dict(), status_code=404)
+        except PermissionDeniedError as e:
+            return JSONResponse(e.to_dict(), status_code=403)
+        except OrchestratorError as e:
+            return JSONResponse(e.to_dict(), status_code=503)
+        if len(text) > LOG_TAIL_CHARS:
+            text = f"[... the first {len(text) - LOG_TAIL_CHARS} characters left out ...]\n" + text[-LOG_TAIL_CHARS:]
+        return PlainTextResponse(text, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
     async def comparison_route(request: Request) -> Response:
         return JSONResponse(comparison.to_dict())
 
@@ -139,6 +186,7 @@ def create_app(feed: Feed, explain: Callable[[str], dict[str, Any]], *, comparis
     app = Starlette(routes=[
         Route("/", page), Route("/static/plotly.min.js", plotly), Route("/static/{name}", static),
         Route("/api/events", events), Route("/api/frame", frame), Route("/api/explain/{job_id:path}", explain_route),
+        Route("/api/logs/{job_id:path}", logs_route),
         Route("/api/comparison", comparison_route), Route("/healthz", healthz),
     ])
     if token:

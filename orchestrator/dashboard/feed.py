@@ -1,7 +1,7 @@
 """What the live page shows, as JSON: one *frame* per poll of the head, and the curves' history.
 
-:class:`Feed` reads the head through three calls of :class:`~orchestrator.core.api.HeadApi`
--- ``status``, ``job_board`` and ``metric_samples`` -- and turns them into a frame
+:class:`Feed` reads the head through four calls of :class:`~orchestrator.core.api.HeadApi`
+-- ``status``, ``job_board``, ``metric_samples`` and ``metric_history`` -- and turns them into a frame
 (:func:`build_frame`, pure). ``job_board`` costs the head what the page shows, not every job it
 keeps (``list_jobs`` sent all of them, history and lease included, every poll: at 8,000 jobs kept
 ~300 ms of the head's loop and a 7 MB reply a second):
@@ -12,36 +12,32 @@ keeps (``list_jobs`` sent all of them, history and lease included, every poll: a
   head keeps that count);
 * ``decisions``: the latest job transitions, newest first, each with the head's reason;
 * ``jobs``: one row per live job and per latest ended one, ``rows`` in all (its id is what the page's
-  explain link asks for);
+  explain and logs links ask for);
 * ``cluster``: nodes, GPUs, MIG slices and shares, each share with its holder (the job);
-* ``point``: one point of every curve (below), appended to the history.
+* ``points``: the curves' points the head took since the last frame (``point``: the latest one).
 
-Curves (one point per poll; ``t`` is seconds since the feed started):
-
-* ``grants_per_s`` and ``inference_rps``: throughput, the rate of
-  ``orchestrator_leases_granted_total`` and ``orchestrator_inference_requests_total``
-  over the last ``rate_s`` seconds;
-* ``wait_p50_s`` / ``wait_p99_s``: time pending of the leases granted in the last
-  ``window_s`` (exact, from the leases' histories); ``inference_p50_s`` /
-  ``inference_p99_s``: the inference latency histogram's change over the same window
-  (Prometheus' ``histogram_quantile``, so as coarse as its buckets);
-* ``util``: mean GPU utilisation per node (``orchestrator_gpu_utilization_ratio``);
-* ``queue``: pending leases; ``preemptions``: victims so far.
+Curves: the head keeps them (:mod:`orchestrator.control.curves`: one point a second for the last hour,
+throughput, latency quantiles, utilisation per node, queue depth, preemptions; ``t`` is seconds since the
+head started). The feed asks for the whole ring once, then for the points after the latest it has, so
+a page whose server restarted draws the same curves as one that ran all along; a new ``origin`` (a
+restarted head) starts them again.
 
 Invariant: a frame is JSON-safe and self-contained; nothing here calls anything but the
-three read methods, and a frame's size grows with the cluster and ``rows``, not with the jobs kept.
+four read methods, and a frame's size grows with the cluster and ``rows``, not with the jobs kept.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
+from orchestrator.control.curves import FIELDS, histogram_quantile
 from orchestrator.core.stats import quantile
+
+__all__ = ["CURVES", "STAGES", "Feed", "HeadReader", "build_frame", "histogram_quantile", "quantile"]
 
 #: The pipeline's stages, in order: (key, label).
 STAGES: tuple[tuple[str, str], ...] = (
@@ -49,8 +45,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("agent", "agent"), ("running", "running"), ("preempt", "checkpoint / preempt"), ("resume", "resume"),
 )
 #: The curves of a point, in the page's order.
-CURVES: tuple[str, ...] = ("grants_per_s", "inference_rps", "wait_p50_s", "wait_p99_s", "inference_p50_s",
-                           "inference_p99_s", "queue", "preemptions")
+CURVES: tuple[str, ...] = FIELDS
 _PLACING = {"wait.victims", "wait.preempting"}
 Samples = Sequence[Sequence[Any]]
 
@@ -64,46 +59,13 @@ class HeadReader(Protocol):
 
     def metric_samples(self) -> dict[str, Any]: ...
 
+    def metric_history(self, since: float | None = None) -> dict[str, Any]: ...
+
 
 # ---- reading samples ------------------------------------------------------------------------------
 def total(samples: Samples, name: str, **match: str) -> float:
     """Sum of every sample named ``name`` whose labels include ``match``."""
     return sum(float(v) for n, labels, v in samples if n == name and _has(labels, match) and _finite(v))
-
-
-def by_label(samples: Samples, name: str, label: str) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for n, labels, v in samples:
-        if n == name and label in labels and _finite(v):
-            out.setdefault(labels[label], []).append(float(v))
-    return out
-
-
-def buckets(samples: Samples, name: str) -> dict[float, float]:
-    """A histogram's cumulative bucket counts, summed over its other labels: ``{le: count}``."""
-    out: dict[float, float] = {}
-    for n, labels, v in samples:
-        if n == f"{name}_bucket":
-            le = float(labels["le"])
-            out[le] = out.get(le, 0.0) + float(v)
-    return out
-
-
-def histogram_quantile(q: float, now: Mapping[float, float], before: Mapping[float, float]) -> float | None:
-    """Prometheus' ``histogram_quantile`` over the change of cumulative buckets (linear within a bucket)."""
-    delta = sorted((le, now[le] - before.get(le, 0.0)) for le in now)
-    if not delta or delta[-1][1] <= 0:
-        return None
-    rank = q * delta[-1][1]
-    lo_le, lo_count = 0.0, 0.0
-    for le, count in delta:
-        if count >= rank:
-            if math.isinf(le):
-                return lo_le  # Prometheus answers the highest finite bound
-            width = count - lo_count
-            return lo_le + (le - lo_le) * ((rank - lo_count) / width if width > 0 else 1.0)
-        lo_le, lo_count = le, count
-    return None
 
 
 def _has(labels: Mapping[str, str], match: Mapping[str, str]) -> bool:
@@ -115,11 +77,6 @@ def _finite(v: Any) -> bool:
 
 
 # ---- one frame ------------------------------------------------------------------------------------
-def _entered(history: Iterable[Mapping[str, Any]], state: str) -> float | None:
-    at = [h["at"] for h in history if h["state"] == state]
-    return at[-1] if at else None
-
-
 def pipeline(status: Mapping[str, Any], counts: Mapping[str, int], samples: Samples) -> dict[str, dict[str, Any]]:
     """Per stage: ``now`` (in it at this moment) and ``total`` (through it so far, or None where not counted);
     ``counts`` is ``job_board``'s, over every job the head keeps."""
@@ -178,13 +135,15 @@ def _share(a: Mapping[str, Any]) -> float:
 
 
 def build_frame(status: Mapping[str, Any], board: Mapping[str, Any], metrics: Mapping[str, Any],
-                point: Mapping[str, Any]) -> dict[str, Any]:
-    """One frame of the page (pure) from ``status``, ``job_board`` and ``metric_samples``; ``point`` is the curves'
-    new point (see :class:`Feed`)."""
+                points: Sequence[Mapping[str, Any]], latest: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One frame of the page (pure) from ``status``, ``job_board`` and ``metric_samples``; ``points`` are the
+    curves' points new since the last frame, ``latest`` the newest point known (see :class:`Feed`)."""
     samples = metrics.get("samples", [])
+    last = points[-1] if points else latest
     return {"at": metrics.get("at"), "pipeline": pipeline(status, board["counts"], samples),
             "decisions": list(board["decisions"]), "jobs": list(board["jobs"]),
-            "cluster": cluster_map(status, board["lease_jobs"]), "point": dict(point),
+            "cluster": cluster_map(status, board["lease_jobs"]), "points": [dict(p) for p in points],
+            "point": None if last is None else dict(last),
             "head": status.get("head", {}), "endpoints": status.get("endpoints", {})}
 
 
@@ -197,65 +156,34 @@ class Feed:
     """
 
     head: HeadReader
-    window_s: float = 30.0
-    max_points: int = 3600
     rows: int = 200  # job rows a frame shows: the live jobs first, then the latest ended ones
-    clock: Callable[[], float] = time.monotonic
     _points: deque[dict[str, Any]] = field(default_factory=deque)
     _frame: dict[str, Any] | None = None
     _version: int = 0
-    rate_s: float = 5.0
-    _counts: deque[tuple[float, float, float]] = field(default_factory=deque)
-    _window: deque[tuple[float, dict[float, float]]] = field(default_factory=deque)
+    _origin: float | None = None  # the head's history's origin: another one is a restarted head
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _start: float | None = None
 
     def poll(self) -> dict[str, Any]:
         """Read the head once; returns the new frame (raises what the head raises)."""
         status, board, metrics = self.head.status(), self.head.job_board(self.rows), self.head.metric_samples()
-        now = self.clock()
-        if self._start is None:
-            self._start = now
-        t = round(now - self._start, 3)
-        point = self._point(t, metrics.get("at"), status, metrics.get("samples", []))
-        frame = build_frame(status, board, metrics, point)
         with self._lock:
-            self._points.append(frame["point"])
-            while len(self._points) > self.max_points:
-                self._points.popleft()
+            since = self._points[-1]["at"] if self._points and self._origin is not None else None
+        hist = self.head.metric_history(since)
+        restarted = hist["origin"] != self._origin
+        if restarted and since is not None:  # a new head: its history is all new
+            hist = self.head.metric_history(None)
+        new = list(hist["points"])
+        with self._lock:
+            if restarted:
+                self._origin = hist["origin"]
+                self._points = deque(maxlen=max(1, int(hist.get("max_points") or 3600)))
+            self._points.extend(new)
+            frame = build_frame(status, board, metrics, new, self._points[-1] if self._points else None)
+            frame["restarted"] = restarted
             self._version += 1
             frame["version"] = self._version
             self._frame = frame
         return frame
-
-    def _point(self, t: float, wall: float | None, status: Mapping[str, Any], samples: Samples) -> dict[str, Any]:
-        granted = total(samples, "orchestrator_leases_granted_total")
-        inference = total(samples, "orchestrator_inference_requests_total")
-        inf_b = buckets(samples, "orchestrator_inference_latency_seconds")
-        self._counts.append((t, granted, inference))
-        while len(self._counts) > 2 and self._counts[1][0] <= t - self.rate_s:
-            self._counts.popleft()  # keep one point at or before the rate window's start
-        t0, granted0, inference0 = self._counts[0]
-        dt = t - t0
-        self._window.append((t, inf_b))
-        while self._window and self._window[0][0] < t - self.window_s:
-            self._window.popleft()
-        before = self._window[0][1] if len(self._window) > 1 else {}
-        waits = _recent_waits(status, self.window_s, wall)
-        util = {node: round(sum(v) / len(v), 4)
-                for node, v in by_label(samples, "orchestrator_gpu_utilization_ratio", "node").items()}
-        point = {
-            "t": t,
-            "grants_per_s": round((granted - granted0) / dt, 4) if dt > 0 else 0.0,
-            "inference_rps": round((inference - inference0) / dt, 3) if dt > 0 else 0.0,
-            "wait_p50_s": _r(quantile(waits, 0.5)), "wait_p99_s": _r(quantile(waits, 0.99)),
-            "inference_p50_s": _r(histogram_quantile(0.5, inf_b, before)),
-            "inference_p99_s": _r(histogram_quantile(0.99, inf_b, before)),
-            "util": util,
-            "queue": len(status["queue"]),
-            "preemptions": int(total(samples, "orchestrator_preemptions_total")),
-        }
-        return point
 
     def latest(self) -> dict[str, Any] | None:
         with self._lock:
@@ -269,21 +197,17 @@ class Feed:
         with self._lock:
             return list(self._points)
 
+    def origin(self) -> float | None:
+        """The head's history's origin (where ``t`` counts from); another one after a poll: a restarted head."""
+        with self._lock:
+            return self._origin
 
-def _recent_waits(status: Mapping[str, Any], window_s: float, now: float | None) -> list[float]:
-    """Time pending (request to grant) of every lease granted within the window before ``now``."""
-    waits = []
-    grants: list[tuple[float, float]] = []
-    for le in list(status["leases"]) + list(status.get("ended_leases", [])):
-        hist = le.get("history") or []
-        granted = _entered(hist, "granted")
-        if granted is not None and hist:
-            grants.append((granted, granted - hist[0]["at"]))
-    if not grants:
-        return waits
-    latest = now if now is not None else max(g for g, _ in grants)
-    return [w for g, w in grants if g >= latest - window_s]
-
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 4)
+    def points_after(self, t: float) -> list[dict[str, Any]]:
+        """The points kept whose ``t`` is after ``t``, oldest first (what a page that has up to ``t`` lacks)."""
+        with self._lock:
+            out = []
+            for p in reversed(self._points):
+                if p["t"] <= t:
+                    break
+                out.append(p)
+        return out[::-1]

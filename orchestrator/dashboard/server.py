@@ -12,7 +12,9 @@ last frame in place and says so in ``error``; the next poll tries again.
 Binding: 127.0.0.1 by default. Any other address needs a token
 (:func:`resolve_token`: the one given, else a new one of the page's own -- never
 Ray's cluster token, which would give whoever signs in to the page the cluster);
-the page asks for it in a form (``/login``), never in a URL.
+the page asks for it in a form (``/login``), never in a URL. A job's log is served only behind a token (a
+page on loopback without one would show every job's log to every user of the machine): ``--token`` on
+loopback too, to read them.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ class DashboardServer:
         self._sock = _bind(host, int(port))
         self.port = int(self._sock.getsockname()[1])
         self.public_host = public_host or (host if host not in ("0.0.0.0", "::") else socket.gethostname())
-        app = create_app(self.feed, self._explain, comparison=self.comparison, token=self.token, stop=self._stop)
+        app = create_app(self.feed, self._explain, comparison=self.comparison, token=self.token, stop=self._stop,
+                         logs=self._logs)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2,
                                 access_log=False)
         self._uvicorn = uvicorn.Server(config)
@@ -150,6 +153,13 @@ class DashboardServer:
     def _explain(self, job_id: str) -> dict[str, Any]:
         with self._lock:
             return dict(self.head.explain_job(job_id))
+
+    def _logs(self, job_id: str, attempt: int | None) -> str:
+        """The head's ``job_logs``: the head lets only the job's owner or an administrator read them, and this
+        server's head client presents the administrator key of the user who ran ``orchestrator up`` (the state
+        folder's ``admin.key``, picked up by its default credentials); the route is only for a signed-in page."""
+        with self._lock:
+            return str(self.head.job_logs(job_id, attempt))
 
 
 def _bind(host: str, port: int) -> socket.socket:

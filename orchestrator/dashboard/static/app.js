@@ -23,9 +23,18 @@ function el(tag, attrs, ...children) {
 }
 
 function jobLink(jobId) {
-  const a = el("a", { class: "job", "data-job": jobId, text: jobId });
-  a.addEventListener("click", () => explain(jobId));
+  const a = el("a", { class: "job", "data-job": jobId, text: jobId, href: "#explain" });
+  a.addEventListener("click", ev => { ev.preventDefault(); explain(jobId); });
   return a;
+}
+
+// A job row's links: its explain (in the panel) and its driver log (the server's /api/logs route, a new tab).
+function jobLinks(jobId) {
+  const ex = el("a", { class: "explain-link", "data-job": jobId, text: "explain", href: "#explain" });
+  ex.addEventListener("click", ev => { ev.preventDefault(); explain(jobId); });
+  const logs = el("a", { class: "logs-link", "data-job": jobId, text: "logs", target: "_blank", rel: "noopener",
+    href: "/api/logs/" + encodeURIComponent(jobId) });
+  return el("span", { class: "links" }, ex, " · ", logs);
 }
 
 // ---- pipeline -------------------------------------------------------------------------------------
@@ -62,7 +71,8 @@ function drawDecisions(decisions) {
 function drawJobs(jobs) {
   const body = document.querySelector("#jobs tbody");
   body.replaceChildren(...jobs.map(j => el("tr", {}, el("td", {}, jobLink(j.job_id)), el("td", { text: j.state }),
-    el("td", { text: j.gpu }), el("td", { text: j.priority_class }), el("td", { text: String(j.attempt) }))));
+    el("td", { text: j.gpu }), el("td", { text: j.priority_class }), el("td", { text: String(j.attempt) }),
+    el("td", {}, jobLinks(j.job_id)))));
 }
 
 async function explain(jobId) {
@@ -120,10 +130,10 @@ function series(key) {
 function drawCharts() {
   const line = (key, name) => ({ ...series(key), name, mode: "lines+markers", type: "scatter", marker: { size: 3 } });
   Plotly.react("chart-throughput", [line("grants_per_s", "leases granted / s"), line("inference_rps", "inference requests / s")],
-    { ...LAYOUT, title: { text: "Throughput" }, xaxis: { title: { text: "s" } } }, CONFIG);
+    { ...LAYOUT, title: { text: "Throughput" }, xaxis: { title: { text: "s since the head started" } } }, CONFIG);
   Plotly.react("chart-latency", [line("wait_p50_s", "time pending p50"), line("wait_p99_s", "time pending p99"),
     line("inference_p50_s", "inference p50"), line("inference_p99_s", "inference p99")],
-    { ...LAYOUT, title: { text: "Latency (s, log scale)" }, xaxis: { title: { text: "s" } }, yaxis: { type: "log" } },
+    { ...LAYOUT, title: { text: "Latency (s, log scale)" }, xaxis: { title: { text: "s since the head started" } }, yaxis: { type: "log" } },
     CONFIG);
   const nodes = [...new Set(state.history.flatMap(p => Object.keys(p.util || {})))].sort();
   Plotly.react("chart-util", nodes.map(n => ({ x: state.history.map(p => p.t), y: state.history.map(p => (p.util || {})[n] ?? null),
@@ -188,8 +198,11 @@ function connect() {
   });
   es.addEventListener("frame", ev => {
     const frame = JSON.parse(ev.data);
-    const last = state.history.length ? state.history[state.history.length - 1].t : -1;
-    if (frame.point.t > last) state.history.push(frame.point);
+    if (frame.restarted) state.history = [];  // a new head: its history starts again
+    for (const p of frame.points || []) {
+      const last = state.history.length ? state.history[state.history.length - 1].t : -1;
+      if (p.t > last) state.history.push(p);
+    }
     apply(frame);
     scheduleCharts();
   });
