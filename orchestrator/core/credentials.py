@@ -41,6 +41,8 @@ from orchestrator.core.errors import InvalidRequestError
 #: Environment variables a client reads its credentials from (before the state folder's files).
 USER_KEY_ENV = "ORCHESTRATOR_USER_KEY"
 ADMIN_KEY_ENV = "ORCHESTRATOR_ADMIN_KEY"
+#: Where a head's starter (the Kubernetes sidecar) finds the secret its tokens are made from (64 hex digits).
+HEAD_SECRET_ENV = "ORCHESTRATOR_HEAD_SECRET"
 #: Files in the state folder that hold them (0600).
 USER_KEY_FILE = "user.key"
 ADMIN_KEY_FILE = "admin.key"

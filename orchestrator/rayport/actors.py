@@ -6,6 +6,7 @@ so :mod:`.head` does not import this module that imports it).
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from typing import Any, Mapping
@@ -13,7 +14,7 @@ from typing import Any, Mapping
 import ray
 
 from orchestrator.core.config import ClusterConfig, RuntimeSettings
-from orchestrator.core.credentials import client_credentials, digest
+from orchestrator.core.credentials import HEAD_SECRET_ENV, client_credentials, digest
 from orchestrator.rayport.agent import AgentActor
 from orchestrator.rayport.head import HeadActor
 from orchestrator.rayport.ray_api import agent_name, kill_named, pin
@@ -32,7 +33,8 @@ def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: st
 
     ``token_secret`` (hex): what its fencing tokens are made from; it reaches the head as a constructor argument,
     so a head Ray restarts keeps it, and never the GCS KV. ``up`` keeps one in the state folder (0600) so a head
-    made again over the same journal derives the same tokens; none given: a new one.
+    made again over the same journal derives the same tokens; on Kubernetes it comes from a Secret through
+    ``ORCHESTRATOR_HEAD_SECRET`` (the head's supervisor makes the head again after it is killed); else a new one.
     """
     if settings.admin_key_sha256 is None:
         key = admin_key or client_credentials(create_user_key=False).get("admin")
@@ -45,7 +47,8 @@ def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: st
         opts["scheduling_strategy"] = pin(node_id, soft=True)  # the Ray head node, while it stands
     return ray.remote(HeadActor).options(**opts).remote(settings.model_dump(mode="json"),
                                                          cluster.model_dump(mode="json"), start_agent,
-                                                         token_secret or secrets.token_hex(32))
+                                                         token_secret or os.environ.get(HEAD_SECRET_ENV)
+                                                         or secrets.token_hex(32))
 
 
 def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim_node: Mapping[str, Any] | None,
