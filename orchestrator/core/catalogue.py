@@ -259,6 +259,51 @@ def model_index(name: str) -> int:
     return MODEL_INDEX[gpu_model(name).name]
 
 
+def fit_mig(model: str | GpuModel, profiles: Sequence[str], used: int = 0) -> tuple[tuple[str, int], ...] | None:
+    """Place instances of ``profiles`` on one card of ``model``: ``((profile, start), ...)``, or None when
+    they cannot all fit. The one MIG fitter: the KubeRay config's layouts, the Kubernetes inventory's
+    spread of a node's MIG devices and the repartition planner's layouts all ask it.
+
+    ``used`` is a mask of memory slices already taken (instances placed at fixed starts). A backtracking
+    search over NVML's placement table, largest profiles first (stable: ties keep their order, they
+    have the fewest placements), each at its lowest free start first -- so where placing each at its
+    lowest free start works (how ``nvidia-smi mig -cgi`` fills a card), that is the answer, and where
+    it does not (the all-balanced 3g+2g+1g+1g) another start is tried. The profiles' compute slices may
+    not exceed the card's. At most 7 instances per card: the search is tiny.
+    Raises :class:`InvalidRequestError` for a profile the model does not offer."""
+    spec = model if isinstance(model, GpuModel) else gpu_model(model)
+    table = sorted((spec.profile(p) for p in profiles), key=lambda p: -p.memory_slices)
+    if table and sum(p.compute_slices for p in table) > table[0].card_compute_slices:
+        return None
+    placed: list[tuple[str, int]] = []
+
+    def go(i: int, taken: int) -> bool:
+        if i == len(table):
+            return True
+        p = table[i]
+        for start in p.placements:
+            if not taken & p.mask(start):
+                placed.append((p.name, start))
+                if go(i + 1, taken | p.mask(start)):
+                    return True
+                placed.pop()
+        return False
+
+    return tuple(placed) if go(0, used) else None
+
+
+def fill_mig(model: str | GpuModel, profile: str) -> tuple[tuple[str, int], ...]:
+    """As many instances of ``profile`` as one card of ``model`` holds (memory and compute slices), at the
+    starts :func:`fit_mig` gives them."""
+    spec = model if isinstance(model, GpuModel) else gpu_model(model)
+    prof = spec.profile(profile)
+    for n in range(len(prof.placements), 0, -1):
+        fit = fit_mig(spec, [profile] * n)
+        if fit is not None:
+            return fit
+    return ()
+
+
 def all_mig_profiles() -> dict[str, tuple[str, ...]]:
     """Profile name -> the models that offer it."""
     out: dict[str, list[str]] = {}

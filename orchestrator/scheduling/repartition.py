@@ -55,7 +55,7 @@ from typing import Any, Collection, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.core.catalogue import MODEL_NAMES, GpuModel, MigProfile, gpu_model
+from orchestrator.core.catalogue import MODEL_NAMES, GpuModel, MigProfile, fill_mig, fit_mig, gpu_model
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import PriorityClass
@@ -109,8 +109,8 @@ def validate_layout(model: str, layout: Sequence[Any]) -> tuple[MigSlot, ...]:
     """The layout as valid placements on a card of ``model``, ordered by start.
 
     Each item is ``PROFILE``, ``PROFILE@START``, a ``{"profile", "start"}`` mapping or a :class:`MigSlot`.
-    Items with a start keep it; the others are packed, largest first, at the lowest valid start still free
-    (how ``nvidia-smi mig -cgi`` fills a card). Raises :class:`InvalidRequestError` naming the profile
+    Items with a start keep it; the others are placed around them by :func:`~orchestrator.core.catalogue.fit_mig`
+    (largest first, each at its lowest free start where that works). Raises :class:`InvalidRequestError` naming the profile
     (``layout.<profile>``) and its allowed starts when a start is not one of the profile's placements,
     overlaps another instance or no start is left; and when the compute slices exceed the card's."""
     spec = gpu_model(model)
@@ -133,14 +133,14 @@ def validate_layout(model: str, layout: Sequence[Any]) -> tuple[MigSlot, ...]:
                                       detail=f"{name}@{start} overlaps another instance of the layout")
         used |= prof.mask(start)
         out.append(MigSlot(start, name))
-    for name in loose:
-        prof = profiles[name]
-        free = _free_starts(prof, used)
-        if not free:
-            raise InvalidRequestError(f"layout.{name}", layout_text(sorted(out)), [str(s) for s in prof.placements],
-                                      detail=f"no free start left for {spec.name} MIG {name} in this layout")
-        used |= prof.mask(free[0])
-        out.append(MigSlot(free[0], name))
+    placed = fit_mig(spec, loose, used)
+    if placed is None:  # name the first profile that no longer fits beside the ones before it
+        n = next(i for i in range(1, len(loose) + 1) if fit_mig(spec, loose[:i], used) is None)
+        name, before = loose[n - 1], fit_mig(spec, loose[:n - 1], used) or ()
+        raise InvalidRequestError(f"layout.{name}", layout_text(sorted(out + [MigSlot(s, p) for p, s in before])),
+                                  [str(s) for s in profiles[name].placements],
+                                  detail=f"no free start left for {spec.name} MIG {name} in this layout")
+    out += [MigSlot(s, p) for p, s in placed]
     slices = sum(profiles[s.profile].compute_slices for s in out)
     card = spec.mig_profiles[0].card_compute_slices
     if slices > card:
@@ -155,16 +155,7 @@ def _free_starts(prof: MigProfile, used: int) -> list[int]:
 
 def fill_layout(model: str, profile: str) -> tuple[MigSlot, ...]:
     """As many instances of ``profile`` as one card of ``model`` holds (memory slices and compute slices)."""
-    spec = gpu_model(model)
-    prof = spec.profile(profile)
-    fits = min(len(prof.placements), prof.card_compute_slices // prof.compute_slices)
-    out: list[MigSlot] = []
-    used = 0
-    for s in prof.placements:
-        if len(out) < fits and not used & prof.mask(s):
-            used |= prof.mask(s)
-            out.append(MigSlot(s, profile))
-    return tuple(out)
+    return tuple(sorted(MigSlot(s, p) for p, s in fill_mig(model, profile)))
 
 
 class MigTarget(BaseModel):

@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.quantity import parse_quantity
-from orchestrator.deploy.k8s.config import deep_merge, fit_mig_layout, load_config, parse_config
+from orchestrator.core.catalogue import fit_mig
+from orchestrator.deploy.k8s.config import deep_merge, load_config, parse_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "k8s.yaml"
 
@@ -109,7 +110,7 @@ def test_deep_merge_merges_mappings_replaces_lists_and_null_resets() -> None:
     ],
 )
 def test_mig_layouts_fit_by_nvml_placements(layout: list[str], fits: bool) -> None:
-    placed = fit_mig_layout("A100-80GB", layout)
+    placed = fit_mig("A100-80GB", layout)
     assert (placed is not None) == fits
     if placed:
         assert sorted(p for p, _ in placed) == sorted(layout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.errors import InvalidRequestError
-from orchestrator.core.catalogue import CATALOGUE, MIG_MEMORY_SLICES, gpu_model
+from orchestrator.core.catalogue import CATALOGUE, MIG_MEMORY_SLICES, fill_mig, fit_mig, gpu_model
 from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
 
 
@@ -92,3 +92,41 @@ def test_nvlink_islands() -> None:
         GpuDevice(index=i, uuid=f"g{i}", model="A100-80GB", nvlink_peers=peers)
         for i, peers in enumerate([(1,), (0,), (3,), (2,)])))
     assert inv.nvlink_islands() == [frozenset({0, 1}), frozenset({2, 3})]
+
+
+def test_fit_mig_places_each_profile_at_its_lowest_free_start_where_that_works() -> None:
+    assert fit_mig("A100-80GB", ["1g.10gb", "3g.40gb", "2g.20gb"]) == (("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6))
+    assert fit_mig("A100-80GB", []) == ()
+
+
+def test_fit_mig_backtracks_where_the_lowest_starts_do_not_fit() -> None:
+    # all-balanced: 3g at 0 leaves no room for the second 1g (1g starts at 0..6 only); 3g at 4 does.
+    placed = fit_mig("A100-80GB", ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"])
+    assert placed == (("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3))
+
+
+def test_fit_mig_keeps_clear_of_slices_already_taken_and_of_the_cards_compute() -> None:
+    taken = gpu_model("A100-80GB").profile("4g.40gb").mask(0)
+    assert fit_mig("A100-80GB", ["3g.40gb"], taken) == (("3g.40gb", 4),)
+    assert fit_mig("A100-80GB", ["4g.40gb"], taken) is None
+    assert fit_mig("A100-80GB", ["1g.10gb"] * 8) is None
+    assert fit_mig("A30-24GB", ["2g.12gb", "2g.12gb"]) == (("2g.12gb", 0), ("2g.12gb", 2))
+    assert fit_mig("A30-24GB", ["2g.12gb", "2g.12gb", "1g.6gb"]) is None
+    with pytest.raises(InvalidRequestError):
+        fit_mig("A100-80GB", ["1g.6gb"])
+
+
+@pytest.mark.parametrize(("profile", "starts"), [
+    ("1g.10gb", (0, 1, 2, 3, 4, 5, 6)), ("1g.20gb", (0, 2, 4, 6)), ("2g.20gb", (0, 2, 4)), ("3g.40gb", (0, 4)),
+    ("4g.40gb", (0,)), ("7g.80gb", (0,)),
+])
+def test_fill_mig_puts_as_many_instances_as_one_card_holds(profile: str, starts: tuple[int, ...]) -> None:
+    assert fill_mig("A100-80GB", profile) == tuple((profile, s) for s in starts)
+
+
+def test_fit_mig_counts_compute_slices_where_the_placements_alone_would_allow_more() -> None:
+    from orchestrator.core.catalogue import GpuModel, MigProfile
+
+    card = GpuModel("test-card", 8000, 10, mig_profiles=(MigProfile("2g.1gb", 2, 1, 1000, tuple(range(8))),))
+    assert fit_mig(card, ["2g.1gb"] * 3) == tuple(("2g.1gb", s) for s in range(3))
+    assert fit_mig(card, ["2g.1gb"] * 4) is None  # 8 compute slices on a card of 7

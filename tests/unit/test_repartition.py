@@ -180,6 +180,11 @@ def test_invalid_layouts_and_targets_are_typed_errors_naming_the_profile_and_its
     assert e.value.field == "layout.model"
     assert validate_layout("A100-80GB", ["1g.10gb", "3g.40gb", "2g.20gb"]) == (
         MigSlot(0, "3g.40gb"), MigSlot(4, "2g.20gb"), MigSlot(6, "1g.10gb"))  # packed largest first
+    assert validate_layout("A100-80GB", ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]) == (  # all-balanced
+        MigSlot(0, "2g.20gb"), MigSlot(2, "1g.10gb"), MigSlot(3, "1g.10gb"), MigSlot(4, "3g.40gb"))
+    with pytest.raises(InvalidRequestError) as e:
+        validate_layout("A100-80GB", ["4g.40gb@0", "3g.40gb", "1g.10gb"])
+    assert e.value.field == "layout.1g.10gb" and e.value.value == "4g.40gb@0 + 3g.40gb@4"
     with pytest.raises(InvalidRequestError) as e:
         target_from({"model": "A100-80GB", "layout": ["3g.40gb@1"]})
     assert e.value.field.endswith("layout.3g.40gb")

@@ -49,7 +49,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.core.errors import ConfigError, InvalidRequestError
-from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, MigProfile, gpu_model
+from orchestrator.core.catalogue import CATALOGUE, fit_mig, gpu_model
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.quantity import is_quantity, parse_quantity
 
@@ -103,35 +103,6 @@ def _image(field: str, v: str) -> str:
 def _bad(field: str, value: Any, allowed: str | list[str], detail: str = "") -> ConfigError:
     """A cross-field check failed; ``field`` is relative to the model that checks it."""
     return ConfigError(field, value, allowed, detail=detail)
-
-
-def fit_mig_layout(model: str, profiles: list[str]) -> list[tuple[str, int]] | None:
-    """Place ``profiles`` on one card of ``model``: ``[(profile, start), ...]`` or None.
-
-    A small backtracking search over NVML's placement table, largest profiles
-    first (they have the fewest placements). At most 7 instances per card, so
-    the search is tiny. Also used by ``inventory.py`` to lay out the MIG
-    devices a node's labels count.
-    """
-    spec = gpu_model(model)
-    table: list[MigProfile] = sorted((spec.profile(p) for p in profiles), key=lambda p: -p.memory_slices)
-    if sum(p.compute_slices for p in table) > MIG_COMPUTE_SLICES:
-        return None
-    placed: list[tuple[str, int]] = []
-
-    def go(i: int, used: int) -> bool:
-        if i == len(table):
-            return True
-        p = table[i]
-        for start in p.placements:
-            if not used & p.mask(start):
-                placed.append((p.name, start))
-                if go(i + 1, used | p.mask(start)):
-                    return True
-                placed.pop()
-        return False
-
-    return placed if go(0, 0) else None
 
 
 class _Frozen(BaseModel):
@@ -269,10 +240,10 @@ class NodePool(_Frozen):
             for p in self.mig_layout:
                 if p not in profiles:
                     raise _bad("mig_layout", p, profiles, f"{where}: {spec.name} offers no such MIG profile")
-            if fit_mig_layout(spec.name, list(self.mig_layout)) is None:
+            if fit_mig(spec, self.mig_layout) is None:
                 raise _bad(
                     "mig_layout", list(self.mig_layout),
-                    f"instances of at most {MIG_COMPUTE_SLICES} compute slices in all, at non-overlapping NVML "
+                    f"instances of at most {spec.mig_profiles[0].card_compute_slices} compute slices in all, at non-overlapping NVML "
                     f"placements (e.g. {spec.name}'s all-balanced layout)",
                     f"{where}: does not fit one {spec.name}",
                 )

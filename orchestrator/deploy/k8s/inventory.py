@@ -48,11 +48,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, GpuModel
+from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, GpuModel, fill_mig, fit_mig
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.inventory import K8S_NODE_LABEL, GpuDevice, MigDevice, NodeInventory
 from orchestrator.core.quantity import parse_quantity
-from orchestrator.deploy.k8s.config import fit_mig_layout
 
 PRODUCT = "nvidia.com/gpu.product"
 COUNT = "nvidia.com/gpu.count"
@@ -123,7 +122,7 @@ def _spread_mig(model: GpuModel, counts: Mapping[str, int], n_gpus: int, node: s
     cards: list[list[str]] = [[] for _ in range(n_gpus)]
     left: list[str] = []
     for p in todo:
-        fits = [i for i, c in enumerate(cards) if fit_mig_layout(model.name, [*c, p]) is not None]
+        fits = [i for i, c in enumerate(cards) if fit_mig(model, [*c, p]) is not None]
         if not fits:
             left.append(p)
             continue
@@ -135,7 +134,7 @@ def _spread_mig(model: GpuModel, counts: Mapping[str, int], n_gpus: int, node: s
             f"node {node} allocatable {MIG_RESOURCE_PREFIX}*", dict(counts),
             f"MIG devices that fit {n_gpus} {model.name} card(s)", detail=f"{len(todo)} device(s) left over",
         )
-    return [fit_mig_layout(model.name, c) or [] for c in cards]
+    return [list(fit_mig(model, c) or ()) for c in cards]
 
 
 def node_inventory(node: Mapping[str, Any]) -> NodeInventory:
@@ -165,7 +164,7 @@ def node_inventory(node: Mapping[str, Any]) -> NodeInventory:
     replicas = max(1, _int_label(labels, REPLICAS, name) or 1)
     if single_profile:
         # Single strategy: every GPU is sliced alike and gpu.count counts MIG devices.
-        per_card = next(n for n in range(7, 0, -1) if fit_mig_layout(model.name, [single_profile] * n))
+        per_card = len(fill_mig(model, single_profile))
         mig_counts = {single_profile: count}
         n_mig, n_whole, memory = math.ceil(count / per_card), 0, None
     else:
