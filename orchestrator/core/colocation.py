@@ -108,8 +108,7 @@ class ColocationConfig(_Frozen):
         try:
             return cls.model_validate({} if data is None else data)
         except ValidationError as e:
-            t = validation.typed_error(e, "", cls, ConfigError)
-            raise ConfigError(f"{source}:{t.field}" if t.field else source, t.value, t.allowed, t.detail) from None
+            raise validation.config_error(e, cls, source) from None
 
 
 def load_colocation(path: str | Path) -> ColocationConfig:

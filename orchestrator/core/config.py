@@ -192,13 +192,12 @@ class SimNode(_Frozen):
                     raise ConfigError(f"nodes[{self.name}].nvlink", idx, f"a GPU index in 0..{self.gpus - 1}")
         try:
             self.inventory()  # the inventory's own validators check MIG profiles, placements and overlaps
-        except ValidationError as e:
-            err = e.errors()[0]
-            inner = (err.get("ctx") or {}).get("error")
-            if isinstance(inner, InvalidRequestError):
-                raise ConfigError(f"nodes[{self.name}].mig", inner.value, inner.allowed, inner.detail) from None
+        except ValidationError as e:  # in our words; named by the node's layout, wherever inside it pydantic found it
+            t = validation.typed_error(e, "", None)
+            if isinstance((e.errors()[0].get("ctx") or {}).get("error"), InvalidRequestError):
+                raise ConfigError(f"nodes[{self.name}].mig", t.value, t.allowed, t.detail) from None
             raise ConfigError(f"nodes[{self.name}].mig", {k: [m.model_dump() for m in v] for k, v in self.mig.items()},
-                              "a valid, non-overlapping MIG layout", detail=str(inner or err.get("msg"))) from None
+                              "a valid, non-overlapping MIG layout", detail=t.detail) from None
         except InvalidRequestError as e:
             raise ConfigError(f"nodes[{self.name}].mig", e.value, e.allowed, e.detail) from None
         return self

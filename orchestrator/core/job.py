@@ -23,8 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import gang_worker_id
-from orchestrator.core.request import MAX_GANG_WORKERS, GangRequest, GpuRequest, fields_of, typed_error
+from orchestrator.core.request import MAX_GANG_WORKERS, GangRequest, GpuRequest, fields_of
 from orchestrator.core.statemachine import Transition, TransitionTable
+from orchestrator.core.validation import typed_error
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 

@@ -42,8 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN
-from orchestrator.core.request import GangMember, GpuRequest, fields_of, typed_error
+from orchestrator.core.request import GangMember, GpuRequest, fields_of
 from orchestrator.core.statemachine import Transition, TransitionTable
+from orchestrator.core.validation import typed_error
 
 
 #: What a read view shows in place of a fencing token.

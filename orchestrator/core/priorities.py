@@ -216,5 +216,4 @@ class SchedulerConfig(_Frozen):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            t = validation.typed_error(e, "", cls, ConfigError)
-            raise ConfigError(f"{source}:{t.field}" if t.field else source, t.value, t.allowed, t.detail) from None
+            raise validation.config_error(e, cls, source) from None

@@ -28,7 +28,6 @@ from typing import Annotated, Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.core import validation
 from orchestrator.core.catalogue import (
     MIG_COMPUTE_SLICES,
     MigProfile,
@@ -38,12 +37,7 @@ from orchestrator.core.catalogue import (
 )
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.quantity import MAX_MIB, parse_memory_mib
-
-
-def typed_error(e: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> InvalidRequestError:
-    """The first error of a pydantic ``ValidationError`` as our typed error, naming the field, in our
-    words (:func:`orchestrator.core.validation.typed_error`); ``model`` is the class validated."""
-    return validation.typed_error(e, prefix, model)
+from orchestrator.core.validation import typed_error
 
 
 def fields_of(data: object, field: str, known: Sequence[str]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.errors import ConfigError, InvalidRequestError
 
 #: What a value of each pydantic error type should have been, in our words: (detail, allowed).
 _BY_TYPE: dict[str, tuple[str, str]] = {
@@ -119,6 +119,13 @@ def typed_error(e: ValidationError, prefix: str, model: type[BaseModel] | None =
                                        "finite_number") and _has_bounds(info):
         allowed = _bounds_text(info, ctx)
     return error_cls(path, _shown(value), allowed, detail=detail)
+
+
+def config_error(e: ValidationError, model: type[BaseModel], source: str) -> ConfigError:
+    """:func:`typed_error` for a config file: a :class:`ConfigError` whose field is ``source:field``
+    (``configs/scheduler.yaml:priority_classes.0.value``), or ``source`` alone for the whole document."""
+    t = typed_error(e, "", model, ConfigError)
+    return ConfigError(f"{source}:{t.field}" if t.field else source, t.value, t.allowed, t.detail)
 
 
 def _rehomed(inner: InvalidRequestError, prefix: str, loc: tuple[Any, ...],

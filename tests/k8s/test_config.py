@@ -90,6 +90,13 @@ def test_overlay_errors_are_prefixed_and_may_not_rename() -> None:
     assert e.field == "overlays"
 
 
+def test_pydantics_own_errors_are_worded_as_every_models_are() -> None:
+    e = _error(_cfg(no_such_field=1))
+    assert (e.field, e.detail) == ("no_such_field", "no such field") and "Extra inputs" not in str(e)
+    e = _error(_cfg(overlays={"prod": {"head": {"no_such_field": 1}}}))
+    assert e.field == "overlays.prod.head.no_such_field" and "Extra inputs" not in str(e)
+
+
 def test_deep_merge_merges_mappings_replaces_lists_and_null_resets() -> None:
     base = {"a": {"x": 1, "y": 2}, "l": [1, 2], "q": {"gpus": 4}}
     assert deep_merge(base, {"a": {"y": 3}, "l": [9], "q": None}) == {"a": {"x": 1, "y": 3}, "l": [9]}

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -52,6 +52,7 @@ from orchestrator.core.errors import ConfigError, InvalidRequestError
 from orchestrator.core.catalogue import CATALOGUE, fit_mig, gpu_model
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.quantity import is_quantity, parse_quantity
+from orchestrator.core.validation import typed_error
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RAY_IMAGE = re.compile(r"^(docker\.io/)?rayproject/ray(-ml)?:(?P<version>\d+\.\d+\.\d+)")
@@ -838,26 +839,24 @@ def deep_merge(base: Any, over: Any) -> Any:
 
 
 def _config_error(e: ValidationError, prefix: str = "") -> ConfigError:
-    err = e.errors()[0]
+    """Pydantic's first error as a :class:`ConfigError` naming the field (``prefix`` + its location).
+
+    Pydantic's own errors are worded by :func:`~orchestrator.core.validation.typed_error`, as every model's
+    are. Our own checks' errors are placed by this module's convention: a :class:`ConfigError` names its
+    field relative to the model that checks it (so it is put after the location), and any other typed
+    error (an unknown GPU model, from the catalogue) is named by the location alone."""
+    err = e.errors(include_url=False)[0]
+    inner = (err.get("ctx") or {}).get("error")
+    if not isinstance(inner, InvalidRequestError):
+        return cast(ConfigError, typed_error(e, prefix.rstrip("."), K8sConfig, ConfigError))
     loc = ".".join(str(p) for p in err["loc"])
-    field = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "(config)")
-    value = err.get("input")
-    msg = str(err.get("msg", "")).removeprefix("Value error, ")
-    allowed = "see the Field descriptions in orchestrator/deploy/k8s/config.py"
-    ctx = err.get("ctx") or {}
-    inner = ctx.get("error")
-    if isinstance(inner, ConfigError):  # our own check: its field is relative to where pydantic located it
-        parts = [x for x in (prefix.rstrip("."), loc) if x]
+    parts = [x for x in (prefix.rstrip("."), loc) if x]
+    if isinstance(inner, ConfigError):
         if inner.field != loc.rsplit(".", 1)[-1]:
             parts.append(inner.field)
         return ConfigError(".".join(parts), inner.value, inner.allowed, detail=inner.detail)
-    if isinstance(inner, InvalidRequestError):  # e.g. an unknown GPU model: keep its own allowed list
-        return ConfigError(field, inner.value, inner.allowed, detail=inner.detail or f"unknown {inner.field}")
-    if "expected" in ctx:
-        allowed = str(ctx["expected"])
-    if isinstance(value, dict):  # a whole sub-object failed a cross-field check: name it, not dump it
-        value = value.get("name", f"{{{', '.join(sorted(map(str, value)))}}}")
-    return ConfigError(field, value, allowed, detail=msg)
+    return ConfigError(".".join(parts) or "(config)", inner.value, inner.allowed,
+                       detail=inner.detail or f"unknown {inner.field}")
 
 
 def parse_config(data: dict[str, Any]) -> tuple[K8sConfig, dict[str, K8sConfig]]:
