@@ -43,12 +43,13 @@ failure is reported once per request (``reconfigure_failed``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import time
 import uuid
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Collection, Mapping, Protocol
 
 from orchestrator.control.discovery.base import DiscoveryBackend, apply_events, measured_utilization
 from orchestrator.control.mps import MpsDaemons, RecordingPort, SubprocessPort
@@ -73,8 +74,9 @@ class WorkloadPort(Protocol):
         """Stop ``workload`` of lease ``lease_id`` (idempotent); True once nothing of it runs any more."""
         ...
 
-    def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
-        """Ask a preemptible actor to ``checkpoint(directory)``; a poll for the path it writes."""
+    def checkpoint(self, workload: str, directory: str, lease_id: str = "") -> CheckpointPoll:
+        """Ask a preemptible actor holding lease ``lease_id`` to ``checkpoint(directory)``; a poll for the path it
+        writes (one that never answers when the actor does not hold the lease: it is not asked)."""
         ...
 
     def watch(self, workload: str) -> None:
@@ -93,6 +95,27 @@ def process_names_lease(pid: int, lease_id: str) -> bool:
     except OSError:
         return False
     return f"{E.LEASE_ID}={lease_id}".encode() in environ
+
+
+def workload_holds_lease(lease_id: str, *, env_vars: Mapping[str, str] | None, placement_group: str | None,
+                         lease_groups: Collection[str]) -> bool:
+    """Whether a workload (a Ray actor or a Ray job, as Ray records it) runs on lease ``lease_id``'s devices: it
+    was started with the lease's hand-out (``ORCHESTRATOR_LEASE_ID`` in its runtime env's ``env_vars``, or the
+    lease among a gang job's hand-outs in ``ORCHESTRATOR_GANG``), or it was placed in the lease's placement group
+    (``lease_groups``: the lease's own group and the one its holder made and the agent adopted). The agent stops
+    a workload only when this holds: a lease's holder names its workload itself, and must not be able to have
+    another user's actor or job stopped by getting its own lease preempted. Pure."""
+    env = env_vars or {}
+    if env.get(E.LEASE_ID) == lease_id:
+        return True
+    gang = env.get(E.GANG)
+    if gang:
+        try:
+            if any((h.get("env_vars") or {}).get(E.LEASE_ID) == lease_id for h in json.loads(gang)):
+                return True
+        except (ValueError, TypeError, AttributeError):
+            pass
+    return bool(placement_group) and placement_group in lease_groups
 
 
 class LocalWorkloads:
@@ -118,7 +141,7 @@ class LocalWorkloads:
             return True
         return False  # confirmed on a later beat, once the process is gone
 
-    def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
+    def checkpoint(self, workload: str, directory: str, lease_id: str = "") -> CheckpointPoll:
         raise InvalidRequestError("workload", workload, "a Ray actor (checkpoints are asked through Ray)")
 
     def watch(self, workload: str) -> None:
@@ -298,7 +321,8 @@ class AgentCore:
             try:
                 if lease_id not in self._checkpoints:
                     directory = want.get("checkpoint_dir") or os.path.join(self.settings.mps_pipe_root, "checkpoints")
-                    self._checkpoints[lease_id] = self.workloads.checkpoint(workload, os.path.join(directory, lease_id))
+                    self._checkpoints[lease_id] = self.workloads.checkpoint(workload, os.path.join(directory, lease_id),
+                                                                            lease_id)
                 path = self._checkpoints[lease_id]()
             except Exception as e:  # the holder failed or ignores us: its grace deadline decides
                 log.warning("agent %s: checkpoint of %s failed: %s", self.node_name, lease_id, e)

@@ -14,9 +14,9 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable, Collection
 
-from orchestrator.control.agent import AgentCore, CheckpointPoll, LocalWorkloads
+from orchestrator.control.agent import AgentCore, CheckpointPoll, LocalWorkloads, workload_holds_lease
 from orchestrator.control.holds import lease_shape
 from orchestrator.core.allocation import Allocation
 from orchestrator.control.revocation import parse_workload
@@ -58,19 +58,31 @@ class RayWorkloads:
     """The agent's :class:`~orchestrator.control.agent.WorkloadPort` on a Ray cluster: ``ray.kill`` of a
     named actor, stop of a Ray job through the job API, SIGKILL of a process."""
 
-    def __init__(self) -> None:
+    def __init__(self, lease_groups: Callable[[str], Collection[str]] = lambda _lid: ()) -> None:
         self._local = LocalWorkloads()
+        self._lease_groups = lease_groups  # lease id -> the placement groups it has had on this node
         self._jobs: ray_api.RayJobRunner | None = None
         self._actors: dict[str, Any] = {}  # workload -> the holder actor's handle (see watch)
-        self._pids: dict[str, int | None] = {}  # workload being stopped -> its process id
+        self._pids: dict[str, int | None] = {}  # workload being stopped (and found to hold its lease) -> its pid
+        self._verified: set[str] = set()  # Ray jobs found to hold the lease they are being stopped for
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-holders")
 
     def stop(self, workload: str, lease_id: str = "") -> bool:
+        """Stop what runs on lease ``lease_id`` (True once it is gone). Only a workload that holds the lease's
+        devices as Ray records it (:func:`~orchestrator.control.agent.workload_holds_lease`) is stopped; any
+        other is left alone and the revocation confirmed: nothing of the lease's runs there."""
         kind, ref = parse_workload(workload)
         if kind == "actor":
             namespace, name = ref.split("/", 1)
             if workload not in self._pids:  # before the kill: afterwards the GCS may not say any more
-                self._pids[workload] = ray_api.named_actor_pid(name, namespace)
+                rec = ray_api.named_actor_record(name, namespace)
+                if rec is None:
+                    return not ray_api.named_actor_alive(name, namespace)
+                if not self._holds(name, namespace, lease_id, rec):
+                    log.warning("actor %s does not hold lease %s (not in its group, not started with its hand-out): "
+                                "not stopped", workload, lease_id)
+                    return True
+                self._pids[workload] = rec["pid"]
             ray_api.kill_named(name, namespace)
             if ray_api.named_actor_alive(name, namespace):
                 return False
@@ -86,9 +98,26 @@ class RayWorkloads:
             status = self._jobs.status(ref)
             if status is None or status in _JOB_ENDED:
                 return True
+            if ref not in self._verified:
+                try:
+                    env = (self._jobs.client.get_job_info(ref).runtime_env or {}).get("env_vars") or {}
+                except Exception as e:  # the job API busy: asked again next beat
+                    log.info("cannot read Ray job %s: %s", ref, e)
+                    return False
+                if not workload_holds_lease(lease_id, env_vars=env, placement_group=None, lease_groups=()):
+                    log.warning("Ray job %s was not started with lease %s: not stopped", ref, lease_id)
+                    return True
+                self._verified.add(ref)
             self._jobs.stop(ref)
             return False  # confirmed once the job API says it ended
         return self._local.stop(workload, lease_id)
+
+    def _holds(self, name: str, namespace: str, lease_id: str, rec: dict[str, Any] | None = None) -> bool:
+        """Whether the named actor holds lease ``lease_id`` as Ray records it (``workload_holds_lease``)."""
+        rec = rec if rec is not None else ray_api.named_actor_record(name, namespace)
+        return rec is not None and workload_holds_lease(lease_id, env_vars=rec["env_vars"],
+                                                        placement_group=rec["placement_group"],
+                                                        lease_groups=self._lease_groups(lease_id))
 
     def watch(self, workload: str) -> None:
         """Look the holder actor up and send it a no-op, so a later checkpoint request goes over a channel
@@ -113,11 +142,14 @@ class RayWorkloads:
         for old in list(self._actors)[:-1024]:
             del self._actors[old]
 
-    def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
+    def checkpoint(self, workload: str, directory: str, lease_id: str = "") -> CheckpointPoll:
         kind, ref = parse_workload(workload)
         if kind != "actor":
-            return self._local.checkpoint(workload, directory)
+            return self._local.checkpoint(workload, directory, lease_id)
         namespace, name = ref.split("/", 1)
+        if not self._holds(name, namespace, lease_id):  # a lease's holder must not get another's actor called
+            log.warning("actor %s does not hold lease %s: not asked to checkpoint", workload, lease_id)
+            return lambda: None
         handle = self._actors.get(workload) or ray_api.get_actor(name, namespace)
         pending = handle.checkpoint.remote(directory)
 
@@ -137,8 +169,10 @@ class AgentActor:
         self._caller = {"agent": agent_key, "node": node_name}  # what the head made for this agent: never shown
         sim = SimNode.model_validate(sim_node) if sim_node else None
         backend = select_backend(self.settings.discovery, node_name, sim)
+        self._groups_seen: dict[str, set[str]] = {}  # lease id -> every placement group it had here (bounded)
         self.core = AgentCore(node_name, ray_node_id, backend, self.settings,
-                              k8s_node=os.environ.get(env.K8S_NODE_NAME) or None, workloads=RayWorkloads())
+                              k8s_node=os.environ.get(env.K8S_NODE_NAME) or None,
+                              workloads=RayWorkloads(lambda lid: self._groups_seen.get(lid, ())))
         self.holds = RayHolds(node_name, ray_node_id)
         self.heartbeats = 0
         self._wake = asyncio.Event()
@@ -193,8 +227,19 @@ class AgentActor:
                                        timeslice_capacity_milli=self.settings.timeslice_capacity_milli)
                       for lid, want in assignments.items() if lid in self.core.allocated}
             await self.holds.sync([g.index for g in self.core.inventory.gpus], shapes)
+            self._remember_groups()
         except Exception as e:
             log.warning("agent %s: holds: %s: %s", self.core.node_name, type(e).__name__, e)
+
+    def _remember_groups(self) -> None:
+        """Note each lease's placement group (its own, or the one its holder made and this agent adopted): a
+        revocation stops an actor only if it was placed in one of them, and by then the group may be gone."""
+        for lid in self.holds.leases:
+            pg = self.holds.placed_group(lid)
+            if pg is not None:
+                self._groups_seen.setdefault(lid, set()).add(pg)
+        for old in list(self._groups_seen)[:-4096]:
+            del self._groups_seen[old]
 
     async def lease_group(self, lease_id: str) -> str | None:
         """The id (hex) of lease ``lease_id``'s placement group once it is placed here; None until then (and
@@ -212,7 +257,9 @@ class AgentActor:
     async def adopt(self, lease_id: str, token: int, pg_hex: str) -> bool:
         """That group now stands for the lease (removed with it)."""
         self.core.check_holder(lease_id, token)
-        return self.holds.adopt(lease_id, pg_hex)
+        adopted = self.holds.adopt(lease_id, pg_hex)
+        self._remember_groups()
+        return adopted
 
     async def give_back(self, lease_id: str, token: int) -> None:
         """The holder removed its group: the lease gets its own again."""

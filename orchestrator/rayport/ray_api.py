@@ -331,6 +331,30 @@ def named_actor_pid(name: str, namespace: str) -> int | None:
     return int(pid) if pid else None
 
 
+def named_actor_record(name: str, namespace: str) -> dict[str, Any] | None:
+    """What the GCS records of a named actor that may hold a lease: ``pid``, ``placement_group`` (hex, or None)
+    and ``env_vars`` (its runtime env's); None when there is no such actor."""
+    import json
+
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    try:
+        aid = ray.get_actor(name, namespace=namespace)._actor_id
+        raw = state._connect_and_get_accessor().get_actor_info(aid)
+    except Exception:
+        return None
+    if raw is None:
+        return None
+    rec = gcs_pb2.ActorTableData.FromString(raw)
+    try:
+        env = (json.loads(rec.serialized_runtime_env or "{}") or {}).get("env_vars") or {}
+    except ValueError:
+        env = {}
+    pg = rec.placement_group_id.hex() if rec.placement_group_id and any(rec.placement_group_id) else None
+    return {"pid": int(rec.pid) if rec.pid else None, "placement_group": pg, "env_vars": dict(env)}
+
+
 def named_actor_alive(name: str, namespace: str) -> bool:
     """Whether a named actor exists and is not dead."""
     try:

@@ -243,3 +243,29 @@ def test_a_training_actor_resumes_on_another_shape_of_share(head: Any, tmp_path:
     assert [(a["lease_id"], a["kind"]) for a in res["attempts"]] == [("shape", "whole"), ("shape.a2", "mig")]
     assert res["attempts"][1]["cuda_visible_devices"].startswith("MIG-") and res["attempts"][1]["resumed_at"] > 0
     assert res["step"] == steps and res["digest"] == _reference_digest(steps, seed)
+
+
+def test_a_lease_naming_someone_elses_actor_as_its_workload_never_gets_it_stopped(head: Any) -> None:
+    """Revocation stops only the holder (#38 item 3): a second driver's lease of its own, activated with another
+    user's actor as its workload (an actor not started with the lease's hand-out nor placed in its group), then
+    preempted: the agent leaves that actor alone, confirms, and the preemptor gets the cards."""
+    import ray
+
+    from orchestrator.rayport import ray_api
+
+    innocent = ray.remote(_rogue()).options(name="innocent", namespace=SETTINGS.namespace, lifetime="detached",
+                                            num_cpus=0).remote()
+    pid = ray.get(innocent.ping.remote(), timeout=120)
+    try:
+        head.request_lease({"lease_id": "attacker", "request": BOTH_CARDS.model_dump(mode="json"),
+                            "priority_class": "training", "requester_digest": key_digest("attacker-key")})
+        token = head.wait_lease("attacker", 60, "attacker-key")["fencing_token"]
+        head.activate("attacker", token, None, f"actor:{SETTINGS.namespace}/innocent", "attacker-key")
+        _preemptor(head, "urgent-5")
+        _until("the preemptor granted", lambda: head.get_lease("urgent-5")["state"] == "granted", 60)
+        assert head.get_lease("attacker")["state"] == "preempted"
+        assert ray.get(innocent.ping.remote(), timeout=30) == pid  # the same process, never stopped
+        assert ray_api.named_actor_alive("innocent", SETTINGS.namespace)
+        head.release("urgent-5", _owner_token(head, "urgent-5"), key=KEY)
+    finally:
+        ray.kill(innocent)

@@ -44,7 +44,7 @@ class FakeWorkloads:
     def watch(self, workload: str) -> None:
         self.watched.append(workload)
 
-    def checkpoint(self, workload: str, directory: str) -> CheckpointPoll:
+    def checkpoint(self, workload: str, directory: str, lease_id: str = "") -> CheckpointPoll:
         self.asked.append((workload, directory))
         return lambda: f"{directory}/ck.pt" if self.answers_checkpoint else None
 
