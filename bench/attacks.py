@@ -130,28 +130,41 @@ class Attacker:
             self.expect(f"{name}{args[:1]}", self.refused(r), r)
             r = self.call(name, *args, creds={**self.me, "admin": "guessed-admin-key"})
             self.expect(f"{name} with a guessed administrator key", self.refused(r), r)
-        # 6. kill the head (or Ray's own processes) through a lease of one's own: name it the workload, get preempted
+        # 6. kill the head, Ray's own processes or the honest job through a lease of one's own: name it the workload,
+        #    get it preempted (by a request of one's own that fits only in its place)
         mine, my_key = "attacker-own", "attacker-own-key"
         from orchestrator.core.lease import key_digest
 
-        self.call("request_lease", {"lease_id": mine, "request": {"kind": "whole", "count": 1},
-                                    "priority_class": "batch", "requester_digest": key_digest(my_key)})
+        self.call("request_lease", {"lease_id": mine, "request": "timeslice:0.5", "priority_class": "batch",
+                                    "requester_digest": key_digest(my_key)})
         got = self.call("wait_lease", mine, 60.0, my_key).get("ok") or {}
         token = got.get("fencing_token")
+        self.expect("(setup) the attacker's own lease granted", token is not None, got.get("state"))
         for workload in ("actor:rgo/rgo-head", f"actor:rgo/rgo-agent-{NODE}", "actor:serve/SERVE_CONTROLLER_ACTOR",
                          "actor:_ray_internal/x"):
             r = self.call("activate", mine, token or 0, None, workload, my_key)
             self.expect(f"activate one's own lease with {workload} as its workload",
                         self.refused(r, "InvalidRequestError"), r)
         gcs = _pid_of("gcs_server")
-        r = self.call("activate", mine, token or 0, None, f"pid:{gcs or 1}", my_key)
-        # A pid the lease does not run in: accepted as a name, but the agent must never stop it (checked below).
-        self.call("request_lease", {"lease_id": "attacker-preemptor", "request": {"kind": "whole", "count": 2},
+        for workload in (f"job:{h['ray_submission_id']}", f"pid:{gcs or 1}"):
+            # Names it may give (a job, a process); the agent must stop neither: they do not hold its lease.
+            r = self.call("activate", mine, token or 0, None, workload, my_key)
+            self.seen.append(json.dumps(r, default=str))
+        self.call("request_lease", {"lease_id": "attacker-preemptor", "request": "timeslice:0.5",
                                     "priority_class": "inference", "requester_digest": key_digest(my_key)})
-        time.sleep(3.0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = (self.call("get_lease", mine).get("ok") or {}).get("state")
+            if st in ("preempted", "released", "expired", "lost"):
+                break
+            time.sleep(0.5)
+        self.expect("(setup) the attacker's own lease preempted", st == "preempted", st)
         alive = gcs is None or _alive(gcs)
         self.expect("have the agent stop the GCS (a pid workload) through a preemption of one's own lease",
                     alive, f"gcs pid {gcs} alive: {alive}")
+        job = (self.call("get_job", h["job_id"]).get("ok") or {}).get("state")
+        self.expect("have the agent stop the honest job through a preemption of one's own lease",
+                    job == "running", job)
         self.call("release", "attacker-preemptor", None, "done", my_key)
         # 7. the agent's own actor: lend/give back the honest lease, inject a GPU failure
         agent = self.ray.get_actor(f"rgo-agent-{NODE}", namespace=NAMESPACE)
@@ -291,7 +304,7 @@ def run(state: Any, state_dir: Path, fuzz: int, seed: int, say: Callable[[str], 
                                          f"--step-delay 0.04 --backend numpy"})
     jid = job["job_id"]
     lkey = C.new_key()
-    head.request_lease({"lease_id": "honest-lease", "request": {"kind": "whole", "count": 1},
+    head.request_lease({"lease_id": "honest-lease", "request": "timeslice:0.5",
                         "priority_class": "inference", "requester_digest": key_digest(lkey)})
     lease = head.wait_lease("honest-lease", 120, lkey)
     lease = {**lease, **head.activate("honest-lease", int(lease["fencing_token"]), None, None, lkey)}
@@ -303,7 +316,8 @@ def run(state: Any, state_dir: Path, fuzz: int, seed: int, say: Callable[[str], 
     jlease = head.get_job(jid)["lease_id"]
     say(f"honest job {jid} running on lease {jlease}; honest lease {lease['lease_id']} active")
     before = head.ping()
-    honest = {"lease_id": "honest-lease", "job_id": jid, "job_lease_id": jlease}
+    honest = {"lease_id": "honest-lease", "job_id": jid, "job_lease_id": jlease,
+              "ray_submission_id": head.get_job(jid)["ray_submission_id"]}
     work = Path(tempfile.mkdtemp(prefix="rgo-attacker-"))
     (work / "honest.json").write_text(json.dumps(honest))
     env = {k: v for k, v in os.environ.items() if k not in (C.ADMIN_KEY_ENV, C.USER_KEY_ENV)}
