@@ -85,7 +85,7 @@ def test_the_job_checkpoints_to_one_path_below_the_mount_for_every_attempt() -> 
     assert opt["--checkpoint-dir"] == "/mnt/checkpoints/train"
     assert opt["--checkpoint-dir"].startswith(base.checkpoints.mount_path + "/")
     assert command[:2] == ["python", "/opt/orchestrator/jobs/train.py"]
-    # The orchestrator hands that one directory to every attempt of the job (orchestrator/control/jobs.py).
+    # The orchestrator hands that one directory to every attempt of the job (orchestrator/control/jobs/manager.py).
     from orchestrator.cli.jobs import build_spec
 
     spec = build_spec(command, gpu=opt["--gpu"], priority=opt["--priority"], name=opt["--name"], queue="default",

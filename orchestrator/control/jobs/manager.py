@@ -1,4 +1,9 @@
-"""The head's job layer: jobs become leases, granted leases become Ray jobs.
+"""The head's job layer, glued: jobs become leases, granted leases become Ray jobs.
+
+The parts: :mod:`.transitions` decides a job's next step (pure), this module carries it out (the store
+write first, then the lease calls and the intents of :mod:`.intents`), :mod:`.executor` makes the calls to
+Ray's job API with its one retry policy, :mod:`.views` reads, :mod:`.codec` is the stored form
+(``docs/design.md``, "The job layer").
 
 :class:`JobManager` is a plain class beside the
 :class:`~orchestrator.control.controller.HeadController` (no Ray import; the
@@ -43,7 +48,7 @@ One job, its life (see :data:`orchestrator.core.job.JOB_TRANSITIONS`):
 **Gang jobs** (``spec.workers`` > 1, ``--gpu 2x4``): an attempt is one lease
 per worker (``<attempt>-w<i>``, each a member of the gang ``<attempt>``),
 granted all together or not at all by the scheduler. The job's lease state is
-read over all of them (:meth:`JobManager._view`): it is admitted when every
+read over all of them (:func:`.transitions.lease_view`): it is admitted when every
 worker is granted; one worker checkpointing (the head takes a gang as one
 victim) makes the job PREEMPTING; its acknowledgement ends every worker's
 lease. Its driver runs as one Ray job on worker 0's node asking Ray for no
@@ -54,168 +59,34 @@ gang does.
 
 from __future__ import annotations
 
-import heapq
-import json
 import logging
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable
 
 from orchestrator.control.controller import HeadController
+from orchestrator.control.jobs import transitions, views
+from orchestrator.control.jobs.codec import job_from_json, job_json
+from orchestrator.control.jobs.executor import Executor
+from orchestrator.control.jobs.intents import Chore, ChoreKind, RaySubmission
+from orchestrator.control.jobs.runner import JobRunner
+from orchestrator.control.jobs.transitions import Step
 from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
-from orchestrator.core import env as envvars
-from orchestrator.core.backoff import backoff_s
-from orchestrator.core.config import RAY_NODE_ID_LABEL
 from orchestrator.core.errors import (InvalidRequestError, JobApiUnavailableError, PermissionDeniedError,
                                       UnknownObjectError)
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN, attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
 from orchestrator.core.lease import LeaseRequest, LeaseState
 from orchestrator.core.request import GangMember
-from orchestrator.core.statemachine import Transition
 from orchestrator.scheduling.admission import check_submission
 
 log = logging.getLogger(__name__)
 
 #: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
 CHECKPOINT_FILE = "checkpoint.pt"
-_RAY_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
-#: A submission Ray's job API could not take for a reason that may pass (JobApiUnavailableError) is sent
-#: again after 1, 2, 4 ... at most 30 s, for ``submit_retry_s`` (the job then fails with what Ray said).
-SUBMIT_BACKOFF_FIRST_S = 1.0
-SUBMIT_BACKOFF_MAX_S = 30.0
-#: Deletes of dropped jobs' Ray records out at a time (they wait behind nothing, and nothing waits behind more).
-DELETES_IN_FLIGHT = 2
 #: A restarted head stops again what the crashed one may not have stopped, back this long past ``submit_retry_s``.
 RESTOP_SLACK_S = 60.0
-#: ``job_board``: the transitions it shows, and the most rows one may ask for.
-BOARD_DECISIONS = 40
-MAX_BOARD_ROWS = 5000
-_RESUMED_LIVE = frozenset({JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING})
-#: The first of these states any worker of a gang is in is the gang's state (bad news first), see ``_view``.
-_GANG_STATE_ORDER = (LeaseState.LOST, LeaseState.EXPIRED, LeaseState.PREEMPTED, LeaseState.RELEASED,
-                     LeaseState.CHECKPOINTING)
-#: Variables that bind a process to a lease's devices: a gang's driver holds none (its workers do).
-_DEVICE_VARS = (envvars.CUDA_VISIBLE_DEVICES, envvars.SHARE_KIND, envvars.MIG_PROFILE, envvars.TIMESLICE_MILLI,
-                envvars.MEMORY_LIMIT_MIB)
-
-
-@dataclass(frozen=True, slots=True)
-class RaySubmission:
-    """One job attempt's submission to Ray's job API, prepared on the head's loop (:meth:`JobManager.
-    take_submissions`). :meth:`JobManager.send` makes the call -- blocking HTTP, so the head actor makes it
-    on a thread of its own -- and :meth:`JobManager.sent` applies the answer, back on the loop, to whatever
-    the job has become meanwhile."""
-
-    job_id: str
-    submission_id: str
-    entrypoint: str
-    runtime_env: dict[str, Any]
-    label_selector: dict[str, str]
-    demand: dict[str, Any]
-    metadata: dict[str, str]
-
-
-class ChoreKind(str, Enum):
-    """A call to Ray's job API other than a submission."""
-
-    STOP = "stop"  # a cancelled job's attempt, a preempted or lost one, one Ray took for a job that changed
-    DELETE = "delete"  # a pruned job's attempt, from Ray's job table (which Ray never empties)
-
-    @property
-    def done(self) -> str:
-        return "stopped" if self is ChoreKind.STOP else "deleted"
-
-
-@dataclass(frozen=True, slots=True)
-class Chore:
-    """Stop or delete the Ray job ``submission_id`` (:meth:`JobManager.take_chores`)."""
-
-    kind: ChoreKind
-    submission_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Retry:
-    """A call Ray's job API could not take yet (a submission, a stop, a delete): since ``first``, ``tries`` times;
-    next at ``due``."""
-
-    first: float
-    due: float
-    tries: int
-
-    @staticmethod
-    def after(prev: "_Retry | None", now: float) -> "_Retry":
-        """The retry after one more failure at ``now``: due 1, 2, 4 ... at most 30 s later, counted from the first."""
-        first, tries = (prev.first, prev.tries) if prev is not None else (now, 0)
-        return _Retry(first=first, due=now + backoff_s(tries, SUBMIT_BACKOFF_FIRST_S, SUBMIT_BACKOFF_MAX_S),
-                      tries=tries + 1)
-
-
-class JobRunner(Protocol):
-    """Ray's job API, as the job layer needs it (``ray_api.RayJobRunner`` is the real one)."""
-
-    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
-        """Submit the driver, placed only on a node whose labels match ``label_selector``, asking Ray for the
-        devices of ``handout`` (:meth:`~orchestrator.control.handout.Handout.to_dict`).
-
-        Idempotent per ``submission_id``: an id Ray already has (an earlier try whose answer was lost, or a
-        head that crashed between recording the id and hearing back) returns as taken; the head never gives
-        an id to two attempts. Raises ``JobApiUnavailableError`` where the failure may pass; anything else
-        it raises is Ray refusing the job."""
-        ...
-
-    def status(self, submission_id: str) -> str | None: ...
-
-    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
-        """The status of each of ``submission_ids`` in one read (Ray: one ``list_jobs`` call, not one per job);
-        an id Ray does not know maps to None."""
-        ...
-
-    def stop(self, submission_id: str) -> None:
-        """Stop the Ray job ``submission_id``. Raises ``JobApiUnavailableError`` where the failure may pass
-        (it is asked again); anything else it raises means there is nothing to stop (unknown to Ray)."""
-        ...
-
-    def delete(self, submission_id: str) -> None:
-        """Delete the ended Ray job ``submission_id`` from Ray's job table (not its log). Raises
-        ``JobApiUnavailableError`` where the failure may pass; anything else: nothing to delete, or still running."""
-        ...
-
-    def logs(self, submission_id: str) -> str: ...
-
-
-class AdmissionOnlyRunner:
-    """A :class:`JobRunner` that runs nothing (``settings.job_runner: none``): a submitted job is known at once
-    and reads SUCCEEDED from then on, so an admitted job finishes at the next status read and frees its lease.
-
-    For measuring job admission under load (``bench/load.py``) without starting a Ray driver per job; the
-    head's job layer, ledger and scheduler do exactly what they do for real jobs."""
-
-    def __init__(self) -> None:
-        self._known: set[str] = set()
-
-    def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               label_selector: dict[str, str], handout: dict[str, Any], metadata: dict[str, str]) -> None:
-        self._known.add(submission_id)  # a second submit of an id is taken, as JobRunner.submit says
-
-    def status(self, submission_id: str) -> str | None:
-        return "SUCCEEDED" if submission_id in self._known else None
-
-    def status_many(self, submission_ids: Sequence[str]) -> dict[str, str | None]:
-        return {s: self.status(s) for s in submission_ids}
-
-    def stop(self, submission_id: str) -> None:
-        pass
-
-    def delete(self, submission_id: str) -> None:
-        self._known.discard(submission_id)
-
-    def logs(self, submission_id: str) -> str:
-        return ""
 
 
 class JobManager:
@@ -226,7 +97,6 @@ class JobManager:
                  submit_retry_s: float = 300.0) -> None:
         self.ctl = ctl
         self.store = store
-        self.runner = runner
         self.clock = clock
         self.namespace = namespace
         self.head_name = head_name
@@ -246,15 +116,8 @@ class JobManager:
         self.launch_in_step = launch_in_step
         self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits take_submissions(), in order
         self._sending: set[str] = set()  # jobs whose submission is with Ray's job API now (send() -> sent())
-        # Ray submission ids whose submission the job API could not take yet.
-        # Soft: a restarted head submits every admitted job again at once (the same id: never run twice).
-        self.submit_retry_s = submit_retry_s
-        self._retry: dict[str, _Retry] = {}
-        # Ray jobs to stop or delete (launch_in_step=False): handed out by take_chores() once the store holds the
-        # record that made the call needed; one Ray's job API could not take yet waits in _chore_retry.
-        self._chores: dict[Chore, None] = {}
-        self._chore_retry: dict[Chore, _Retry] = {}
-        self._deleting = 0  # deletes handed out by take_chores() and not yet answered (chore_done)
+        # The calls to Ray's job API and their retries (submissions, and stops and deletes: the chores).
+        self.executor = Executor(runner, clock=clock, retry_for_s=submit_retry_s)
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
         # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
         # do, so a cycle steps only those of a long queue (see reconcile()).
@@ -262,48 +125,39 @@ class JobManager:
         self._touched: set[str] = set()
         ctl.ledger.watch(self._lease_changed)
 
+    @property
+    def runner(self) -> JobRunner:
+        return self.executor.runner
+
+    @property
+    def submit_retry_s(self) -> float:
+        """How long a call Ray's job API cannot take is asked again before it is given up."""
+        return self.executor.retry_for_s
+
     # ---- persistence ---------------------------------------------------------------------------
     def restore(self) -> int:
         for key in self.store.keys(self._prefix):
             d = self.store.get(key)
             if d is not None:
-                job = _job_from_json(d)
+                job = job_from_json(d)
                 self._jobs[job.job_id] = job
                 self._seq = max(self._seq, int(d.get("seq", 0)))
         self._names = dict(self.store.get(self._names_key) or {})
         for job in sorted(self._jobs.values(), key=lambda j: j.submitted_at):
             self._track(job)
             self._touched.add(job.job_id)  # every restored job is looked at once
-            for sub_id in self._may_run_unwanted(job, since=self.clock() - self.submit_retry_s - RESTOP_SLACK_S):
+            for sub_id in transitions.may_run_unwanted(job, since=self.clock() - self.submit_retry_s - RESTOP_SLACK_S):
                 self._stop(sub_id)
         self._ended = dict(sorted(self._ended.items(), key=lambda kv: kv[1]))  # in the order they ended
         return len(self._jobs)
 
-    @staticmethod
-    def _may_run_unwanted(job: Job, since: float) -> list[str]:
-        """The Ray submissions of a restored job that the crashed head may have meant to stop and not yet
-        stopped (stops leave after the record that needs them: a crash can fall in between): a cancelled job's
-        attempt, and the attempt before the current one of a job that was requeued (preempted, or its lease
-        lost) -- when that happened after ``since``. A stop is asked for ``submit_retry_s`` at most, so one
-        needed before then was taken or given up: a restart re-stops a few jobs, not a day of cancelled ones
-        (each an HTTP call, queued before the submissions). Stopping one that already ended is a no-op Ray
-        refuses, which is dropped; earlier attempts were stopped before the one before the current one was
-        admitted."""
-        if job.state is JobState.CANCELLED and job.ray_submission_id and job.history[-1].at >= since:
-            return [job.ray_submission_id]
-        if not job.terminal and job.attempt > 1:
-            requeued = max((h.at for h in job.history if h.state is JobState.QUEUED), default=float("-inf"))
-            if requeued >= since:
-                return [attempt_id(job.job_id, job.attempt - 1)]
-        return []
-
     def _commit(self, job: Job) -> Job:
         self._seq += 1
-        self.store.put(self._prefix + job.job_id, {**_job_json(job), "seq": self._seq})
+        self.store.put(self._prefix + job.job_id, {**job_json(job), "seq": self._seq})
         self._jobs[job.job_id] = job
         self._track(job)
         if job.state is not JobState.ADMITTED and job.ray_submission_id:
-            self._retry.pop(job.ray_submission_id, None)  # submitted, or gone another way
+            self.executor.submission_over(job.ray_submission_id)  # submitted, or gone another way
         return job
 
     def _track(self, job: Job) -> None:
@@ -372,48 +226,16 @@ class JobManager:
         return self.get(job_id)
 
     def get(self, job_id: str) -> dict[str, Any]:
-        """The job's public view, with its current lease's."""
+        """The job's public view, with its current lease's (:func:`.views.job_view`)."""
         job = self._job(job_id)
-        d = job.to_dict()
-        e = self._lease(job)
-        d["lease"] = e.to_dict() if e else None
-        if job.spec.workers > 1:
-            d["worker_leases"] = [x.to_dict() if x else None for x in self._leases(job)]
-        return d
+        return views.job_view(job, self._leases(job))
 
     def list(self) -> list[dict[str, Any]]:
         return [self.get(j) for j in sorted(self._jobs, key=lambda j: self._jobs[j].submitted_at)]
 
-    def board(self, limit: int = 200, decisions: int = BOARD_DECISIONS) -> dict[str, Any]:
-        """``HeadApi.job_board``: read off the jobs as they are, with no job's full view built but the rows'.
-
-        :meth:`list` builds and sends every job kept, history and lease included: with 8,000 jobs in the
-        retention window that was ~215 ms on the head's loop and a 7 MB reply, which the live page asked for
-        every second. This scans the jobs once (counts, the latest transitions) and builds ``limit`` rows."""
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_BOARD_ROWS:
-            raise InvalidRequestError("limit", limit, f"1 to {MAX_BOARD_ROWS} rows")
-        jobs = sorted(self._jobs.values(), key=lambda j: j.submitted_at)
-        running = JobState.RUNNING
-        counts = {"jobs": len(jobs),
-                  "waiting_for_lease": sum(1 for j in jobs if j.state is JobState.QUEUED and not j.lease_id),
-                  "ever_ran": sum(1 for j in jobs if any(h.state is running for h in j.history)),
-                  "resumed_live": sum(1 for j in jobs if j.attempt > 1 and j.state in _RESUMED_LIVE),
-                  "resumptions": sum(j.attempt - 1 for j in jobs)}
-        # The newest transitions, keyed (at, job id, index: a job's later entry first at one time), are among
-        # the histories of the jobs whose last entries are newest: a job outside those has ``decisions`` keys
-        # above its every entry.
-        recent = heapq.nlargest(decisions, jobs, key=lambda j: (j.history[-1].at, j.job_id) if j.history else (0, ""))
-        latest = heapq.nlargest(decisions, ((h.at, j.job_id, k, h.state.value, h.reason)
-                                            for j in recent for k, h in enumerate(j.history)))
-        live = [j for j in jobs if not j.terminal][-limit:]
-        ended = [j for j in jobs if j.terminal][len(live) - limit:] if len(live) < limit else []
-        rows = sorted(live + ended, key=lambda j: j.submitted_at)
-        return {"counts": counts,
-                "decisions": [{"at": at, "job_id": jid, "state": st, "reason": why} for at, jid, _, st, why in latest],
-                "jobs": [{"job_id": j.job_id, "name": j.spec.name, "state": j.state.value, "gpu": j.spec.describe_gpu(),
-                          "priority_class": j.priority_class, "attempt": j.attempt, "preemptions": len(j.preemptions)}
-                         for j in rows],
-                "lease_jobs": {lid: j.job_id for j in jobs if not j.terminal for lid in j.lease_ids}}
+    def board(self, limit: int = 200, decisions: int = views.BOARD_DECISIONS) -> dict[str, Any]:
+        """``HeadApi.job_board`` (:func:`.views.board`)."""
+        return views.board(self._jobs.values(), limit, decisions)
 
     def cancel(self, job_id: str, reason: str = "cancelled by the user") -> dict[str, Any]:
         job = self._job(job_id)
@@ -448,39 +270,19 @@ class JobManager:
             return f"(logs of {submission_id} unavailable: {type(e).__name__}: {e})"
 
     def explain(self, job_id: str) -> dict[str, Any]:
+        """Why the job is where it is (:func:`.views.explain`), from the controller's explanation of its leases."""
         job = self._job(job_id)
-        out: dict[str, Any] = {"job_id": job.job_id, "name": job.spec.name, "state": job.state.value,
-                               "pending": None, "placement": None,
-                               "preemptions": [{"by": p.by, "reason": p.reason, "at": p.at,
-                                                "checkpoint_path": p.checkpoint_path} for p in job.preemptions]}
-        lease = None
-        explained = []
+        explained: list[dict[str, Any] | None] = []
         for lid in job.lease_ids:
             try:
                 explained.append(self.ctl.explain_lease(lid))
             except UnknownObjectError:
                 explained.append(None)
-        if explained:
-            # A gang's pending reason is that of its first worker that says why it waits; each worker's is listed.
-            lease = next((x for x in explained if x and x.get("pending")), explained[0])
-        if job.spec.workers > 1:
-            out["workers"] = [self._worker_view(i, lid, x) for i, (lid, x) in enumerate(zip(job.lease_ids, explained))]
-        if lease and lease.get("pending"):
-            pend = lease["pending"]
-            pend["would_preempt"] = [dict(v, owner=self._owner_job(v["owner"])) for v in pend["would_preempt"]]
-            pend["being_preempted"] = [dict(v, owner=self._owner_job(v["owner"])) for v in pend["being_preempted"]]
-            out["pending"] = pend
-        if lease and lease.get("placement") and job.state in (JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING,
-                                                                JobState.SUCCEEDED, JobState.FAILED):
-            out["placement"] = lease["placement"]
-        out["summary"] = self._summary(job, out)
-        return out
+        return views.explain(job, explained, submit_retrying=self.executor.retrying(job.ray_submission_id or ""))
 
     def preemption_requested(self, job_id: str) -> dict[str, Any]:
         job = self._job(job_id)
-        e = self._lease(job)
-        return {"requested": job.state is JobState.PREEMPTING, "lease_id": job.lease_id,
-                "deadline": e.preempt_deadline if e else None, "reason": (e.preempt_reason or None) if e else None}
+        return views.preemption_requested(job, self._lease(job))
 
     def owner_of(self, job_id: str) -> str | None:
         """The user id job ``job_id`` was submitted under (``UnknownObjectError`` for an unknown job)."""
@@ -547,57 +349,52 @@ class JobManager:
         return events
 
     def _step(self, job: Job) -> str | None:
+        """Carry out the job's next step (:func:`.transitions.next_step`): the store write first, then the
+        lease calls and the calls to Ray's job API."""
         state, lease = self._view(job)
         now = self.clock()
-        if job.state is JobState.QUEUED:
-            if state is LeaseState.GRANTED and lease and lease.handout is not None:
-                admitted = self._commit(job.transition(JobState.ADMITTED, now=now, reason=lease.reason(),
-                                                       placement_reason=lease.grant_reason()))
-                return self._start(admitted, lease)
-            if state in (LeaseState.LOST, LeaseState.EXPIRED, LeaseState.PREEMPTED, LeaseState.RELEASED):
-                self._requeue(job, f"lease {job.lease_id} ended ({state.value}) before it was admitted")
-                return f"{job.job_id}: lease ended before admission; requeued"
-            if state is None and job.lease_id:
-                # The head never got the request (a restart between the job's write and the lease's),
-                # or the lease ended and was pruned unseen: ask again, under the same id (idempotent).
-                self._request_lease(job)
-                return f"{job.job_id}: lease {job.lease_id} missing; requested again"
+        step = transitions.next_step(
+            job, state, lease, self._status(job.ray_submission_id),
+            launching=job.job_id in self._ready or job.job_id in self._sending,
+            retry_waiting=self.executor.retry_waiting(job.ray_submission_id or "", now),
+            acked=job.job_id in self._acks)
+        if step is Step.NOTHING:
             return None
-        if job.state is JobState.ADMITTED:
-            if job.job_id in self._ready or job.job_id in self._sending:
-                return None  # its submission waits to be taken, or for Ray's answer
-            if state is LeaseState.GRANTED and lease:
-                retry = self._retry.get(job.ray_submission_id or "")
-                if retry is not None and now < retry.due:
-                    return None  # Ray's job API could not take it: the next try is not due yet
-                return self._start(job, lease)
-            if state in (LeaseState.LOST, LeaseState.PREEMPTED, LeaseState.EXPIRED) or state is None:
-                what = state.value if state else "gone"
-                self._commit(job.transition(JobState.QUEUED, now=now, reason=f"lease {what} before start"))
-                self._requeue(self._jobs[job.job_id], f"lease {what} before the Ray job started")
-                return f"{job.job_id}: requeued"
-            return None
-        # RUNNING or PREEMPTING: look at the Ray job.
-        ray_status = self._status(job.ray_submission_id)
-        if job.state is JobState.RUNNING:
-            if state is LeaseState.CHECKPOINTING and lease:
-                self._commit(job.transition(JobState.PREEMPTING, now=now, reason=lease.preempt_reason or "preempted"))
-                return f"{job.job_id}: asked to checkpoint ({lease.preempt_reason})"
-            if state in (LeaseState.PREEMPTED, LeaseState.LOST) and lease:
-                self._stop(job.ray_submission_id)
-                self._finish_preemption(job, lease.preempt_reason or lease.reason(), lost=state is LeaseState.LOST)
-                return f"{job.job_id}: {state.value}; requeued to resume"
-            if ray_status in _RAY_TERMINAL:
-                return self._finish(job, ray_status)
-            return None
-        # PREEMPTING
-        if state in (LeaseState.PREEMPTED, LeaseState.LOST, LeaseState.RELEASED) or state is None:
+        if step is Step.ADMIT:
+            assert lease is not None
+            admitted = self._commit(job.transition(JobState.ADMITTED, now=now, reason=lease.reason(),
+                                                   placement_reason=lease.grant_reason()))
+            return self._start(admitted, lease)
+        if step is Step.REQUEUE_UNADMITTED:
+            assert state is not None
+            self._requeue(job, f"lease {job.lease_id} ended ({state.value}) before it was admitted")
+            return f"{job.job_id}: lease ended before admission; requeued"
+        if step is Step.REQUEST_AGAIN:
+            self._request_lease(job)
+            return f"{job.job_id}: lease {job.lease_id} missing; requested again"
+        if step is Step.START:
+            assert lease is not None
+            return self._start(job, lease)
+        if step is Step.REQUEUE_UNSTARTED:
+            what = state.value if state else "gone"
+            self._commit(job.transition(JobState.QUEUED, now=now, reason=f"lease {what} before start"))
+            self._requeue(self._jobs[job.job_id], f"lease {what} before the Ray job started")
+            return f"{job.job_id}: requeued"
+        if step is Step.ASK_CHECKPOINT:
+            assert lease is not None
+            self._commit(job.transition(JobState.PREEMPTING, now=now, reason=lease.preempt_reason or "preempted"))
+            return f"{job.job_id}: asked to checkpoint ({lease.preempt_reason})"
+        if step is Step.STOP_AND_REQUEUE:
+            assert lease is not None and state is not None
             self._stop(job.ray_submission_id)
-            self._finish_preemption(job, (lease.preempt_reason if lease else "") or "preempted")
-            return f"{job.job_id}: checkpointed and stopped; requeued to resume"
-        if ray_status in _RAY_TERMINAL and job.job_id not in self._acks:
-            return self._finish(job, ray_status)
-        return None
+            self._finish_preemption(job, lease.preempt_reason or lease.reason(), lost=state is LeaseState.LOST)
+            return f"{job.job_id}: {state.value}; requeued to resume"
+        if step is Step.FINISH:
+            return self._finish(job, self._status(job.ray_submission_id) or "")
+        assert step is Step.STOP_CHECKPOINTED
+        self._stop(job.ray_submission_id)
+        self._finish_preemption(job, (lease.preempt_reason if lease else "") or "preempted")
+        return f"{job.job_id}: checkpointed and stopped; requeued to resume"
 
     # ---- steps ---------------------------------------------------------------------------------
     def _start(self, job: Job, lease: LedgerEntry) -> str:
@@ -644,14 +441,10 @@ class JobManager:
         return subs, events
 
     def send(self, sub: RaySubmission) -> Exception | None:
-        """Hand ``sub`` to Ray's job API; returns what it raised (None: taken). Reads and changes no state of
-        the manager: the head actor calls it on a thread of its own while its loop goes on."""
-        try:
-            self.runner.submit(sub.submission_id, sub.entrypoint, sub.runtime_env, sub.label_selector, sub.demand,
-                               sub.metadata)
-        except Exception as e:
-            return e
-        return None
+        """Hand ``sub`` to Ray's job API (:meth:`.executor.Executor.send`); returns what it raised (None: taken).
+        Reads and changes no state of the manager: the head actor calls it on a thread of its own while its
+        loop goes on."""
+        return self.executor.send(sub)
 
     def _submit(self, job: Job, lease: LedgerEntry) -> str:
         """Submit the admitted job now and apply the answer (``launch_in_step``: a store durable on each write)."""
@@ -660,36 +453,9 @@ class JobManager:
         return self.sent(sub, self.send(sub))
 
     def _submission(self, job: Job, lease: LedgerEntry) -> RaySubmission:
-        """What the admitted job (its submission id recorded) is submitted to Ray with: on its lease's node,
-        with the lease's environment (a gang's driver: every worker's hand-out, no device of its own)."""
-        h = lease.handout
-        assert h is not None and lease.lease.allocation is not None and job.ray_submission_id, \
-            "only a handed-out lease starts a job"
+        """What the admitted job is submitted to Ray with (:func:`.transitions.submission`)."""
         members = [e for e in self._leases(job) if e is not None]
-        env = dict(job.spec.runtime_env.get("env_vars", {}))
-        env.update(h.env_vars)
-        demand = h.to_dict()
-        if job.spec.workers > 1:
-            # The driver holds no card (the gang's placement group does, worker by worker): every worker's
-            # hand-out goes in its environment, none of the devices' variables, and it asks Ray for no card.
-            for k in _DEVICE_VARS:
-                env.pop(k, None)
-            env = {k: v for k, v in env.items() if not k.startswith(envvars.MPS_PREFIX)}
-            env[envvars.GANG] = json.dumps([e.handout.to_dict() for e in members if e.handout is not None])
-            demand = {**demand, "num_gpus": 0.0, "resources": {}, "env_vars": {}}
-        env.setdefault(envvars.RAY_RUNTIME_ENV_HOOK, envvars.NATIVE_HOOK)  # the driver's num_gpus work: in its lease
-        env.update({envvars.JOB_ID: job.job_id, envvars.NAMESPACE: self.namespace,
-                    envvars.HEAD_NAME: self.head_name, envvars.LEASE_ID: lease.lease_id,
-                    envvars.ATTEMPT: str(job.attempt)})
-        if job.spec.checkpoint_dir:
-            env[envvars.CHECKPOINT_DIR] = job.spec.checkpoint_dir
-        if job.resume_from:
-            env[envvars.RESUME_FROM] = job.resume_from
-        return RaySubmission(job.job_id, job.ray_submission_id, job.spec.entrypoint,
-                             {**job.spec.runtime_env, "env_vars": env}, {RAY_NODE_ID_LABEL: h.node_id}, demand,
-                             {"orchestrator_job": job.job_id, "lease": job.lease_id or "",
-                              # which job of that id: one submitted again after the first was dropped differs here
-                              "orchestrator_submitted_at": repr(job.submitted_at)})
+        return transitions.submission(job, lease, members, namespace=self.namespace, head_name=self.head_name)
 
     def sent(self, sub: RaySubmission, error: Exception | None) -> str:
         """Apply Ray's answer to ``sub`` (:meth:`send`'s return) to the job as it is now.
@@ -725,7 +491,7 @@ class JobManager:
             self.ctl.activated(e.lease_id, e.lease.fencing_token, None, f"job:{sub.submission_id}")
         where = a.node_name if len(members) == 1 else f"{a.node_name} (driver; gang of {len(members)} on " \
             f"{','.join(sorted({e.lease.allocation.node_name for e in members if e.lease.allocation}))})"
-        retried = {"message": ""} if sub.submission_id in self._retry else {}  # the retry's note is over
+        retried = {"message": ""} if self.executor.retrying(sub.submission_id) else {}  # the retry's note is over
         self._commit(job.transition(JobState.RUNNING, now=self.clock(),
                                     reason=f"submitted to Ray as {sub.submission_id} on {where} ({a.kind.value})",
                                     **retried))
@@ -733,16 +499,16 @@ class JobManager:
 
     def _submit_later(self, job: Job, e: JobApiUnavailableError) -> str:
         """Ray's job API could not take the submission for now: the job stays admitted on its lease and is
-        sent again, under the same submission id, after a backoff; after ``submit_retry_s`` of failures it
-        fails with what Ray said and frees its lease(s). The job's ``message`` says where it stands."""
+        sent again, under the same submission id, after a backoff (:meth:`.executor.Executor.submit_failed`);
+        after ``submit_retry_s`` of failures it fails with what Ray said and frees its lease(s). The job's
+        ``message`` says where it stands."""
         now, sub_id = self.clock(), job.ray_submission_id or ""
-        retry = _Retry.after(self._retry.get(sub_id), now)
-        if now - retry.first >= self.submit_retry_s:
+        retry, give_up = self.executor.submit_failed(sub_id, now)
+        if give_up:
             why = f"Ray's job API did not take {sub_id} in {now - retry.first:.0f}s of trying: {e.detail}"
             self._release_lease(job, why)
             self._commit(job.transition(JobState.FAILED, now=now, reason=why, message=why))
             return f"{job.job_id}: {why}"
-        self._retry[sub_id] = retry
         msg = (f"{e}; submitting it again in {retry.due - now:g}s (try {retry.tries}, failing after "
                f"{self.submit_retry_s:g}s)")
         if retry.tries == 1:
@@ -751,8 +517,7 @@ class JobManager:
         return f"{job.job_id}: {msg}"
 
     def _finish(self, job: Job, ray_status: str) -> str:
-        ok = ray_status == "SUCCEEDED"
-        to = JobState.SUCCEEDED if ok else (JobState.CANCELLED if ray_status == "STOPPED" else JobState.FAILED)
+        to = transitions.finished_state(ray_status)
         why = f"Ray job {job.ray_submission_id} {ray_status}"
         self._release_lease(job, why)
         self._commit(job.transition(to, now=self.clock(), reason=why, message=why))
@@ -766,7 +531,7 @@ class JobManager:
         path = (ack[0] if ack else None) or (lease.lease.checkpoint_path if lease else None) or self._checkpoint_on_disk(job)
         by = (lease.preempt_for if lease else None) or ("node lost" if lost else "")
         by_entry = self.ctl.ledger.find(by) if by else None
-        by_job = self._owner_job(by_entry.spec.owner) if by_entry else by
+        by_job = transitions.owner_job(by_entry.spec.owner) if by_entry else by
         asked_at = lease.lease.entered(LeaseState.CHECKPOINTING) if lease else None
         record = Preempted(by=by_job or "unknown", reason=reason, at=self.clock(), checkpoint_path=path,
                            checkpoint_s=(ack[2] - asked_at) if ack and asked_at is not None else None)
@@ -822,33 +587,8 @@ class JobManager:
         return [self.ctl.ledger.find(lid) for lid in job.lease_ids]
 
     def _view(self, job: Job) -> tuple[LeaseState | None, LedgerEntry | None]:
-        """The attempt's lease state and the entry that shows it. A single lease is itself. A gang is GRANTED
-        (or ACTIVE) only when every worker is; otherwise the first worker in a state of ``_GANG_STATE_ORDER``
-        (bad news first: one lost worker is a lost gang) speaks for it, else worker 0 (pending); a worker
-        missing from the ledger makes the gang's state None (ask again)."""
-        entries = self._leases(job)
-        if len(entries) <= 1:
-            e = entries[0] if entries else None
-            return (e.state if e else None), e
-        if any(e is None for e in entries):
-            return None, None
-        for s in _GANG_STATE_ORDER:
-            for e in entries:
-                if e is not None and e.state is s:
-                    return s, e
-        states = {e.state for e in entries if e is not None}
-        if len(states) == 1:
-            return states.pop(), entries[0]
-        return LeaseState.PENDING, entries[0]
-
-    @staticmethod
-    def _worker_view(index: int, lease_id: str, ex: dict[str, Any] | None) -> dict[str, Any]:
-        """One gang worker in ``explain``: its lease, state, node and why it is there (or waits)."""
-        if ex is None:
-            return {"worker": index, "lease_id": lease_id, "state": None, "node": None, "reason": "not in the ledger"}
-        pend, pl = ex.get("pending"), ex.get("placement")
-        return {"worker": index, "lease_id": lease_id, "state": ex.get("state"), "node": pl.get("node") if pl else None,
-                "reason": (pend or {}).get("reason") or (pl or {}).get("reason") or ""}
+        """The attempt's lease state and the entry that shows it (:func:`.transitions.lease_view`)."""
+        return transitions.lease_view(self._leases(job))
 
     def _read_statuses(self) -> bool:
         """Read the Ray status of every started job if ``status_poll_s`` has passed; True if it did."""
@@ -887,22 +627,13 @@ class JobManager:
         if self.launch_in_step:
             self.chore_done(chore, self.send_chore(chore))
         else:
-            self._chores[chore] = None
+            self.executor.ask(chore)
 
     # ---- stopping and deleting Ray jobs off the head's loop --------------------------------------
     def launch_due(self) -> bool:
         """Whether :meth:`take_submissions` or :meth:`take_chores` would hand anything out now: what the head's
         loop makes durable and hands Ray's job API (nothing else it writes needs a flush of its own)."""
-        return bool(self._ready) or bool(self._due_chores())
-
-    def _due_chores(self) -> list[Chore]:
-        """What :meth:`take_chores` hands out now: the stops due, then the deletes due, at most
-        :data:`DELETES_IN_FLIGHT` out at a time (the one selection both read)."""
-        now = self.clock()
-        due = [c for c in self._chores if (r := self._chore_retry.get(c)) is None or r.due <= now]
-        stops = [c for c in due if c.kind is ChoreKind.STOP]
-        deletes = [c for c in due if c.kind is ChoreKind.DELETE][:max(0, DELETES_IN_FLIGHT - self._deleting)]
-        return stops + deletes
+        return bool(self._ready) or bool(self.executor.due_chores())
 
     def take_chores(self) -> list[Chore]:
         """The calls to Ray's job API due now other than submissions (``launch_in_step=False``), each handed out
@@ -913,56 +644,19 @@ class JobManager:
         Invariant: a Ray job is stopped only after the record that made it unwanted (cancelled, preempted, lost)
         is in the store, so a restarted head never finds a job it believes running stopped under it; and its
         record in Ray's job table is deleted only after the job left our store (:meth:`prune_ended`). At most
-        :data:`DELETES_IN_FLIGHT` deletes are out at a time: a prune drops a day's worth of jobs after a long
-        outage, and their deletes must not queue ahead of the submissions on the job API's one thread."""
-        chores = self._due_chores()
-        for c in chores:
-            del self._chores[c]
-        self._deleting += sum(1 for c in chores if c.kind is ChoreKind.DELETE)
-        return chores
+        :data:`~.executor.DELETES_IN_FLIGHT` deletes are out at a time: a prune drops a day's worth of jobs after
+        a long outage, and their deletes must not queue ahead of the submissions on the job API's one thread."""
+        return self.executor.take_chores()
 
     def send_chore(self, chore: Chore) -> Exception | None:
-        """Make the call to Ray's job API; returns what it raised (None: done). Reads and changes no state of the
-        manager: the head actor calls it on a thread of its own."""
-        try:
-            if chore.kind is ChoreKind.STOP:
-                self.runner.stop(chore.submission_id)
-            else:
-                self.runner.delete(chore.submission_id)
-        except Exception as e:
-            return e
-        return None
+        """Make the call to Ray's job API (:meth:`.executor.Executor.send_chore`); returns what it raised (None:
+        done). Reads and changes no state of the manager: the head actor calls it on a thread of its own."""
+        return self.executor.send_chore(chore)
 
     def chore_done(self, chore: Chore, error: Exception | None) -> str:
-        """Apply Ray's answer: done; unavailable for now (:class:`JobApiUnavailableError`) -> asked again after a
-        backoff, for ``submit_retry_s``, then given up (said in the log); anything else -> done, Ray's own state
-        being the truth for it (a stop of a job that ended or that Ray never had; a delete of a job Ray no
-        longer has, or that still runs because its stop was never taken)."""
-        sub_id, what = chore.submission_id, chore.kind.value
-        if chore.kind is ChoreKind.DELETE:
-            self._deleting = max(0, self._deleting - 1)
-        if error is None:
-            self._chore_retry.pop(chore, None)
-            return f"{sub_id}: {chore.kind.done} in Ray"
-        if not isinstance(error, JobApiUnavailableError):
-            self._chore_retry.pop(chore, None)
-            return f"{sub_id}: not {chore.kind.done}, Ray says {type(error).__name__}: {error}"
-        now = self.clock()
-        retry = _Retry.after(self._chore_retry.get(chore), now)
-        if now - retry.first >= self.submit_retry_s:
-            self._chore_retry.pop(chore, None)
-            log.error("Ray's job API did not take the %s of %s in %.0fs of trying: %s%s", what, sub_id,
-                      now - retry.first, error, "; it may still run" if chore.kind is ChoreKind.STOP else "")
-            return f"{sub_id}: gave up the {what} in Ray: {error}"
-        self._chore_retry[chore] = retry
-        self._chores[chore] = None
-        if retry.tries == 1:
-            log.warning("%s of %s in Ray: %s; asking again in %gs", what, sub_id, error, retry.due - now)
-        return f"{sub_id}: {what} not taken ({error}); asking again in {retry.due - now:g}s"
-
-    @staticmethod
-    def _owner_job(owner: str) -> str:
-        return owner[4:] if owner.startswith("job:") else owner
+        """Apply Ray's answer to a stop or delete (:meth:`.executor.Executor.chore_done`: asked again after a
+        backoff where it may pass, for ``submit_retry_s``)."""
+        return self.executor.chore_done(chore, error)
 
     @staticmethod
     def _checkpoint_on_disk(job: Job) -> str | None:
@@ -971,53 +665,3 @@ class JobManager:
             if p.exists():
                 return str(p)
         return None
-
-    def _summary(self, job: Job, ex: dict[str, Any]) -> str:
-        if job.state is JobState.QUEUED and ex["pending"]:
-            p = ex["pending"]
-            s = f"pending at queue position {p['position'] + 1}: {p['reason']}"
-            if p["being_preempted"]:
-                s += "; waiting for " + ", ".join(f"{v['owner']} ({v['lease_id']})" for v in p["being_preempted"]) + \
-                     " to checkpoint and yield"
-            elif p["would_preempt"]:
-                s += "; preempting " + ", ".join(dict.fromkeys(v["owner"] for v in p["would_preempt"])) + " would admit it"
-            elif p["preemption_blocked"]:
-                s += f"; no preemption: {p['preemption_blocked']}"
-            if job.preemptions:
-                last = job.preemptions[-1]
-                s += f" (preempted earlier by {last.by}; resumes from {last.checkpoint_path or 'the start'})"
-            return s
-        if ex["placement"] and job.state in (JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING):
-            pl = ex["placement"]
-            s = f"{job.state.value} on {pl['node']} GPU {','.join(map(str, pl['gpu_indices']))} ({pl['kind']}): {pl['reason']}"
-            if job.state is JobState.PREEMPTING:
-                s += f"; being preempted: {job.history[-1].reason}"
-            elif job.state is JobState.ADMITTED and (job.ray_submission_id or "") in self._retry:
-                s += f"; {job.message}"
-            return s
-        if job.preemptions:
-            last = job.preemptions[-1]
-            return (f"{job.state.value}; preempted {len(job.preemptions)}x, last by {last.by}: {last.reason}; "
-                    + (f"checkpoint {last.checkpoint_path}" if last.checkpoint_path else "no checkpoint was written"))
-        return f"{job.state.value}: {job.history[-1].reason}"
-
-
-def _job_json(job: Job) -> dict[str, Any]:
-    d = job.to_dict()
-    d["spec"] = job.spec.model_dump(mode="json")
-    d["preemptions"] = [{"by": p.by, "reason": p.reason, "at": p.at, "checkpoint_path": p.checkpoint_path,
-                         "checkpoint_s": p.checkpoint_s} for p in job.preemptions]
-    return d
-
-
-def _job_from_json(d: dict[str, Any]) -> Job:
-    return Job(
-        job_id=d["job_id"], spec=JobSpec(**d["spec"]), priority=d["priority"], priority_class=d["priority_class"],
-        submitted_at=d["submitted_at"], state=JobState(d["state"]),
-        history=tuple(Transition(h["at"], JobState(h["state"]), h["reason"]) for h in d["history"]),
-        lease_id=d.get("lease_id"), ray_submission_id=d.get("ray_submission_id"), attempt=d.get("attempt", 0),
-        resume_from=d.get("resume_from"), placement_reason=d.get("placement_reason", ""),
-        preemptions=tuple(Preempted(p["by"], p["reason"], p["at"], p.get("checkpoint_path"), p.get("checkpoint_s"))
-                          for p in d.get("preemptions", [])),
-        message=d.get("message", ""), owner=d.get("owner"),
-    )
