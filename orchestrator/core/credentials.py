@@ -172,7 +172,7 @@ def client_credentials(environ: Mapping[str, str] | None = None, *, state_dir: P
     folder: Path | None = None
     if user is None or admin is None:
         try:
-            folder = checked_state_dir(state_dir or default_state_dir(), create=create_user_key and user is None)
+            folder = checked_state_dir(state_dir or default_state_dir(environ), create=create_user_key and user is None)
         except (InvalidRequestError, OSError):
             folder = None
     if user is None and folder is not None:
@@ -187,19 +187,24 @@ def client_credentials(environ: Mapping[str, str] | None = None, *, state_dir: P
     return out
 
 
-def admin_key_for(state_dir: Path) -> str:
-    """The administrator key of the cluster ``up`` starts from ``state_dir`` (made 0600 on first use)."""
-    return _read_key(state_dir / ADMIN_KEY_FILE) or _write_key(state_dir / ADMIN_KEY_FILE)
+def admin_key_for(state_dir: Path, environ: Mapping[str, str] | None = None) -> str:
+    """The administrator key of the cluster ``up`` starts from ``state_dir``: ``ORCHESTRATOR_ADMIN_KEY`` (a
+    Kubernetes Secret), else the folder's ``admin.key`` (made 0600 on first use)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(ADMIN_KEY_ENV) or _read_key(state_dir / ADMIN_KEY_FILE) or _write_key(state_dir / ADMIN_KEY_FILE)
 
 
 #: The state folder's file holding the secret the head's fencing tokens are made from (0600; hex).
 HEAD_SECRET_FILE = "head.secret"
 
 
-def head_secret_for(state_dir: Path) -> str:
+def head_secret_for(state_dir: Path, environ: Mapping[str, str] | None = None) -> str:
     """The secret (hex) the head of ``state_dir``'s cluster makes its tokens from, made 0600 on first use: kept
     outside the GCS, so a head made again over the same journal (``up`` on a GCS that survived) derives the same
-    tokens, and a driver reading the GCS KV derives none."""
+    tokens, and a driver reading the GCS KV derives none. ``ORCHESTRATOR_HEAD_SECRET`` (hex) comes first."""
+    environ = os.environ if environ is None else environ
+    if environ.get(HEAD_SECRET_ENV):  # a Kubernetes Secret: the same for every head its supervisor starts
+        return environ[HEAD_SECRET_ENV]
     path = state_dir / HEAD_SECRET_FILE
     key = _read_key(path) or _write_key(path)
     return hashlib.sha256(key.encode()).hexdigest()  # 64 hex digits from the file's random key

@@ -23,15 +23,17 @@ import os
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from orchestrator.core.errors import ConfigError
 
 
-def default_state_dir() -> Path:
-    base = os.environ.get("ORCHESTRATOR_STATE_DIR")
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    base = environ.get("ORCHESTRATOR_STATE_DIR")
     if base:
         return Path(base)
-    return Path(os.environ.get("TMPDIR") or "/tmp") / f"rgo-{os.getuid()}"
+    return Path(environ.get("TMPDIR") or "/tmp") / f"rgo-{os.getuid()}"
 
 
 def checked_state_dir(state_dir: Path, *, create: bool = False) -> Path:

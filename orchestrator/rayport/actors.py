@@ -7,6 +7,7 @@ so :mod:`.head` does not import this module that imports it).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from typing import Any, Mapping
@@ -15,6 +16,7 @@ import ray
 
 from orchestrator.core.config import ClusterConfig, RuntimeSettings
 from orchestrator.core.credentials import HEAD_SECRET_ENV, client_credentials, digest
+from orchestrator.core.errors import ConfigError
 from orchestrator.rayport.agent import AgentActor
 from orchestrator.rayport.head import HeadActor
 from orchestrator.rayport.ray_api import agent_name, kill_named, pin
@@ -45,10 +47,11 @@ def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: st
                                 max_concurrency=1000)
     if node_id:
         opts["scheduling_strategy"] = pin(node_id, soft=True)  # the Ray head node, while it stands
+    secret = token_secret or os.environ.get(HEAD_SECRET_ENV) or secrets.token_hex(32)
+    if not re.fullmatch(r"[0-9a-fA-F]{32,128}", secret):
+        raise ConfigError(HEAD_SECRET_ENV, "<secret>", "32 to 128 hex digits (openssl rand -hex 32)")
     return ray.remote(HeadActor).options(**opts).remote(settings.model_dump(mode="json"),
-                                                         cluster.model_dump(mode="json"), start_agent,
-                                                         token_secret or os.environ.get(HEAD_SECRET_ENV)
-                                                         or secrets.token_hex(32))
+                                                         cluster.model_dump(mode="json"), start_agent, secret)
 
 
 def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim_node: Mapping[str, Any] | None,

@@ -229,8 +229,11 @@ def _supervisor(cluster: FtCluster) -> subprocess.Popen:
     cfg.write_text(json.dumps(ClusterConfig(settings=SETTINGS, nodes=(NODE,)).model_dump(mode="json")))
     argv = [sys.executable, "-m", "orchestrator.deploy.kuberay", "head", "--supervise", "0.5",
             "--address", cluster.gcs_address, "--config", str(cfg), "--timeout", "120"]
+    # the Secret the sidecar reads (render.py's _head_secret_env): the same token secret for every head it starts,
+    # so a head started again derives the tokens its holders have from the journal
+    env = {**os.environ, "ORCHESTRATOR_HEAD_SECRET": "ab" * 32}
     proc = subprocess.Popen(argv, stdout=(cluster.tmp / "supervisor.log").open("ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     cluster.sessions.append(proc.pid)
     return proc
 

@@ -41,6 +41,8 @@ def _seed_everything(server: FakeApiServer) -> None:
         "/apis/storage.k8s.io/v1/storageclasses/standard": {"provisioner": "rancher.io/local-path"},
         f"/api/v1/namespaces/{ns}/secrets/gpu-orchestrator-redis": {
             "data": {"password": base64.b64encode(b"x" * 64).decode()}},
+        f"/api/v1/namespaces/{ns}/secrets/gpu-orchestrator-orchestrator": {
+            "data": {"admin-key": base64.b64encode(b"a" * 43).decode(), "head-secret": base64.b64encode(b"b" * 64).decode()}},
         f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/localqueues/gpu-team": {"spec": {"clusterQueue": "q"}},
         "/apis/apps/v1/namespaces/kueue-system/deployments/kueue-controller-manager": {"spec": {"template": {"spec": {
             "containers": [{"name": "manager", "image": "registry.k8s.io/kueue/kueue:v0.14.2",
@@ -55,7 +57,7 @@ def test_offline_every_prerequisite_is_unchecked_with_the_reason(monkeypatch: py
     assert r.exit_code == 0, r.output
     keys = {p["key"] for p in got["prerequisites"]}
     assert {"kubernetes", "kuberay", "prometheus-operator", "storage-class:nfs-csi", "kueue",
-            "redis-password"} <= keys
+            "redis-password", "head-admin-key", "head-head-secret"} <= keys
     assert {p["status"] for p in got["prerequisites"]} == {"unchecked"}
     assert all("KUBECONFIG" in p["detail"] for p in got["prerequisites"])
     (kueue,) = [p for p in got["prerequisites"] if p["key"] == "kueue"]
@@ -75,6 +77,8 @@ def test_against_a_cluster_with_everything_all_prerequisites_are_met(api_server:
     (lambda s: s.store.pop("/apis/storage.k8s.io/v1/storageclasses/nfs-csi"), "storage-class:nfs-csi", "nfs-csi"),
     (lambda s: s.store.pop("/api/v1/namespaces/gpu-orchestrator/secrets/gpu-orchestrator-redis"),
      "redis-password", "no Secret"),
+    (lambda s: s.store["/api/v1/namespaces/gpu-orchestrator/secrets/gpu-orchestrator-orchestrator"]["data"].pop(
+        "head-secret"), "head-head-secret", "no key 'head-secret'"),
     (lambda s: setattr(s, "kinds", tuple(k for k in s.kinds if k.kind != "PodMonitor")),
      "prometheus-operator", "PodMonitor"),
     (lambda s: s.store["/apis/apps/v1/namespaces/kueue-system/deployments/kueue-controller-manager"]["spec"][
@@ -100,7 +104,7 @@ def test_overlay_limits_the_check_to_its_render(api_server: FakeApiServer, kubec
     r, got = _check("--kubeconfig", str(kubeconfig), "--overlay", "dev")
     assert r.exit_code == 0, r.output
     assert {p["key"] for p in got["prerequisites"]} == {"kubernetes", "kuberay", "storage-class:standard",
-                                                         "redis-password"}
+                                                         "redis-password", "head-admin-key", "head-head-secret"}
 
 
 def test_an_unreachable_cluster_leaves_them_unchecked_saying_why(tmp_path: Path, kubeconfig_for) -> None:

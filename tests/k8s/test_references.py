@@ -129,10 +129,11 @@ def test_objects_the_operator_creates_are_declared_not_rendered() -> None:
                                                           "password_secret": "managed-redis"}}})[0]
     objs = render_objects(cfg)
     assert cfg.external_refs() == {("Secret", "ray-auth"), ("Secret", "managed-redis"),
-                                   ("PersistentVolumeClaim", "team-checkpoints")}
+                                   ("PersistentVolumeClaim", "team-checkpoints"), ("Secret", cfg.head_secret_name)}
     assert dangling_references(objs, cfg.external_refs()) == []
     undeclared = {d.name for d in dangling_references(objs)}
-    assert undeclared == {"ray-auth", "managed-redis", "team-checkpoints"}  # each one really is referenced
+    # each one really is referenced (the head's credentials: admin key and token secret)
+    assert undeclared == {"ray-auth", "managed-redis", "team-checkpoints", cfg.head_secret_name}
 
 
 def test_render_and_apply_refuse_a_render_with_dangling_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -768,10 +768,16 @@ class K8sConfig(_Frozen):
             return None
         return ft.redis.password_secret or (f"{self.name}-redis" if ft.redis.deploy else None)
 
+    @property
+    def head_secret_name(self) -> str:
+        """The Secret with the orchestrator head's credentials (``admin-key``, ``head-secret``), which the
+        operator creates (``render --check`` lists the command): never rendered, so never in git."""
+        return f"{self.name}-orchestrator"
+
     def external_refs(self) -> set[tuple[str, str]]:
         """(kind, name) of the objects the render refers to but the operator creates: the render check
         (tests/k8s/test_references.py) accepts exactly these as missing from the render."""
-        out: set[tuple[str, str]] = set()
+        out: set[tuple[str, str]] = {("Secret", self.head_secret_name)}
         if self.auth.secret_name:
             out.add(("Secret", self.auth.secret_name))
         ft = self.gcs_fault_tolerance

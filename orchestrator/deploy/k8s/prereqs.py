@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Protocol
 
 from orchestrator.deploy.k8s.config import K8sConfig
-from orchestrator.deploy.k8s.render import REDIS_PASSWORD_KEY, Obj
+from orchestrator.deploy.k8s.render import ADMIN_KEY_KEY, HEAD_SECRET_KEY, REDIS_PASSWORD_KEY, Obj
 
 Status = Literal["ok", "missing", "unchecked"]
 
@@ -192,6 +192,14 @@ def prerequisites(cfg: K8sConfig, objs: Iterable[Obj]) -> list[Prerequisite]:
             "install Kueue with the ray.io/raycluster integration"
             + (f" and --feature-gates={KUEUE_GATE}=true" if elastic else "") + "; create the LocalQueue",
             _kueue(cfg.scheduler.queue, cfg.namespace, elastic)))
+    secret = cfg.head_secret_name
+    for key in (ADMIN_KEY_KEY, HEAD_SECRET_KEY):
+        out.append(Prerequisite(
+            f"head-{key}", f"Secret {secret!r} with key {key!r} (the orchestrator head's credentials)",
+            f"kubectl -n {cfg.namespace} create secret generic {secret} "
+            f"--from-literal={ADMIN_KEY_KEY}=\"$(openssl rand -base64 32)\" "
+            f"--from-literal={HEAD_SECRET_KEY}=\"$(openssl rand -hex 32)\"",
+            _secret_key(secret, cfg.namespace, key)))
     if cfg.redis_deployed and cfg.redis_password_secret:
         secret = cfg.redis_password_secret
         out.append(Prerequisite(

@@ -269,12 +269,26 @@ def _head_sidecar(cfg: K8sConfig, mounts: list[Obj]) -> Obj:
         "imagePullPolicy": cfg.image_pull_policy,
         "restartPolicy": "Always",
         "command": ["/bin/sh", "-c", script],
-        "env": _env(cfg, None),
+        "env": _env(cfg, None) + _head_secret_env(cfg),
         "resources": _resources(r.cpu, r.memory),
         "securityContext": _security(cfg),
         "volumeMounts": [*(m for m in mounts if m["name"] in ("tmp", "cache")),
                          {"name": "head-config", "mountPath": HEAD_CONFIG_DIR, "readOnly": True}],
     }
+
+
+#: The keys of the head's Secret (``K8sConfig.head_secret_name``): the administrator key (who shows it may repartition,
+#: set the day clock, cancel any job: docs/security.md) and the secret the head's fencing tokens are made from
+#: (kept outside the GCS, so a head its supervisor makes again derives the same tokens from the journal).
+ADMIN_KEY_KEY, HEAD_SECRET_KEY = "admin-key", "head-secret"
+
+
+def _head_secret_env(cfg: K8sConfig) -> list[Obj]:
+    """The head's credentials, from its Secret (never in the manifests): ``ORCHESTRATOR_ADMIN_KEY`` and
+    ``ORCHESTRATOR_HEAD_SECRET`` (core.credentials). Required: a head without them would have no administrator
+    and would hand out tokens a restarted head could not derive again."""
+    return [{"name": var, "valueFrom": {"secretKeyRef": {"name": cfg.head_secret_name, "key": key}}}
+            for var, key in (("ORCHESTRATOR_ADMIN_KEY", ADMIN_KEY_KEY), ("ORCHESTRATOR_HEAD_SECRET", HEAD_SECRET_KEY))]
 
 
 def head_cluster_file(cfg: K8sConfig) -> Obj:
