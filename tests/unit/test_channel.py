@@ -89,7 +89,10 @@ def test_calls_that_reach_the_head_together_are_one_batch() -> None:
         c = Channel(ep, 5)
         with ThreadPoolExecutor(9) as pool:
             futures = [pool.submit(c.call, [["m", [i], {}]], 10) for i in range(9)]
-            time.sleep(0.5)
+            deadline = time.monotonic() + 10  # every call on its way (a busy machine starts threads slowly)
+            while len(c._waiting) < 9 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # and gRPC's sending thread past them
             gate.set()
             replies = [f.result() for f in futures]
         assert len(replies) == 9 and server.frames == 9
