@@ -9,7 +9,6 @@ not reachable.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -17,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.cli.options import Output, output_format, render as render_doc
 from orchestrator.core.errors import InvalidRequestError, OrchestratorError, exit_code
 from orchestrator.deploy.k8s.config import K8sConfig, load_config
 
@@ -42,17 +42,27 @@ def _console(as_json: bool = False) -> Console:
     return Console(highlight=False, soft_wrap=True, stderr=as_json)
 
 
-def _run(fn: Callable[[], T], as_json: bool = False) -> T:
-    """Run a command body, mapping typed errors to exit codes and one readable line (and, with ``--json``, the
-    error as the one JSON object on stdout)."""
+def _run(fn: Callable[[], T], fmt: str = "table") -> T:
+    """Run a command body, mapping typed errors to exit codes and one readable line (and, with ``-o json|yaml``
+    or ``--json``, the error as the one document on stdout)."""
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return fn()
     except OrchestratorError as e:
-        if as_json:
-            typer.echo(json.dumps(e.to_dict()))
+        if fmt != "table":
+            _out(fmt, e.to_dict())
         err.print(f"error: {e}")
         raise typer.Exit(exit_code(e)) from None
+
+
+def _format(output: Optional[str], as_json: bool) -> str:
+    """``-o/--output`` and ``--json`` as one format (cli/options.py's grammar); bad input exits 2 before anything."""
+    return _run(lambda: output_format(output, as_json), "json" if as_json or output == "json" else "table")
+
+
+def _out(fmt: str, value: Any) -> None:
+    """The command's one document on stdout, as ``fmt`` (json or yaml)."""
+    typer.echo(render_doc(value, fmt))
 
 
 def _results_json(results: Any) -> list[dict[str, Any]]:
@@ -133,9 +143,13 @@ def render(
     kubeconfig: Optional[Path] = KUBECONFIG_OPT,
     context: Optional[str] = CONTEXT_OPT,
     as_json: bool = JSON_OPT,
+    output: Output = None,
 ) -> None:
     """Write the kustomize tree (base plus one overlay per config overlay) from the config."""
     from orchestrator.deploy.k8s.render import render_tree, stale_files, write_tree
+
+    fmt = _format(output, as_json)
+    as_json = fmt != "table"
 
     def body() -> None:
         base, overlays = load_config(config)
@@ -146,8 +160,8 @@ def render(
             findings = _prerequisites(base, overlays, overlay, kubeconfig, context)
             missing = [f for f in findings if f.status == "missing"]
             if as_json:
-                typer.echo(json.dumps({"out": str(out), "files": len(tree), "matches": not stale, "stale": stale,
-                                       "prerequisites": [f.to_dict() for f in findings]}))
+                _out(fmt, {"out": str(out), "files": len(tree), "matches": not stale, "stale": stale,
+                                       "prerequisites": [f.to_dict() for f in findings]})
             con.print(_prerequisites_table(findings))
             if stale:
                 con.print(f"{out} differs from a render of {config} in {len(stale)} file(s):")
@@ -165,10 +179,10 @@ def render(
         con.print(f"wrote {len(written)} files under {out}: base/ and overlays/{{{','.join(sorted(overlays))}}}")
         con.print(f"apply with: kubectl apply --server-side -k {out}/overlays/<name>  (or: orchestrator k8s apply)")
         if as_json:
-            typer.echo(json.dumps({"out": str(out), "written": [str(w) for w in written],
-                                   "overlays": sorted(overlays)}))
+            _out(fmt, {"out": str(out), "written": [str(w) for w in written],
+                                   "overlays": sorted(overlays)})
 
-    _run(body, as_json)
+    _run(body, fmt)
 
 
 @app.command()
@@ -182,10 +196,14 @@ def apply(
     poll: float = typer.Option(2.0, "--poll", min=0.0, help="Seconds between status polls"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Server-side dry run: validated by the server, nothing stored"),
     as_json: bool = JSON_OPT,
+    output: Output = None,
 ) -> None:
     """Server-side apply of every rendered object, then wait for the RayCluster to be ready."""
     from orchestrator.deploy.k8s.client import ClusterStatus
     from orchestrator.deploy.k8s.render import render_checked
+
+    fmt = _format(output, as_json)
+    as_json = fmt != "table"
 
     def body() -> None:
         cfg = _pick(config, overlay)
@@ -196,7 +214,7 @@ def apply(
         con.print(_results_table(f"applied to {cfg.namespace} (field manager ray-gpu-orchestrator)", results))
         if not wait or dry_run:
             if as_json:
-                typer.echo(json.dumps({"applied": _results_json(results), "dry_run": dry_run, "raycluster": None}))
+                _out(fmt, {"applied": _results_json(results), "dry_run": dry_run, "raycluster": None})
             return
         last: list[str] = []
         with con.status(f"waiting for RayCluster {cfg.name} to be ready") as spinner:
@@ -211,10 +229,10 @@ def apply(
         con.print(f"RayCluster {cfg.name} is ready: head {st.head_pod_ip or '?'}, "
                   f"{st.ready_workers}/{st.desired_workers} workers")
         if as_json:
-            typer.echo(json.dumps({"applied": _results_json(results), "dry_run": False,
-                                   "raycluster": _status_json(st)}))
+            _out(fmt, {"applied": _results_json(results), "dry_run": False,
+                                   "raycluster": _status_json(st)})
 
-    _run(body, as_json)
+    _run(body, fmt)
 
 
 @app.command()
@@ -225,9 +243,13 @@ def status(
     context: Optional[str] = CONTEXT_OPT,
     nodes: bool = typer.Option(False, "--nodes", help="Also show each node's GPUs as its labels describe them"),
     as_json: bool = JSON_OPT,
+    output: Output = None,
 ) -> None:
     """Which rendered objects exist, the RayCluster's state, and (``--nodes``) the GPU nodes' labels."""
     from orchestrator.deploy.k8s.render import render_objects
+
+    fmt = _format(output, as_json)
+    as_json = fmt != "table"
 
     def body() -> None:
         cfg = _pick(config, overlay)
@@ -241,10 +263,10 @@ def status(
         if nodes:
             _print_nodes(con, node_objs)
         if as_json:
-            typer.echo(json.dumps({"objects": _results_json(objects), "raycluster": _status_json(st),
-                                   "nodes": [n["metadata"]["name"] for n in node_objs] if nodes else None}))
+            _out(fmt, {"objects": _results_json(objects), "raycluster": _status_json(st),
+                                   "nodes": [n["metadata"]["name"] for n in node_objs] if nodes else None})
 
-    _run(body, as_json)
+    _run(body, fmt)
 
 
 def _print_nodes(con: Console, node_objs: list[dict]) -> None:
@@ -280,9 +302,13 @@ def delete(
     context: Optional[str] = CONTEXT_OPT,
     include_namespace: bool = typer.Option(False, "--include-namespace", help="Delete the namespace too"),
     as_json: bool = JSON_OPT,
+    output: Output = None,
 ) -> None:
     """Delete every rendered object (reverse order); objects already gone are fine."""
     from orchestrator.deploy.k8s.render import render_objects
+
+    fmt = _format(output, as_json)
+    as_json = fmt != "table"
 
     def body() -> None:
         cfg = _pick(config, overlay)
@@ -290,6 +316,6 @@ def delete(
         results = client.delete(render_objects(cfg), include_namespace=include_namespace)
         _console(as_json).print(_results_table(f"deleted from {cfg.namespace}", results))
         if as_json:
-            typer.echo(json.dumps({"deleted": _results_json(results)}))
+            _out(fmt, {"deleted": _results_json(results)})
 
-    _run(body, as_json)
+    _run(body, fmt)

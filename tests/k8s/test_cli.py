@@ -146,7 +146,7 @@ def test_the_guide_exists_and_its_commands_parse() -> None:
 def test_overlay_has_no_short_form(kubeconfig: Path) -> None:
     # -o is --output (the output format) on every command; the overlay is only --overlay.
     r = runner.invoke(app, ["status", "--config", str(CONFIG), "-o", "dev", "--kubeconfig", str(kubeconfig)])
-    assert r.exit_code == 2 and "-o" in r.output
+    assert r.exit_code == 2 and "output='dev'" in r.output and "table, json, yaml" in r.output  # a format, not an overlay
 
 
 def test_a_missing_kubernetes_client_names_the_k8s_extra(kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -119,14 +119,10 @@ def _leaves() -> dict[str, object]:
     return dict(leaves(typer.main.get_command(main.app), "orchestrator"))
 
 
-#: Commands where ``-o`` is not yet the output format, and why. The test below fails for any other; these may
-#: be fixed in any order (the list is not an equality, as ``NO_JSON`` is): take one off once its command is, and
-#: the test then holds it there. Empty: ``-o`` is the output format everywhere.
-O_NOT_OUTPUT_YET = {f"orchestrator k8s {c}": "-o is --overlay's short name until cli/k8s.py drops it (#39)"
-                    for c in ("apply", "status", "delete")}
+#: Commands where ``-o`` is not yet the output format, and why (a one-way list: empty, and it stays so).
+O_NOT_OUTPUT_YET: dict[str, str] = {}
 #: Commands with ``--json`` but no ``-o/--output`` yet, and why (the same one-way list).
-NO_OUTPUT_YET = {f"orchestrator k8s {c}": "cli/k8s.py takes -o/--output (cli/options.py's Output) once -o is free"
-                 for c in ("render", "apply", "status", "delete")}
+NO_OUTPUT_YET: dict[str, str] = {}
 
 
 def test_o_is_the_output_format_on_every_command() -> None:
