@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 def dashboard_argv(port: str, address: str, namespace: str) -> list[str]:
     """The command that serves the live page in the head pod (on every address: the pod's IP is what others reach)."""
     return [sys.executable, "-m", "orchestrator.cli.main", "dashboard", "--host", "0.0.0.0", "--port", str(port),
-            "--address", address, "--namespace", namespace, "--no-compare"]
+            "--address", address, "--ray-namespace", namespace, "--no-compare"]
 
 
 if __name__ == "__main__":
