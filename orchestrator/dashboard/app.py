@@ -156,8 +156,8 @@ def create_app(feed: Feed, explain: Callable[[str], dict[str, Any]], *, comparis
         if logs is None:
             return PlainTextResponse("this page serves no job logs", status_code=404)
         if not token:  # no sign-in in front of it: every user of this machine would read every job's log
-            return PlainTextResponse("job logs need a signed-in page: start the dashboard with --token (a page on "
-                                     "loopback without one is open to every user of the machine)", status_code=403)
+            return PlainTextResponse("job logs need a signed-in page: start the dashboard with --token-file (a page "
+                                     "on loopback without one is open to every user of the machine)", status_code=403)
         raw = request.query_params.get("attempt")
         try:
             attempt = None if raw in (None, "") else int(raw)

@@ -13,7 +13,7 @@ Binding: 127.0.0.1 by default. Any other address needs a token
 (:func:`resolve_token`: the one given, else a new one of the page's own -- never
 Ray's cluster token, which would give whoever signs in to the page the cluster);
 the page asks for it in a form (``/login``), never in a URL. A job's log is served only behind a token (a
-page on loopback without one would show every job's log to every user of the machine): ``--token`` on
+page on loopback without one would show every job's log to every user of the machine): ``--token-file`` on
 loopback too, to read them.
 """
 
