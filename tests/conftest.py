@@ -24,10 +24,14 @@ SHARED = REPO.parent / "shared"
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # The suite's own driver is the administrator of the heads it starts (start_head takes the starter's key), as
-    # `orchestrator up`'s user is; the tests of who may call what use clients with other credentials of their own.
+    # the process that ran `up` is -- in memory, as `up` does it, so the commands the tests run as subprocesses
+    # find their own administrator key the way a user's would; the tests of who may call what use clients with
+    # other credentials of their own. One user key for the suite and its subprocesses: they own the same jobs.
     import secrets
 
-    os.environ.setdefault("ORCHESTRATOR_ADMIN_KEY", secrets.token_urlsafe(32))
+    from orchestrator.core.credentials import use_admin_key
+
+    use_admin_key(secrets.token_urlsafe(32))
     os.environ.setdefault("ORCHESTRATOR_USER_KEY", secrets.token_urlsafe(32))
 
 

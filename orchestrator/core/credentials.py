@@ -157,18 +157,30 @@ def _write_key(path: Path) -> str:
     return key
 
 
+#: The administrator key of the cluster this process started (``up`` in-process: a demo, a bench), which its own
+#: clients present: kept in memory, never in the environment its children inherit.
+_STARTED: dict[str, str] = {}
+
+
+def use_admin_key(key: str) -> None:
+    """This process started the cluster whose administrator key is ``key``: its clients present it."""
+    _STARTED["admin"] = key
+
+
 def client_credentials(environ: Mapping[str, str] | None = None, *, state_dir: Path | None = None,
                        create_user_key: bool = True) -> dict[str, str]:
     """What this process presents to the head: its user key (``ORCHESTRATOR_USER_KEY``, else the state
     folder's ``user.key``, made there on first use) and, where it has one, the administrator key
-    (``ORCHESTRATOR_ADMIN_KEY``, else the state folder's ``admin.key``). The state folder is checked as
+    (``ORCHESTRATOR_ADMIN_KEY``, else that of the cluster this process started (:func:`use_admin_key`), else the
+    state folder's ``admin.key``). The state folder is checked as
     :func:`~.statefile.checked_state_dir` checks it: a folder someone else owns gives nothing. ``state_dir``:
     the folder (default: :func:`~.statefile.default_state_dir`)."""
     from orchestrator.core.statefile import checked_state_dir, default_state_dir
 
+    started = _STARTED.get("admin") if environ is None else None
     environ = os.environ if environ is None else environ
     out: dict[str, str] = {}
-    user, admin = environ.get(USER_KEY_ENV) or None, environ.get(ADMIN_KEY_ENV)
+    user, admin = environ.get(USER_KEY_ENV) or None, environ.get(ADMIN_KEY_ENV) or started
     folder: Path | None = None
     if user is None or admin is None:
         try:

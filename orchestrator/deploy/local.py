@@ -64,7 +64,7 @@ from typing import Any, Callable, Iterator, Mapping
 from orchestrator.core import env as E
 from orchestrator.core.config import ClusterConfig, raylet_native_env
 from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
-from orchestrator.core.credentials import admin_key_for, head_secret_for
+from orchestrator.core.credentials import admin_key_for, head_secret_for, use_admin_key
 from orchestrator.core.statefile import Proc, State, checked_state_dir
 from orchestrator.rayport.loopback import LOOPBACK_SITE
 
@@ -506,6 +506,8 @@ def _start_orchestrator(config: ClusterConfig, address: str, progress: Progress,
         except NotConnectedError:
             started = True
         head = start_head(s, config, node_id=ray_api.head_node_id(), admin_key=admin_key, token_secret=token_secret)
+        if admin_key:
+            use_admin_key(admin_key)  # this process's clients (a demo's scenario, a bench) administer what it started
         client = HeadClient(handle=head)
         want = {n.name for n in ray_api.alive_nodes()}
         progress(f"head actor {s.head_name!r} in namespace {s.namespace!r}; waiting for {len(want)} agents")

@@ -48,7 +48,7 @@ def head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, uploads: Uploads) -> I
 
 
 def _running(head: InProcessHead, job_id: str) -> None:
-    head.wait_for(lambda: head.service.get_job(job_id)["state"] == "running", 10, f"{job_id} running")
+    head.wait_for(lambda: head.service.get_job(job_id)["state"] == "running", 60, f"{job_id} running")  # a busy machine starts processes slowly
 
 
 def _blocked(head: InProcessHead, job_id: str) -> None:
@@ -57,7 +57,7 @@ def _blocked(head: InProcessHead, job_id: str) -> None:
                     "blocker-1")
     _running(head, "blocker-1")
     head.submit_job({"name": job_id.rsplit("-", 1)[0], "entrypoint": "true", "gpu": FOUR, "priority": "batch"}, job_id)
-    head.wait_for(lambda: head.service.explain_job(job_id)["pending"] is not None, 10, f"{job_id} considered")
+    head.wait_for(lambda: head.service.explain_job(job_id)["pending"] is not None, 60, f"{job_id} considered")
 
 
 @pytest.fixture
