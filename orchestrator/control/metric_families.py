@@ -94,6 +94,7 @@ series read at scrape time), not labelled gauges: a cluster has hundreds of
 thousands of those series.
 :meth:`MetricFamilies.serve` starts the HTTP endpoint; :meth:`MetricFamilies.samples`
 is the same data as JSON for the head's API.
+
 This module holds the families and their registry (:class:`MetricFamilies`: each family declared once,
 with its labels and buckets; what is recorded from outside the cycle; the exposition), and the two
 collectors read at scrape time (:class:`SeriesTable`, :class:`HeartbeatAges`). Working the values out of
