@@ -49,6 +49,10 @@ Invariants:
   reply that comes later is dropped by its id);
 * nothing a peer sends can stop the head: a message that is not JSON or not a list of ``{id, calls}`` is
   answered with a typed error naming what was wrong, and the stream goes on.
+
+Why one module over 500 lines: it is one protocol, and its two ends (:class:`HeadChannel`, the head's server;
+:class:`Channel`, the client) share its wire format, limits, keepalive and TLS settings, which change together;
+the limits are module attributes both ends read at call time (tests lower them on this module).
 """
 
 from __future__ import annotations

@@ -39,6 +39,11 @@ before answering. Only a request that must wait is waited on
 no polling on either side) and then activated. A lease's life is that call and
 the release; both are quick calls, which go over the head's channel and are
 carried out together with whatever reached the head meanwhile (:mod:`orchestrator.rayport.channel`).
+
+Why one module over 500 lines: a gang is leases of this kind (one :class:`LeaseHandle` per worker, the same
+key, withdraw and release path), and :func:`lease` is defined here by contract (``orchestrator.lease``'s
+module); a separate gang module would import the handle from here while this one re-exported
+:func:`gang_lease` back -- an import circle (``tests/unit/test_import_cycles.py`` counts lazy imports too).
 """
 
 from __future__ import annotations
