@@ -4,7 +4,8 @@ What lives here: the controller that applies scheduling plans to the lease
 ledger, the job layer (submission, preemption handshake, retries), the
 hand-out that turns an allocation into actor options and environment
 variables, the agent core with GPU discovery (NVML or simulated), the ledger
-store interface and its in-memory form, and Prometheus metrics.
+store interface and its in-memory form, and Prometheus metrics (:mod:`.metric_families`,
+updated by :mod:`.metrics`).
 
 May import: :mod:`orchestrator.core`, :mod:`orchestrator.scheduling`,
 prometheus-client and pynvml (lazily, in discovery).  Never Ray: the Ray port
