@@ -20,9 +20,10 @@ matches after a restart.
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -76,7 +77,8 @@ class _Frozen(BaseModel):
 
 
 class RuntimeSettings(_Frozen):
-    """How the head and the agents run. Times in seconds."""
+    """How the head and the agents run. Times in seconds. Each field's one other name is its environment variable,
+    ``ORCHESTRATOR_<FIELD>``, which overrides the file where the file is loaded (:func:`with_environment`)."""
 
     namespace: str = Field(default="rgo", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
                            description="Ray namespace of the head and agent actors, and prefix of their GCS keys")
@@ -101,8 +103,8 @@ class RuntimeSettings(_Frozen):
                                description="MPS pipe directories live under this root, one per GPU: <root>/gpu-<index>")
     discovery: str = Field(default="auto", description="auto | nvml | simulated")
     metrics_port: Annotated[int, Field(ge=0, le=65535, description="Prometheus /metrics of the head; 0 = "
-                                       "$ORCHESTRATOR_METRICS_PORT, else a free port on a loopback metrics_host "
-                                       "under a local `orchestrator up`, else off")] = 0
+                                       "a free port on a loopback metrics_host under a local `orchestrator up`, else "
+                                       "off. Like every knob here, ORCHESTRATOR_METRICS_PORT overrides the file")] = 0
     metrics_host: str = Field(default="127.0.0.1", description="Address /metrics listens on (0.0.0.0 in a pod)")
     inference_services: tuple[Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]*$")],
                               ...] = Field(
@@ -297,8 +299,49 @@ def parse_config(data: Any, source: str = "config") -> ClusterConfig:
         raise validation.typed_error(e, "", ClusterConfig, ConfigError) from None
 
 
-def load_config(path: str | Path) -> ClusterConfig:
-    """Read and validate a cluster file."""
+#: The prefix of each settings knob's environment variable: ``ORCHESTRATOR_<FIELD>`` is the one other name of
+#: ``settings.<field>`` (``ORCHESTRATOR_METRICS_PORT`` is ``metrics_port``, ``ORCHESTRATOR_DIRECT_CALLS`` is
+#: ``direct_calls``).
+SETTINGS_ENV_PREFIX = "ORCHESTRATOR_"
+
+
+def settings_env_name(field: str) -> str:
+    return SETTINGS_ENV_PREFIX + field.upper()
+
+
+def with_environment(config: ClusterConfig, environ: Mapping[str, str] | None = None) -> ClusterConfig:
+    """``config`` with each settings knob the environment names (``ORCHESTRATOR_<FIELD>``, a YAML scalar or list)
+    taking the place of the file's value: the one precedence rule -- a command's flag (applied by the command,
+    after this) over the environment over the file over the default -- applied here only. A value the field
+    refuses is a :class:`ConfigError` naming the variable."""
+    import yaml
+
+    environ = os.environ if environ is None else environ
+    updates: dict[str, Any] = {}
+    for name in RuntimeSettings.model_fields:
+        raw = environ.get(settings_env_name(name))
+        if raw is None or raw == "":
+            continue
+        try:
+            updates[name] = yaml.safe_load(raw) if name not in ("namespace", "head_name", "metrics_host",
+                                                                 "mps_pipe_root", "discovery") else raw
+        except yaml.YAMLError:
+            updates[name] = raw
+    if not updates:
+        return config
+    data = {**config.settings.model_dump(mode="json"), **updates}
+    try:
+        settings = RuntimeSettings.model_validate(data)
+    except ValidationError as e:
+        t = validation.typed_error(e, "settings", RuntimeSettings)
+        field = t.field.split(".", 1)[-1].split(".")[0]
+        raise ConfigError(settings_env_name(field) if field in updates else t.field, t.value, t.allowed,
+                          detail=t.detail) from None
+    return config.model_copy(update={"settings": settings})
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> ClusterConfig:
+    """Read and validate a cluster file; the environment's settings knobs over it (:func:`with_environment`)."""
     p = Path(path)
     data = read_yaml(p)
     if isinstance(data, dict) and "scheduler_file" in data:
@@ -306,7 +349,7 @@ def load_config(path: str | Path) -> ClusterConfig:
         data = dict(data)
         ref = p.parent / str(data.pop("scheduler_file"))
         data["scheduler"] = SchedulerConfig.load(ref).model_dump(mode="json")
-    return parse_config(data, str(p))
+    return with_environment(parse_config(data, str(p)), environ)
 
 
 #: The demo cluster the package ships (``configs/cluster.demo.yaml``), a real path wherever it is installed.

@@ -44,7 +44,7 @@ from typing import Callable
 
 from orchestrator.core import env
 from orchestrator.core.api import HeadApi
-from orchestrator.core.config import ClusterConfig, RuntimeSettings, load_config
+from orchestrator.core.config import ClusterConfig, RuntimeSettings, load_config, with_environment
 from orchestrator.core.errors import OrchestratorError, exit_code
 from orchestrator.core.inventory import NodeInventory
 from orchestrator.core.statefile import default_state_dir
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"{EXIT_HEAD_LOST} when it is lost, so the container's restart starts it again (0: no)")
     a = p.parse_args(argv)
     try:
-        cfg = load_config(a.config) if a.config else ClusterConfig(settings=RuntimeSettings(
-            discovery="auto", metrics_host="0.0.0.0"))
+        cfg = load_config(a.config) if a.config else with_environment(ClusterConfig(settings=RuntimeSettings(
+            discovery="auto", metrics_host="0.0.0.0")))
         state = launcher.attach(cfg, a.address, default_state_dir(), progress=lambda m: print(m, flush=True),
                                 timeout_s=a.timeout)
     except OrchestratorError as e:

@@ -60,7 +60,8 @@ class HeadClient(HeadApi):
         self._direct: Channel | None = None
         self._opening = threading.Lock()
         if direct is None:
-            direct = os.environ.get(env.DIRECT_CALLS, "1") != "0"
+            # the knob settings.direct_calls names, as its environment variable spells it (core.config)
+            direct = os.environ.get(env.DIRECT_CALLS, "1").strip().lower() not in ("0", "false", "no", "off")
         self.direct = direct  # False once the head has no channel this process can reach: actor calls only
 
     def call(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S, **kwargs: Any) -> Any:

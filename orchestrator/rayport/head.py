@@ -48,7 +48,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import os
 import secrets
 import sys
 import time
@@ -60,7 +59,6 @@ from orchestrator.control.journal import Journal
 from orchestrator.control.jobs import AdmissionOnlyRunner, Chore, RaySubmission
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import Begun, HeadService
-from orchestrator.core import env
 from orchestrator.core.credentials import ANONYMOUS, CALLER_KWARG, Principal, calling_as
 from orchestrator.core.api import HEAD_METHODS, HeadApi
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
@@ -146,9 +144,9 @@ class HeadActor:
                                    RayClusterPort(s, start_agent), clock=time.time, launch_in_cycle=False,
                                    token_secret=bytes.fromhex(token_secret) if token_secret else None)
         self.commit = GroupCommit(journal, table, self.service.metrics)  # what the restore wrote goes in its first batch
-        port = s.metrics_port or int(os.environ.get(env.METRICS_PORT, "0") or 0)
+        port = s.metrics_port  # ORCHESTRATOR_METRICS_PORT/_HOST were applied where the settings were loaded
         if port:
-            host = os.environ.get(env.METRICS_HOST, s.metrics_host)
+            host = s.metrics_host
             try:
                 self.service.metrics_port = self.service.metrics.serve(port, host)
                 reach = host if host not in ("0.0.0.0", "::", "") else ray_api.node_ip()
