@@ -114,12 +114,14 @@ def test_submit_prints_the_job_id_and_sends_what_ray_job_submit_would(head: InPr
                                                                        tmp_path: Path) -> None:
     r = run("submit", "--gpu", "mps:30%,20GiB", "--priority", "training", "--checkpoint-dir", str(tmp_path),
             "--env", "A=1", "--env", "B=x=y", "--working-dir", str(tmp_path), "--",
-            "sleep", "600", "--note", "two words")
+            "sh", "-c", "sleep 600", "--note", "two words")
     assert r.exit_code == 0, r.output
     job_id = r.stdout.strip()
     spec = head.calls[0][1][0]
-    assert job_id.startswith("sleep-") and spec["name"] == "sleep"
-    assert shlex.split(spec["entrypoint"]) == ["sleep", "600", "--note", "two words"]
+    # (a command that runs: `sleep 600 --note ...` exited at once, so on a busy machine the job had failed before
+    # the head first saw it running)
+    assert job_id.startswith("sh-") and spec["name"] == "sh"
+    assert shlex.split(spec["entrypoint"]) == ["sh", "-c", "sleep 600", "--note", "two words"]
     # The folder is uploaded from here; the head gets the package's URI, never a path on this machine.
     assert [u["working_dir"] for u in uploads.given] == [str(tmp_path)]
     assert spec["runtime_env"] == {"env_vars": {"A": "1", "B": "x=y"},
