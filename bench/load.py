@@ -99,7 +99,9 @@ def config() -> ClusterConfig:
 class Noop:
     """The plainest actor there is: one no-op method."""
 
-    def ping(self) -> None:
+    def ping(self, _caller: Any = None) -> None:
+        """(``_caller``: the credentials a head client sends with every call, so the test that stands this actor in
+        for a head's sees the call fail for the actor's death, not for its signature.)"""
         return None
 
 
