@@ -151,9 +151,6 @@ class HeadService:
         self.metrics_url: str | None = None  # set by whoever serves the metrics (the head actor)
         self._dashboard: tuple[str, float] | None = None  # (url, announced until)
         self.store = store
-        #: node -> the digest of the key its current agent was started with (hard state: in the journal)
-        self.agent_digests: dict[str, str] = {k[len(self._agent_prefix):]: d["sha256"]
-                                              for k in store.keys(self._agent_prefix) if (d := store.get(k))}
         self.restored = self.ctl.restore()
         self.jobs.restore()
         self.started_at = clock()
@@ -161,24 +158,24 @@ class HeadService:
         self._fast_reports: list[ReconcileReport] = []  # what grant_now did since the last cycle
 
     # ---- callers ---------------------------------------------------------------------------------
-    @property
-    def _agent_prefix(self) -> str:
-        return f"{self.settings.namespace}/agentkey/"
-
     def _new_agent_key(self, node_name: str) -> str:
-        """A fresh credential for the agent about to be started on ``node_name``; its digest replaces the last
-        one's (in the journal first), so an agent the head replaced can no longer speak for the node."""
-        key = credentials.new_key()
-        d = credentials.digest(key)
-        self.store.put(self._agent_prefix + node_name, {"sha256": d})
-        self.agent_digests[node_name] = d
-        return key
+        """The credential of node ``node_name``'s agent: an HMAC of the node's name under the head's secret (the one
+        its tokens are made from), so a restarted head knows every agent's key without having written anything
+        first (an agent started just before a head's crash would otherwise be refused by the head after it). A
+        replaced agent keeps the key but not the node: its incarnation is refused (``NodeRegistry.current``)."""
+        import hashlib
+        import hmac
+
+        return hmac.new(self.ctl.ledger.token_secret, b"agent\0" + node_name.encode(), hashlib.sha256).hexdigest()
+
+    def _agent_digest(self, node_name: str) -> str:
+        return credentials.digest(self._new_agent_key(node_name))
 
     def caller(self, creds: Any) -> credentials.Principal:
         """The :class:`~orchestrator.core.credentials.Principal` a transport's credentials prove (a wrong
         administrator or agent key is an ``InvalidRequestError``; none, an anonymous caller)."""
         return credentials.principal(creds, admin_digest=self.settings.admin_key_sha256,
-                                     agent_digest=self.agent_digests.get)
+                                     agent_digest=self._agent_digest)
 
     # ---- time ----------------------------------------------------------------------------------
     def cycle(self) -> ReconcileReport:

@@ -258,6 +258,8 @@ class AgentActor:
         """That group now stands for the lease (removed with it)."""
         self.core.check_holder(lease_id, token)
         adopted = self.holds.adopt(lease_id, pg_hex)
+        if adopted:  # the holder's own group (Ray Train's, a Serve replica's) now holds the lease's devices
+            self._groups_seen.setdefault(lease_id, set()).add(pg_hex)
         self._remember_groups()
         return adopted
 
