@@ -40,6 +40,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.allocation import Allocation
+from orchestrator.core.credentials import digest, matches
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN
 from orchestrator.core.request import GangMember, GpuRequest, fields_of
@@ -51,14 +52,9 @@ from orchestrator.core.validation import typed_error
 REDACTED = "<redacted>"
 
 
-def key_digest(key: str) -> str:
-    """The digest a requester sends with its request; the key itself stays with the requester."""
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def key_matches(digest: str | None, key: str | None) -> bool:
-    """True when ``key`` is the secret behind ``digest`` (constant time; never for a missing one)."""
-    return bool(digest and key) and hmac.compare_digest(digest, key_digest(key))  # type: ignore[arg-type]
+#: A requester sends ``key_digest(key)`` with its request; ``key_matches`` checks a key against it. The one digest
+#: and the one constant-time check of every credential (core.credentials).
+key_digest, key_matches = digest, matches
 
 
 class LeaseRequest(BaseModel):
