@@ -59,9 +59,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
-from orchestrator.core import env as E
 from orchestrator.core.config import ClusterConfig, raylet_native_env
 from orchestrator.core.errors import ConfigError, NotConnectedError, OrchestratorError
 from orchestrator.core.credentials import admin_key_for, head_secret_for, use_admin_key
@@ -87,13 +86,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def with_metrics_port(config: ClusterConfig, ports: Callable[[], int] = free_port,
-                      environ: Mapping[str, str] = os.environ) -> ClusterConfig:
+def with_metrics_port(config: ClusterConfig, ports: Callable[[], int] = free_port) -> ClusterConfig:
     """``config`` with the head's ``/metrics`` on a free port (``ports()``) when it would otherwise serve none:
-    ``settings.metrics_port`` 0, no ``$ORCHESTRATOR_METRICS_PORT``, and a loopback ``metrics_host`` (a port
-    of its own on another address is the operator's choice). Else ``config`` as it is."""
+    ``settings.metrics_port`` 0 (``ORCHESTRATOR_METRICS_PORT`` was applied when the config was loaded:
+    ``core.config.with_environment``) and a loopback ``metrics_host`` (a port of its own on another address is
+    the operator's choice). Else ``config`` as it is."""
     s = config.settings
-    if s.metrics_port or environ.get(E.METRICS_PORT) or s.metrics_host not in LOOPBACK_HOSTS:
+    if s.metrics_port or s.metrics_host not in LOOPBACK_HOSTS:
         return config
     return config.model_copy(update={"settings": s.model_copy(update={"metrics_port": ports()})})
 

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.core.errors import ConfigError
 
-from orchestrator.core.config import ClusterConfig, parse_config
+from orchestrator.core.config import ClusterConfig, parse_config, with_environment
 from orchestrator.core.statefile import Proc, State
 from orchestrator.deploy.local import (RAY_SESSION_TAIL, UNIX_SOCKET_MAX, auth_env, down, plan_local_cluster, ray_root, session_members,
                                        with_metrics_port)
@@ -69,14 +69,15 @@ def test_a_local_cluster_serves_its_metrics_on_a_free_loopback_port_unless_told_
     """`up` with a config that names no metrics port: the head gets a free one on 127.0.0.1 (`status` shows its
     URL). A port in the config or in $ORCHESTRATOR_METRICS_PORT, or an address off loopback, is left as it is."""
     assert demo.settings.metrics_port == 0 and demo.settings.metrics_host == "127.0.0.1"
-    got = with_metrics_port(demo, ports=lambda: 40123, environ={})
+    got = with_metrics_port(demo, ports=lambda: 40123)
     assert got.settings.metrics_port == 40123 and got.settings.metrics_host == "127.0.0.1"
     assert got.model_copy(update={"settings": demo.settings}) == demo  # nothing else changed
     set_port = demo.model_copy(update={"settings": demo.settings.model_copy(update={"metrics_port": 9100})})
-    assert with_metrics_port(set_port, ports=lambda: 40123, environ={}) is set_port
-    assert with_metrics_port(demo, ports=lambda: 40123, environ={"ORCHESTRATOR_METRICS_PORT": "9200"}) is demo
+    assert with_metrics_port(set_port, ports=lambda: 40123) is set_port
+    from_env = with_environment(demo, {"ORCHESTRATOR_METRICS_PORT": "9200"})  # as load_config applies it
+    assert with_metrics_port(from_env, ports=lambda: 40123) is from_env and from_env.settings.metrics_port == 9200
     everywhere = demo.model_copy(update={"settings": demo.settings.model_copy(update={"metrics_host": "0.0.0.0"})})
-    assert with_metrics_port(everywhere, ports=lambda: 40123, environ={}) is everywhere
+    assert with_metrics_port(everywhere, ports=lambda: 40123) is everywhere
 
 
 def test_auth_stays_on_and_writes_only_inside_the_state_dir(tmp_path: Path) -> None:
