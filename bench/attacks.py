@@ -159,7 +159,9 @@ class Attacker:
                 break
             time.sleep(0.5)
         self.expect("(setup) the attacker's own lease preempted", st == "preempted", st)
-        alive = gcs is None or _alive(gcs)
+        from orchestrator.rayport.agent import process_alive
+
+        alive = gcs is None or process_alive(gcs)
         self.expect("have the agent stop the GCS (a pid workload) through a preemption of one's own lease",
                     alive, f"gcs pid {gcs} alive: {alive}")
         job = (self.call("get_job", h["job_id"]).get("ok") or {}).get("state")
@@ -251,16 +253,6 @@ def _pid_of(name: str) -> int | None:
             except OSError:
                 continue
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def attacker_main(address: str, honest_path: str, out_path: str, fuzz: int, seed: int) -> int:

@@ -84,19 +84,7 @@ NO_JSON = {"orchestrator dashboard": "serves the live page until stopped",
 
 
 def test_every_command_prints_one_json_object_with_json_but_those_listed() -> None:
-    import typer.main
-
-    from orchestrator.cli import main
-
-    def leaves(cmd, path):
-        subs = getattr(cmd, "commands", None)
-        if subs:
-            for name, sub in subs.items():
-                yield from leaves(sub, f"{path} {name}")
-        else:
-            yield path, cmd
-
-    commands = dict(leaves(typer.main.get_command(main.app), "orchestrator"))
+    commands = _leaves()
     assert {"orchestrator up", "orchestrator down", "orchestrator status", "orchestrator env"} <= set(commands)
     without = {path for path, cmd in commands.items()
                if not any("--json" in getattr(p, "opts", []) for p in cmd.params)}
