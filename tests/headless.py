@@ -5,9 +5,11 @@
 with the real agent logic (:class:`~orchestrator.control.agent.AgentCore` over the
 simulated discovery backend) for every node of a cluster file. A background
 thread runs the head's cycle and the agents' heartbeats every ``tick_s``, as
-the head actor's event loop and the agent actors do; every API call takes the
-same lock, so calls and cycles never interleave (the actor is single-threaded
-too).
+the head actor's event loop and the agent actors do, and after each cycle hands
+Ray's job API what the cycle made due
+(:func:`~orchestrator.control.jobs.launches.run_due`, where the actor runs
+``launch_off_loop`` after its group commit); every API call takes the same
+lock, so calls and cycles never interleave (the actor is single-threaded too).
 
 Only two boundaries are stood in for, and named so:
 
@@ -33,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 from orchestrator.core.credentials import calling_as
 from orchestrator.control.agent import AgentCore
 from orchestrator.control.discovery.simulated import SimulatedBackend
+from orchestrator.control.jobs import run_due
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
 from orchestrator.control.store import MemoryStore
@@ -196,6 +199,7 @@ class InProcessHead:
             with self.lock:
                 self.cluster.beat(self.service)
                 self.service.cycle_safely()
+                run_due(self.service)  # the store (a MemoryStore) holds every write: as the actor after its flush
             self._stop.wait(self.tick_s)
 
     def wait_for(self, cond: Callable[[], bool], timeout: float, what: str) -> None:

@@ -27,11 +27,11 @@ Invariants:
   in the queue in the call that brought it (the same plan a cycle would make),
   or the requests of calls a client sent together (:meth:`begin`): one plan for
   them all, in the scheduler's order, each call answered after it;
-* with ``launch_in_cycle=False`` (the head actor, whose store commits in groups:
-  :mod:`orchestrator.control.journal`) a cycle admits jobs but starts none:
-  :meth:`take_submissions`, :meth:`send_submission` and :meth:`submission_sent` submit them to Ray
-  once the store holds the admissions, and :meth:`take_chores`, :meth:`send_chore` and :meth:`chore_done`
-  stop Ray jobs (and delete pruned ones' records) once the store holds why (``rayport.head.launch_off_loop``);
+* one mode for the job layer: a cycle (or a call) admits, cancels and drops jobs but calls Ray's job
+  API for none of them; what it made due is handed out only once the store holds why
+  (:mod:`orchestrator.control.jobs.launches`): by the head actor after its group commit, off its loop
+  (``rayport.head.launch_off_loop``), and by whoever runs the head in-process through
+  :func:`~orchestrator.control.jobs.launches.run_due` after its cycle (``tests/headless.py``);
 * time windows read ``day_clock`` (an injected :class:`~orchestrator.core.clock.Clock`):
   the one given, else a compressed day when ``settings.day_clock`` is set, else the
   machine's local time (:func:`day_clock_of`).
@@ -131,7 +131,7 @@ class HeadService:
     def __init__(self, settings: RuntimeSettings, cluster: ClusterConfig, store: StateStore, runner: JobRunner,
                  port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = JOB_STATUS_POLL_S,
                  metrics: HeadMetrics | None = None, day_clock: Clock | None = None,
-                 launch_in_cycle: bool = True, token_secret: bytes | None = None) -> None:
+                 token_secret: bytes | None = None) -> None:
         self.settings = settings
         self.cluster = cluster
         self.port = port
@@ -141,8 +141,7 @@ class HeadService:
                                   sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings),
                                   token_secret=token_secret)
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
-                               head_name=settings.head_name, status_poll_s=status_poll_s,
-                               launch_in_step=launch_in_cycle)
+                               head_name=settings.head_name, status_poll_s=status_poll_s)
         self.metrics = metrics or HeadMetrics(
             gauges_every_s=settings.metrics_gauges_every_s, priority_classes=cluster.scheduler.classes,
             queues=cluster.scheduler.queues, inference_services=settings.inference_services)
@@ -235,19 +234,17 @@ class HeadService:
 
     def take_submissions(self) -> list[RaySubmission]:
         """The submissions to hand Ray's job API now (:meth:`JobManager.take_submissions`); call once the
-        store holds the admissions."""
-        subs, events = self.jobs.take_submissions()
-        for event in events:
-            log.info("%s", event)
-        return subs
+        store holds the admissions (:mod:`.jobs.launches`)."""
+        return self.jobs.take_submissions()
 
     def send_submission(self, sub: RaySubmission) -> Exception | None:
-        """The blocking call to Ray's job API (:meth:`JobManager.send`): touches no state, safe off the loop."""
-        return self.jobs.send(sub)
+        """The blocking call to Ray's job API (:meth:`JobManager.send_submission`): touches no state, safe off the
+        loop."""
+        return self.jobs.send_submission(sub)
 
     def submission_sent(self, sub: RaySubmission, error: Exception | None) -> str:
-        """Apply Ray's answer (:meth:`JobManager.sent`), on the loop."""
-        event = self.jobs.sent_safely(sub, error)
+        """Apply Ray's answer (:meth:`JobManager.submission_sent`), on the loop."""
+        event = self.jobs.submission_sent(sub, error)
         log.info("%s", event)
         return event
 

@@ -56,7 +56,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.control.edge import check_args, check_batch
 from orchestrator.control.journal import Journal
-from orchestrator.control.jobs import AdmissionOnlyRunner, Chore, RaySubmission
+from orchestrator.control.jobs import AdmissionOnlyRunner, JobApiCall, take_due
 from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import Begun, HeadService
 from orchestrator.core.credentials import ANONYMOUS, CALLER_KWARG, Principal, calling_as
@@ -77,37 +77,35 @@ WAKES = frozenset({"request_lease", "acquire_lease_now", "release", "submit_job"
 
 def launch_off_loop(service: HeadService, pool: Executor, loop: asyncio.AbstractEventLoop,
                     then: Callable[[], None]) -> int:
-    """Hand every stop and delete of a Ray job (:meth:`HeadService.take_chores`), then every job submission now
-    due (:meth:`HeadService.take_submissions`), to Ray's job API on ``pool``, and apply each answer back on
-    ``loop`` (:meth:`HeadService.chore_done`, :meth:`HeadService.submission_sent`), then call ``then``. Returns
-    how many submissions went.
+    """Hand every call now due to Ray's job API (:func:`~orchestrator.control.jobs.launches.take_due`: the
+    stops and deletes, then the submissions) to ``pool``, and apply each answer back on ``loop`` (each call's
+    ``apply``: :meth:`HeadService.chore_done`, :meth:`HeadService.submission_sent`), then call ``then``.
+    Returns how many submissions went. Call only once the store holds every write made so far (the loop
+    awaits its group commit first); an in-process head makes the same calls on one thread
+    (:func:`~orchestrator.control.jobs.launches.run_due`).
 
     The job API is blocking HTTP that can take seconds (Ray's job head waits 10 s for an agent before it
     answers "no available agent"); made on the loop, it stopped every call and cycle of the head meanwhile.
     Invariants: the service is read and changed only on ``loop``; ``pool`` runs only the call itself; on a
     one-thread ``pool`` the stops go first, so a preempted attempt is stopped before its successor starts."""
-    for chore in service.take_chores():
-        _off_loop(pool, loop, service.send_chore, service.chore_done, chore, then)
-    subs = service.take_submissions()
-    for sub in subs:
-        _off_loop(pool, loop, service.send_submission, service.submission_sent, sub, then)
-    return len(subs)
+    calls = take_due(service)
+    for call in calls:
+        _off_loop(pool, loop, call, then)
+    return sum(1 for call in calls if call.submission)
 
 
-def _off_loop(pool: Executor, loop: asyncio.AbstractEventLoop, send: Callable[[Any], Exception | None],
-              apply: Callable[[Any, Exception | None], str], item: Chore | RaySubmission,
-              then: Callable[[], None]) -> None:
-    """``send(item)`` on ``pool``; its answer applied with ``apply(item, error)`` back on ``loop``, then ``then()``."""
+def _off_loop(pool: Executor, loop: asyncio.AbstractEventLoop, call: JobApiCall, then: Callable[[], None]) -> None:
+    """``call.send`` on ``pool``; its answer applied with ``call.apply`` back on ``loop``, then ``then()``."""
 
     def answered(fut: asyncio.Future[Exception | None]) -> None:
         try:
             error = fut.result()
         except BaseException as e:  # the call never ran (the pool is shutting down): it is asked again later
-            error = JobApiUnavailableError(item.submission_id, f"not sent: {type(e).__name__}: {e}")
-        apply(item, error)
+            error = JobApiUnavailableError(call.item.submission_id, f"not sent: {type(e).__name__}: {e}")
+        call.apply(call.item, error)
         then()
 
-    loop.run_in_executor(pool, send, item).add_done_callback(answered)
+    loop.run_in_executor(pool, call.send, call.item).add_done_callback(answered)
 
 
 class RayClusterPort:
@@ -141,7 +139,7 @@ class HeadActor:
         journal = Journal.load(table)
         self.service = HeadService(s, ClusterConfig.model_validate(cluster), journal,
                                    ray_api.RayJobRunner() if s.job_runner == "ray" else AdmissionOnlyRunner(),
-                                   RayClusterPort(s, start_agent), clock=time.time, launch_in_cycle=False,
+                                   RayClusterPort(s, start_agent), clock=time.time,
                                    token_secret=bytes.fromhex(token_secret) if token_secret else None)
         self.commit = GroupCommit(journal, table, self.service.metrics)  # what the restore wrote goes in its first batch
         port = s.metrics_port  # ORCHESTRATOR_METRICS_PORT/_HOST were applied where the settings were loaded

@@ -95,12 +95,12 @@ async def _while_held(api: Gated, service: HeadService, cluster: SimulatedCluste
 
 
 def _head_with_a_job(api: AdmissionOnlyRunner, applied: str) -> tuple[HeadService, SimulatedCluster, str, list[str]]:
-    """The head service as the actor runs it (``launch_in_cycle=False``) over ``api``, one whole-card job submitted
+    """The head service as the actor runs it (its one mode) over ``api``, one whole-card job submitted
     and admitted; the threads the service's ``applied`` method (the answer's side) then runs on are recorded."""
     config = load_config(DEMO_CONFIG)
     settings = RuntimeSettings(heartbeat_interval_s=0.1, agent_ttl_s=5.0, reconcile_interval_s=0.05)
     cluster = SimulatedCluster(config, settings)
-    service = HeadService(settings, config, MemoryStore(), api, cluster, launch_in_cycle=False)
+    service = HeadService(settings, config, MemoryStore(), api, cluster)
     for _ in range(3):
         cluster.beat(service)
         service.cycle()

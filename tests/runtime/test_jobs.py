@@ -17,7 +17,7 @@ from orchestrator.core.errors import InvalidRequestError, JobApiUnavailableError
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
 from orchestrator.control.controller import HeadController
-from orchestrator.control.jobs import JobManager
+from orchestrator.control.jobs import JobManager, run_due
 from orchestrator.control.store import MemoryStore
 from orchestrator.core.config import RuntimeSettings
 
@@ -81,12 +81,17 @@ def _token(jm: JobManager, job_id: str) -> int:
     """The fencing token the job has in its environment (the job layer holds it in-process)."""
     return jm.ctl.ledger.get(jm.get(job_id)["lease"]["lease_id"]).lease.fencing_token
 
-def cycle(ctl: HeadController, jm: JobManager, agents: dict[str, SimAgent], n: int = 1) -> None:
+def cycle(ctl: HeadController, jm: JobManager, agents: dict[str, SimAgent], n: int = 1, *, launch: bool = True) -> None:
+    """``n`` rounds of heartbeats, a controller cycle and a job-layer step, each followed, as the head does once
+    its store holds the step's writes, by the hand-out of what the step made due to Ray's job API (``run_due``;
+    ``launch=False``: the test hands them out itself)."""
     for _ in range(n):
         for a in agents.values():
             a.beat()
         ctl.reconcile()
         jm.reconcile()
+        if launch:
+            run_due(jm)
 
 
 def one_victim(ctl: HeadController, jm: JobManager, agents: dict[str, SimAgent], clock: FakeClock, tmp_path: Any) -> str:
@@ -284,6 +289,7 @@ def test_a_running_job_whose_node_is_lost_is_stopped_and_resumes_from_its_checkp
                 a.beat()
         ctl.reconcile()
     jm.reconcile()
+    run_due(jm)  # the head hands Ray's job API the stop, once the store holds the requeue
     d = jm.get(job)
     assert d["state"] == "queued" and d["attempt"] == 2 and d["resume_from"] == str(ck / "checkpoint.pt")
     assert d["preemptions"][-1]["by"] == "node lost" and f"{job}.a1" in ray_jobs.stopped
@@ -404,13 +410,12 @@ def test_a_job_api_unavailable_past_the_retry_window_fails_the_job_and_frees_its
 
 def _admitted_and_taken(ctl, store, agents, clock, ray_jobs) -> tuple[JobManager, str, Any]:
     """A head's job layer that submits at launch (the head actor's): one job admitted, its submission taken."""
-    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
     job = jm.submit(spec("t"))["job_id"]
-    cycle(ctl, jm, agents, 2)
+    cycle(ctl, jm, agents, 2, launch=False)
     assert jm.get(job)["state"] == "admitted"
     assert jm.launch_due()  # its submission waits for the head's flush, then the job API
-    subs, _ = jm.take_submissions()
-    (sub,) = subs
+    (sub,) = jm.take_submissions()
     assert not jm.launch_due()  # handed out once
     return jm, job, sub
 
@@ -418,9 +423,9 @@ def _admitted_and_taken(ctl, store, agents, clock, ray_jobs) -> tuple[JobManager
 def test_a_job_whose_submission_is_with_ray_is_not_submitted_again_and_runs_on_the_answer(
         ctl, store, agents, clock, ray_jobs) -> None:
     jm, job, sub = _admitted_and_taken(ctl, store, agents, clock, ray_jobs)
-    cycle(ctl, jm, agents, 3)  # Ray has not answered yet: the job waits, nothing is taken twice
-    assert jm.take_submissions() == ([], []) and jm.get(job)["state"] == "admitted"
-    answer = jm.send(sub)
+    cycle(ctl, jm, agents, 3, launch=False)  # Ray has not answered yet: the job waits, nothing is taken twice
+    assert jm.take_submissions() == [] and jm.get(job)["state"] == "admitted"
+    answer = jm.send_submission(sub)
     assert answer is None and list(ray_jobs.submitted) == [sub.submission_id]
     jm.sent(sub, answer)
     d = jm.get(job)
@@ -436,14 +441,14 @@ def _chores_sent(jm: JobManager) -> list[str]:
 
 def _submissions_sent(jm: JobManager) -> list[str]:
     """The same for the submissions due."""
-    return [jm.sent(sub, jm.send(sub)) for sub in jm.take_submissions()[0]]
+    return [jm.sent(sub, jm.send_submission(sub)) for sub in jm.take_submissions()]
 
 
 def test_a_job_cancelled_while_its_submission_was_with_ray_has_the_ray_job_stopped(
         ctl, store, agents, clock, ray_jobs) -> None:
     jm, job, sub = _admitted_and_taken(ctl, store, agents, clock, ray_jobs)
     jm.cancel(job)
-    jm.sent(sub, jm.send(sub))  # Ray took it after all
+    jm.sent(sub, jm.send_submission(sub))  # Ray took it after all
     assert ray_jobs.statuses[sub.submission_id] == "RUNNING", "stopped once the store holds the cancellation"
     assert jm.launch_due()  # the stop is due: the head flushes, then sends it
     assert _chores_sent(jm) == [f"{sub.submission_id}: stopped in Ray"]
@@ -463,7 +468,7 @@ def test_a_job_whose_node_was_lost_while_its_submission_was_with_ray_is_stopped_
             if name != node:
                 a.beat()
         ctl.reconcile()
-    jm.sent(sub, jm.send(sub))
+    jm.sent(sub, jm.send_submission(sub))
     _chores_sent(jm)
     assert sub.submission_id in ray_jobs.stopped, "a Ray job on devices the job no longer holds must not run"
     jm.reconcile()
@@ -486,6 +491,7 @@ def test_one_jobs_error_does_not_stop_the_others(ctl, jm, agents, monkeypatch) -
         ag.beat()
     ctl.reconcile()
     events = jm.reconcile()
+    run_due(jm)
     assert any(e.startswith(f"{a}: reconcile error OSError: disk full") for e in events)
     assert jm.get(b)["state"] == "running"
     monkeypatch.setattr(jm, "_start", real)
@@ -600,6 +606,7 @@ def test_a_gang_job_runs_one_driver_holding_no_card_and_is_preempted_and_resumed
                 a.beat()
         ctl.reconcile()
         jm.reconcile()
+        run_due(jm)
     g = jm.get(gang)
     assert g["state"] == "queued" and g["attempt"] == 3 and f"{gang}.a2" in ray_jobs.stopped
     assert g["preemptions"][-1]["by"] == "node lost"
@@ -740,9 +747,9 @@ def test_a_cancelled_jobs_ray_job_is_stopped_after_its_record_and_a_stop_ray_can
     # The head actor stops Ray jobs off its loop, once the store holds the record that needs the stop: the call
     # made on the loop held every call and cycle for up to the job API's 30 s timeout.
     ray_jobs = FlakyStops(fails=2)
-    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
     job = jm.submit(spec("t"))["job_id"]
-    cycle(ctl, jm, agents, 2)
+    cycle(ctl, jm, agents, 2, launch=False)
     _submissions_sent(jm)
     sub_id = jm.get(job)["ray_submission_id"]
     assert jm.get(job)["state"] == "running"
@@ -760,10 +767,10 @@ def test_a_cancelled_jobs_ray_job_is_stopped_after_its_record_and_a_stop_ray_can
 
 def test_a_stop_ray_never_takes_is_given_up_after_the_retry_window_and_said(ctl, store, agents, clock, caplog) -> None:
     ray_jobs = FlakyStops(fails=1000)
-    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False,
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head",
                     submit_retry_s=60)
     job = jm.submit(spec("t"))["job_id"]
-    cycle(ctl, jm, agents, 2)
+    cycle(ctl, jm, agents, 2, launch=False)
     _submissions_sent(jm)
     jm.cancel(job)
     events: list[str] = []
@@ -786,14 +793,14 @@ def test_a_restarted_head_stops_what_the_crashed_one_may_not_have_stopped(ctl, s
     jm.cancel(gone)
     assert jm.get(victim)["attempt"] == 2
     ray_jobs.stopped.clear()
-    again = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    again = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
     again.restore()
     assert sorted(c.submission_id for c in again.take_chores()) == sorted([f"{victim}.a1", f"{gone}.a1"])
     assert ray_jobs.stopped == [], "the restored head stops only from its launch, after the restore is durable"
     # Stops are asked for submit_retry_s (300 s) at most: a restart well after that re-stops nothing (a day of
     # cancelled jobs would otherwise be as many HTTP calls, queued before the submissions).
     clock.advance(300 + 61)
-    later = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    later = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
     later.restore()
     assert later.take_chores() == []
 
@@ -808,7 +815,7 @@ def test_a_dropped_jobs_ray_records_are_deleted_so_its_id_runs_again(store, cloc
     for a in agents.values():
         a.register()
     ray_jobs = FakeRayJobs()
-    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
 
     def step() -> list[str]:  # what the head actor's loop does: a cycle, then the job API's calls
         for a in agents.values():
@@ -892,13 +899,13 @@ def test_deletes_of_dropped_jobs_trickle_two_at_a_time_and_never_hold_back_a_sto
     # After a long outage one prune drops a day of jobs: their deletes (HTTP calls on the job API's one thread)
     # must not queue ahead of submissions and stops.
     ray_jobs = FakeRayJobs()
-    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head", launch_in_step=False)
+    jm = JobManager(ctl, store, ray_jobs, clock=clock, namespace="rgo", head_name="rgo-head")
     ids = [jm.submit(spec(f"s{i}", priority="batch"))["job_id"] for i in range(6)]
-    cycle(ctl, jm, agents, 2)
+    cycle(ctl, jm, agents, 2, launch=False)
     _submissions_sent(jm)
     for j in ids[:5]:
         ray_jobs.statuses[f"{j}.a1"] = "SUCCEEDED"
-    cycle(ctl, jm, agents)
+    cycle(ctl, jm, agents, launch=False)
     assert [jm.get(j)["state"] for j in ids] == ["succeeded"] * 5 + ["running"]
     clock.advance(1)
     assert sorted(jm.prune_ended(clock())) == sorted(ids[:5])

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from headless import InProcessHead
 
+from orchestrator.control.jobs import run_due
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.lease import key_digest
@@ -191,8 +192,11 @@ def test_calls_begun_together_are_planned_once_in_priority_order_and_each_answer
 def test_a_job_submitted_to_an_idle_queue_is_admitted_in_the_submit_call(tmp_path: Path) -> None:
     head = InProcessHead(workdir=tmp_path)
     try:
-        with head.lock:  # no background cycle in between: the submit call itself admits and starts it
+        with head.lock:  # no background cycle in between: the submit call itself admits it
             d = head.service.submit_job({"name": "quick", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}})
+            assert d["state"] == "admitted" and [h["state"] for h in d["history"]] == ["queued", "admitted"]
+            run_due(head.service)  # and the head's hand-out, next (the actor's once the reply's batch is durable), starts it
+            d = head.service.get_job(d["job_id"])
         assert d["state"] == "running" and [h["state"] for h in d["history"]][:2] == ["queued", "admitted"]
     finally:
         head.close()

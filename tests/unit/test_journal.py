@@ -375,7 +375,7 @@ class RecordingRunner:
         return ""
 
 
-def _head_over_journal(launch_in_cycle: bool) -> tuple[Any, Journal, RecordingRunner]:
+def _head_over_journal() -> tuple[Any, Journal, RecordingRunner]:
     from scalebench import scale
 
     from orchestrator.control.service import HeadService
@@ -388,7 +388,7 @@ def _head_over_journal(launch_in_cycle: bool) -> tuple[Any, Journal, RecordingRu
     port = scale.BenchPort(cfg, settings)
     j = Journal(MemoryKv())
     runner = RecordingRunner(j, "jt")
-    head = HeadService(settings, cfg, j, runner, port, clock=clock, status_poll_s=0.0, launch_in_cycle=launch_in_cycle)
+    head = HeadService(settings, cfg, j, runner, port, clock=clock, status_poll_s=0.0)
     head.cycle()
     for core in port.agents.values():
         ack = head.register_agent(**core.registration())
@@ -414,7 +414,7 @@ def launch(head: Any) -> None:
 
 
 def test_the_head_submits_a_job_to_ray_only_after_the_table_holds_its_admission_and_grant() -> None:
-    head, j, runner = _head_over_journal(launch_in_cycle=False)
+    head, j, runner = _head_over_journal()
     spec = {"name": "t", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}, "priority": "batch"}
     for i in range(3):
         head.submit_job(spec, f"job-{i}")  # an idle queue: admitted in the call (the fast grant path)
@@ -430,7 +430,7 @@ def test_the_head_submits_a_job_to_ray_only_after_the_table_holds_its_admission_
 
 
 def test_a_job_cancelled_between_admission_and_launch_is_not_started() -> None:
-    head, j, runner = _head_over_journal(launch_in_cycle=False)
+    head, j, runner = _head_over_journal()
     spec = {"name": "t", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}, "priority": "batch"}
     head.submit_job(spec, "job-a")
     head.submit_job(spec, "job-b")
@@ -448,7 +448,7 @@ def test_a_head_that_dies_before_a_jobs_running_record_is_written_restores_it_ad
     # Ray's job API answers as taken (RayJobRunner.submit: the id exists with our metadata).
     from orchestrator.control.service import HeadService
 
-    head, j, runner = _head_over_journal(launch_in_cycle=False)
+    head, j, runner = _head_over_journal()
     spec = {"name": "t", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}, "priority": "batch"}
     head.submit_job(spec, "job-a")
     commit(j)  # the reply's batch: the admission
@@ -458,8 +458,7 @@ def test_a_head_that_dies_before_a_jobs_running_record_is_written_restores_it_ad
 
     again = Journal.load(j.table)
     rerun = RecordingRunner(again, "jt")
-    restarted = HeadService(head.settings, head.cluster, again, rerun, head.port, clock=head.clock, status_poll_s=0.0,
-                            launch_in_cycle=False)
+    restarted = HeadService(head.settings, head.cluster, again, rerun, head.port, clock=head.clock, status_poll_s=0.0)
     restarted.cycle()
     commit(again)
     launch(restarted)
@@ -632,3 +631,19 @@ def test_a_table_an_earlier_head_wrote_one_key_per_record_is_read_and_folded_int
     j.acked(b)
     assert not [k for k in table.keys("") if not k.startswith("_")], "the old keys are gone after the manifest"
     assert state(Journal.load(table)) == {**old, "ns/lease/b": {"state": "pending"}}
+
+
+def test_an_in_process_head_hands_out_a_submission_only_once_the_table_holds_its_admission() -> None:
+    # One mode: an in-process head drives the same hand-out as the actor (jobs.launches.run_due), and it takes
+    # nothing while the journal still holds writes the table has not acknowledged.
+    from orchestrator.control.jobs import StoreNotDurableError, run_due
+
+    head, j, runner = _head_over_journal()
+    spec = {"name": "t", "entrypoint": "true", "gpu": {"kind": "timeslice", "fraction": 0.25}, "priority": "batch"}
+    head.submit_job(spec, "job-a")
+    with pytest.raises(StoreNotDurableError):
+        run_due(head)
+    assert runner.submitted == {} and head.launch_due()  # refused before anything was taken
+    run_due(head, flush=lambda: commit(j))
+    assert runner.submitted == {"job-a.a1": {"lease_state": "granted", "job_state": "admitted", "sub_id": "job-a.a1"}}
+    assert head.get_job("job-a")["state"] == "running" and not head.launch_due()

@@ -19,9 +19,9 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class RaySubmission:
     """One job attempt's submission to Ray's job API, prepared on the head's loop (:meth:`JobManager.
-    take_submissions`). :meth:`JobManager.send` makes the call -- blocking HTTP, so the head actor makes it
-    on a thread of its own -- and :meth:`JobManager.sent` applies the answer, back on the loop, to whatever
-    the job has become meanwhile."""
+    take_submissions`). :meth:`JobManager.send_submission` makes the call -- blocking HTTP, so the head actor
+    makes it on a thread of its own -- and :meth:`JobManager.sent` applies the answer, back on the loop, to
+    whatever the job has become meanwhile (:mod:`.launches`)."""
 
     job_id: str
     submission_id: str

@@ -1,24 +1,30 @@
 """The head's job layer, glued: jobs become leases, granted leases become Ray jobs.
 
 The parts: :mod:`.transitions` decides a job's next step (pure), this module carries it out (the store
-write first, then the lease calls and the intents of :mod:`.intents`), :mod:`.executor` makes the calls to
-Ray's job API with its one retry policy, :mod:`.views` reads, :mod:`.codec` is the stored form
-(``docs/design.md``, "The job layer").
+write first, then the lease calls and the intents of :mod:`.intents`), :mod:`.ray_calls` is the manager's
+side of Ray's job API (hands the intents out, applies the answers), :mod:`.launches` is the one hand-out
+every driver of the head uses, :mod:`.executor` makes the calls with its one retry policy, :mod:`.views`
+reads, :mod:`.codec` is the stored form (``docs/design.md``, "The job layer").
 
 :class:`JobManager` is a plain class beside the
 :class:`~orchestrator.control.controller.HeadController` (no Ray import; the
 Ray job API is behind the :class:`JobRunner` protocol, faked in unit tests).
-The head actor calls :meth:`JobManager.reconcile` after every controller
+It is one class made of three parts, one per responsibility: this module's
+(state, store, steps), :class:`~.ray_calls.RayCalls` and
+:class:`~.views.JobReads` (mixins that hold no state of their own).
+The head calls :meth:`JobManager.reconcile` after every controller
 cycle. Contract, as the controller's:
 
-* **Hard state first**: a job's record is written to the store before the
-  Ray job is submitted or stopped, so a restarted head knows every submission
-  id it may have made (a submission id is the attempt id ``<job>.a<n>``, so a retried
-  submit after a crash is refused by Ray as a duplicate rather than run twice).
-  With ``launch_in_step=False`` (the head actor) both calls leave the head's loop:
-  :meth:`JobManager.take_submissions` and :meth:`JobManager.take_chores` hand them
-  out once the store holds the records, and a restarted head stops again what
-  it may not have stopped before it crashed (:meth:`JobManager.restore`).
+* **Hard state first, one mode**: a step never calls Ray's job API. It writes
+  the job's record, then leaves an intent (a submission, a stop, a delete) that
+  :meth:`~.ray_calls.RayCalls.take_submissions` and
+  :meth:`~.ray_calls.RayCalls.take_chores` hand out only once the store holds
+  the record (:mod:`.launches`: the head actor after its group commit, off its
+  loop; an in-process head through :func:`.launches.run_due`). So a restarted
+  head knows every submission id it may have made (a submission id is the
+  attempt id ``<job>.a<n>``, so a retried submit after a crash is refused by Ray
+  as a duplicate rather than run twice), and stops again what it may not have
+  stopped before it crashed (:meth:`JobManager.restore`).
 * **Idempotent**: ``submit`` with a known job id and the same spec returns the
   job; ``cancel`` of a finished job returns it.
 
@@ -27,7 +33,7 @@ One job, its life (see :data:`orchestrator.core.job.JOB_TRANSITIONS`):
 1. ``submit``: admission refusals (the field named), then QUEUED with a lease
    request ``<job>.a<attempt>`` of the job's class, queue and original
    submission time;
-2. lease GRANTED -> ADMITTED -> the Ray job is submitted with the lease's
+2. lease GRANTED -> ADMITTED -> (handed out) the Ray job is submitted with the lease's
    env vars (``CUDA_VISIBLE_DEVICES`` ...), pinned to the lease's node
    (label selector ``ray.io/node-id``, a label Ray gives every node, KubeRay
    pods included), asking Ray for the hand-out's share of its cards
@@ -68,13 +74,14 @@ from orchestrator.control.controller import HeadController
 from orchestrator.control.jobs import transitions, views
 from orchestrator.control.jobs.codec import job_from_json, job_json
 from orchestrator.control.jobs.executor import Executor
-from orchestrator.control.jobs.intents import Chore, ChoreKind, RaySubmission
+from orchestrator.control.jobs.intents import Chore, ChoreKind
+from orchestrator.control.jobs.ray_calls import RayCalls
 from orchestrator.control.jobs.runner import JobRunner
 from orchestrator.control.jobs.transitions import Step
+from orchestrator.control.jobs.views import JobReads
 from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
-from orchestrator.core.errors import (InvalidRequestError, JobApiUnavailableError, PermissionDeniedError,
-                                      UnknownObjectError)
+from orchestrator.core.errors import InvalidRequestError, PermissionDeniedError, UnknownObjectError
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN, attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
 from orchestrator.core.lease import LeaseRequest, LeaseState
@@ -89,12 +96,11 @@ CHECKPOINT_FILE = "checkpoint.pt"
 RESTOP_SLACK_S = 60.0
 
 
-class JobManager:
-    """Jobs on top of leases; see the module docstring."""
+class JobManager(RayCalls, JobReads):
+    """Jobs on top of leases; see the module docstring. Every attribute of its parts is set here."""
 
     def __init__(self, ctl: HeadController, store: StateStore, runner: JobRunner, *, clock: Callable[[], float],
-                 namespace: str, head_name: str, status_poll_s: float = 0.0, launch_in_step: bool = True,
-                 submit_retry_s: float = 300.0) -> None:
+                 namespace: str, head_name: str, status_poll_s: float = 0.0, submit_retry_s: float = 300.0) -> None:
         self.ctl = ctl
         self.store = store
         self.clock = clock
@@ -111,11 +117,10 @@ class JobManager:
         self._ray_status: dict[str, str | None] = {}  # submission id -> Ray status, as of the last batched read
         self._read_at = float("-inf")
         self._read_failing = False  # the last status read failed (said once, until one succeeds)
-        # False: a job's Ray submission waits for :meth:`take_submissions`, which the head calls once the store holds the
-        # admission (the grant it runs on included); True: at once, for stores that are durable on each write.
-        self.launch_in_step = launch_in_step
+        # A job's Ray submission waits for take_submissions(), which the head calls once the store holds the
+        # admission (the grant it runs on included); then it is with Ray's job API until its answer is applied.
         self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits take_submissions(), in order
-        self._sending: set[str] = set()  # jobs whose submission is with Ray's job API now (send() -> sent())
+        self._sending: set[str] = set()  # jobs whose submission is with Ray's job API now (send -> sent)
         # The calls to Ray's job API and their retries (submissions, and stops and deletes: the chores).
         self.executor = Executor(runner, clock=clock, retry_for_s=submit_retry_s)
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
@@ -174,7 +179,7 @@ class JobManager:
         ``settings.ended_retention_s`` ago, every 10 s), so jobs and their leases leave together; an id is
         recognised (a resubmission answered with the job) until then. Jobs are kept in the order they
         ended, so a call costs what it drops. Each dropped job's attempts are deleted from Ray's job table
-        too (after the store has dropped it; :meth:`take_chores`): Ray never empties it, and a job submitted
+        too (after the store has dropped it; :meth:`~.ray_calls.RayCalls.take_chores`): Ray never empties it, and a job submitted
         again under a dropped job's id then finds no record of the old one under its submission ids."""
         pruned = []
         for job_id, at in self._ended.items():
@@ -225,18 +230,6 @@ class JobManager:
         self._request_lease(job)
         return self.get(job_id)
 
-    def get(self, job_id: str) -> dict[str, Any]:
-        """The job's public view, with its current lease's (:func:`.views.job_view`)."""
-        job = self._job(job_id)
-        return views.job_view(job, self._leases(job))
-
-    def list(self) -> list[dict[str, Any]]:
-        return [self.get(j) for j in sorted(self._jobs, key=lambda j: self._jobs[j].submitted_at)]
-
-    def board(self, limit: int = 200, decisions: int = views.BOARD_DECISIONS) -> dict[str, Any]:
-        """``HeadApi.job_board`` (:func:`.views.board`)."""
-        return views.board(self._jobs.values(), limit, decisions)
-
     def cancel(self, job_id: str, reason: str = "cancelled by the user") -> dict[str, Any]:
         job = self._job(job_id)
         if job.terminal:
@@ -246,28 +239,6 @@ class JobManager:
         self._release_lease(job, reason, fence=True)  # its cards go on once the agent says the job is gone
         self._commit(job.transition(JobState.CANCELLED, now=self.clock(), reason=reason, message=reason))
         return self.get(job_id)
-
-    def logs(self, job_id: str, attempt: int | None = None) -> str:
-        """The driver log of the job's current attempt, or of ``attempt`` (each attempt is its own Ray job)."""
-        sub_id = self.log_source(job_id, attempt)
-        return self.read_log(sub_id) if sub_id else ""
-
-    def log_source(self, job_id: str, attempt: int | None = None) -> str | None:
-        """The Ray submission id whose log :meth:`logs` reads (None: the attempt has not reached Ray yet)."""
-        job = self._job(job_id)
-        if attempt is not None and not 1 <= attempt <= job.attempt:
-            raise InvalidRequestError("attempt", attempt, f"an attempt of {job_id}: 1 to {job.attempt}")
-        if attempt is not None and attempt != job.attempt:
-            return attempt_id(job.job_id, attempt)
-        return job.ray_submission_id
-
-    def read_log(self, submission_id: str) -> str:
-        """The runner's log of ``submission_id``, or a line saying why there is none. Reads no state of the
-        manager: the head actor calls it off its loop (it is a call out of the head)."""
-        try:
-            return self.runner.logs(submission_id)
-        except Exception as e:  # the Ray job API is a boundary: say what failed, never crash the head
-            return f"(logs of {submission_id} unavailable: {type(e).__name__}: {e})"
 
     def explain(self, job_id: str) -> dict[str, Any]:
         """Why the job is where it is (:func:`.views.explain`), from the controller's explanation of its leases."""
@@ -279,14 +250,6 @@ class JobManager:
             except UnknownObjectError:
                 explained.append(None)
         return views.explain(job, explained, submit_retrying=self.executor.retrying(job.ray_submission_id or ""))
-
-    def preemption_requested(self, job_id: str) -> dict[str, Any]:
-        job = self._job(job_id)
-        return views.preemption_requested(job, self._lease(job))
-
-    def owner_of(self, job_id: str) -> str | None:
-        """The user id job ``job_id`` was submitted under (``UnknownObjectError`` for an unknown job)."""
-        return self._job(job_id).owner
 
     def ack_checkpoint(self, job_id: str, path: str, step: int | None = None,
                        token: int | None = None) -> dict[str, Any]:
@@ -314,7 +277,7 @@ class JobManager:
 
     def advance(self, job_id: str) -> str | None:
         """One step of one job now, outside the cycle: a job whose lease the fast grant path just granted is
-        admitted (and started) in the call that submitted it."""
+        admitted in the call that submitted it (its submission handed out as any other, :mod:`.launches`)."""
         return self._step(self._job(job_id))
 
     # ---- the reconcile step --------------------------------------------------------------------
@@ -330,8 +293,6 @@ class JobManager:
         The Ray status of every started job is read at most once per ``status_poll_s``, in one batched
         call (:meth:`JobRunner.status_many`): one read per tick, whatever the number of jobs."""
         events: list[str] = []
-        if self.launch_in_step:  # stops and deletes Ray's job API could not take before, due again (else: take_chores)
-            events.extend(self.chore_done(c, self.send_chore(c)) for c in self.take_chores())
         read = self._read_statuses()
         touched, self._touched = self._touched, set()
         for job_id in list(self._live):
@@ -397,125 +358,6 @@ class JobManager:
         return f"{job.job_id}: checkpointed and stopped; requeued to resume"
 
     # ---- steps ---------------------------------------------------------------------------------
-    def _start(self, job: Job, lease: LedgerEntry) -> str:
-        """Record the Ray submission id of the job's attempt, then submit it (at once, or by :meth:`take_submissions`)."""
-        sub_id = attempt_id(job.job_id, job.attempt)  # the lease attempt's id: one id from our jobs to Ray's
-        job = self._commit(replace(job, ray_submission_id=sub_id))  # the id is known before Ray hears of it
-        if self.launch_in_step:
-            return self._submit(job, lease)
-        self._ready[job.job_id] = None
-        return f"{job.job_id}: admitted; submitted to Ray as {sub_id} once recorded"
-
-    def sent_safely(self, sub: RaySubmission, error: Exception | None) -> str:
-        """:meth:`sent`, its own failure an event (one job's failure never stops the others, or the head)."""
-        try:
-            return self.sent(sub, error)
-        except Exception as e:
-            self._sending.discard(sub.job_id)
-            self._touched.add(sub.job_id)
-            return f"{sub.job_id}: launch error {type(e).__name__}: {e}"
-
-    def take_submissions(self) -> tuple[list[RaySubmission], list[str]]:
-        """The submissions of the jobs admitted since the last call (``launch_in_step=False``) that are still
-        admitted on a granted lease (each now *sending*: no step touches it until :meth:`sent`), and an
-        event for each that is not. Call once the store holds what was written so far, then :meth:`send`
-        each (off the head's loop: rayport.head.launch_off_loop) and apply the answer with :meth:`sent`.
-
-        Invariant: no Ray job starts on a grant a restarted head would not restore."""
-        ready, self._ready = self._ready, {}
-        subs, events = [], []
-        for job_id in ready:
-            job = self._jobs.get(job_id)
-            state, lease = self._view(job) if job else (None, None)
-            if job is None or job.state is not JobState.ADMITTED or state is not LeaseState.GRANTED or lease is None:
-                # changed meanwhile (cancelled, preempted, lost): its next step deals with it
-                events.append(f"{job_id}: not submitted to Ray: the job is {job.state.value if job else 'gone'}, "
-                              f"its lease {state.value if state else 'gone'}")
-                continue
-            try:
-                subs.append(self._submission(job, lease))
-            except Exception as e:  # one job's failure never stops the others (or the head)
-                events.append(f"{job_id}: launch error {type(e).__name__}: {e}")
-                continue
-            self._sending.add(job_id)
-        return subs, events
-
-    def send(self, sub: RaySubmission) -> Exception | None:
-        """Hand ``sub`` to Ray's job API (:meth:`.executor.Executor.send`); returns what it raised (None: taken).
-        Reads and changes no state of the manager: the head actor calls it on a thread of its own while its
-        loop goes on."""
-        return self.executor.send(sub)
-
-    def _submit(self, job: Job, lease: LedgerEntry) -> str:
-        """Submit the admitted job now and apply the answer (``launch_in_step``: a store durable on each write)."""
-        sub = self._submission(job, lease)
-        self._sending.add(job.job_id)
-        return self.sent(sub, self.send(sub))
-
-    def _submission(self, job: Job, lease: LedgerEntry) -> RaySubmission:
-        """What the admitted job is submitted to Ray with (:func:`.transitions.submission`)."""
-        members = [e for e in self._leases(job) if e is not None]
-        return transitions.submission(job, lease, members, namespace=self.namespace, head_name=self.head_name)
-
-    def sent(self, sub: RaySubmission, error: Exception | None) -> str:
-        """Apply Ray's answer to ``sub`` (:meth:`send`'s return) to the job as it is now.
-
-        Still admitted on a granted lease: taken -> its lease(s) activated for the Ray job and the job RUNNING; unavailable for now -> sent
-        again after a backoff (:meth:`_submit_later`); refused -> FAILED, its lease(s) freed. Changed
-        meanwhile (cancelled, its lease preempted or lost): a Ray job that was taken is stopped, and the
-        job's next step deals with the rest."""
-        self._sending.discard(sub.job_id)
-        job = self._jobs.get(sub.job_id)
-        taken = error is None
-        current = job is not None and job.state is JobState.ADMITTED and job.ray_submission_id == sub.submission_id
-        state, lease = self._view(job) if job is not None and current else (None, None)
-        if job is None or not current or state is not LeaseState.GRANTED or lease is None:
-            if taken:
-                self._stop(sub.submission_id)  # what Ray took must not run on devices the job no longer holds
-            if job is not None:
-                self._touched.add(job.job_id)
-            return (f"{sub.job_id}: changed while {sub.submission_id} was being submitted (the job "
-                    f"{job.state.value if job else 'gone'}, its lease {state.value if state else 'not granted'})"
-                    + ("; stopped it in Ray" if taken else ""))
-        if isinstance(error, JobApiUnavailableError):
-            return self._submit_later(job, error)
-        if not taken:
-            self._release_lease(job, f"Ray refused the job: {error}")
-            self._commit(job.transition(JobState.FAILED, now=self.clock(), reason=f"Ray refused the submission: {error}",
-                                        message=str(error)))
-            return f"{job.job_id}: Ray refused the submission: {error}"
-        a = lease.lease.allocation
-        assert a is not None
-        members = [e for e in self._leases(job) if e is not None]
-        for e in members:
-            self.ctl.activated(e.lease_id, e.lease.fencing_token, None, f"job:{sub.submission_id}")
-        where = a.node_name if len(members) == 1 else f"{a.node_name} (driver; gang of {len(members)} on " \
-            f"{','.join(sorted({e.lease.allocation.node_name for e in members if e.lease.allocation}))})"
-        retried = {"message": ""} if self.executor.retrying(sub.submission_id) else {}  # the retry's note is over
-        self._commit(job.transition(JobState.RUNNING, now=self.clock(),
-                                    reason=f"submitted to Ray as {sub.submission_id} on {where} ({a.kind.value})",
-                                    **retried))
-        return f"{job.job_id}: running as {sub.submission_id} on {a.node_name}"
-
-    def _submit_later(self, job: Job, e: JobApiUnavailableError) -> str:
-        """Ray's job API could not take the submission for now: the job stays admitted on its lease and is
-        sent again, under the same submission id, after a backoff (:meth:`.executor.Executor.submit_failed`);
-        after ``submit_retry_s`` of failures it fails with what Ray said and frees its lease(s). The job's
-        ``message`` says where it stands."""
-        now, sub_id = self.clock(), job.ray_submission_id or ""
-        retry, give_up = self.executor.submit_failed(sub_id, now)
-        if give_up:
-            why = f"Ray's job API did not take {sub_id} in {now - retry.first:.0f}s of trying: {e.detail}"
-            self._release_lease(job, why)
-            self._commit(job.transition(JobState.FAILED, now=now, reason=why, message=why))
-            return f"{job.job_id}: {why}"
-        msg = (f"{e}; submitting it again in {retry.due - now:g}s (try {retry.tries}, failing after "
-               f"{self.submit_retry_s:g}s)")
-        if retry.tries == 1:
-            log.warning("%s: %s", job.job_id, msg)
-        self._commit(replace(job, message=msg))
-        return f"{job.job_id}: {msg}"
-
     def _finish(self, job: Job, ray_status: str) -> str:
         to = transitions.finished_state(ray_status)
         why = f"Ray job {job.ray_submission_id} {ray_status}"
@@ -570,12 +412,6 @@ class JobManager:
                                   fence=fence)
 
     # ---- helpers -------------------------------------------------------------------------------
-    def _job(self, job_id: str) -> Job:
-        try:
-            return self._jobs[job_id]
-        except KeyError:
-            raise UnknownObjectError("job", job_id) from None
-
     def _lease(self, job: Job) -> LedgerEntry | None:
         """The ledger entry of the job's current attempt (a gang's: worker 0's), typed, read in-process; None
         once pruned."""
@@ -589,74 +425,6 @@ class JobManager:
     def _view(self, job: Job) -> tuple[LeaseState | None, LedgerEntry | None]:
         """The attempt's lease state and the entry that shows it (:func:`.transitions.lease_view`)."""
         return transitions.lease_view(self._leases(job))
-
-    def _read_statuses(self) -> bool:
-        """Read the Ray status of every started job if ``status_poll_s`` has passed; True if it did."""
-        now = self.clock()
-        if now - self._read_at < self.status_poll_s:
-            return False
-        ids = [j.ray_submission_id for j in map(self._jobs.__getitem__, self._live)
-               if j.ray_submission_id and j.state in (JobState.RUNNING, JobState.PREEMPTING)]
-        self._read_at = now
-        if not ids:
-            self._ray_status = {}
-            return True
-        try:
-            self._ray_status = dict(self.runner.status_many(ids))
-        except Exception as e:  # the Ray job API is a boundary: keep the last answers, ask again next tick
-            if not self._read_failing:
-                log.warning("reading the Ray status of %d jobs failed (%s: %s); asking again every %gs",
-                            len(ids), type(e).__name__, e, self.status_poll_s)
-            self._read_failing = True
-            return False
-        self._read_failing = False
-        return True
-
-    def _status(self, sub_id: str | None) -> str | None:
-        """The job's Ray status from the last batched read (None: not read yet, or unknown to Ray)."""
-        return self._ray_status.get(sub_id) if sub_id else None
-
-    def _stop(self, sub_id: str | None) -> None:
-        """Stop the Ray job ``sub_id`` (:meth:`_chore`)."""
-        if sub_id:
-            self._chore(Chore(ChoreKind.STOP, sub_id))
-
-    def _chore(self, chore: Chore) -> None:
-        """Carry out ``chore``: at once with ``launch_in_step``, else once the store holds what was written so far
-        (:meth:`take_chores`; the head actor makes the call off its loop)."""
-        if self.launch_in_step:
-            self.chore_done(chore, self.send_chore(chore))
-        else:
-            self.executor.ask(chore)
-
-    # ---- stopping and deleting Ray jobs off the head's loop --------------------------------------
-    def launch_due(self) -> bool:
-        """Whether :meth:`take_submissions` or :meth:`take_chores` would hand anything out now: what the head's
-        loop makes durable and hands Ray's job API (nothing else it writes needs a flush of its own)."""
-        return bool(self._ready) or bool(self.executor.due_chores())
-
-    def take_chores(self) -> list[Chore]:
-        """The calls to Ray's job API due now other than submissions (``launch_in_step=False``), each handed out
-        once: those asked for since the last call, and those whose retry is due. Call once the store holds what
-        was written so far, then :meth:`send_chore` each (off the head's loop) and apply the answer with
-        :meth:`chore_done`.
-
-        Invariant: a Ray job is stopped only after the record that made it unwanted (cancelled, preempted, lost)
-        is in the store, so a restarted head never finds a job it believes running stopped under it; and its
-        record in Ray's job table is deleted only after the job left our store (:meth:`prune_ended`). At most
-        :data:`~.executor.DELETES_IN_FLIGHT` deletes are out at a time: a prune drops a day's worth of jobs after
-        a long outage, and their deletes must not queue ahead of the submissions on the job API's one thread."""
-        return self.executor.take_chores()
-
-    def send_chore(self, chore: Chore) -> Exception | None:
-        """Make the call to Ray's job API (:meth:`.executor.Executor.send_chore`); returns what it raised (None:
-        done). Reads and changes no state of the manager: the head actor calls it on a thread of its own."""
-        return self.executor.send_chore(chore)
-
-    def chore_done(self, chore: Chore, error: Exception | None) -> str:
-        """Apply Ray's answer to a stop or delete (:meth:`.executor.Executor.chore_done`: asked again after a
-        backoff where it may pass, for ``submit_retry_s``)."""
-        return self.executor.chore_done(chore, error)
 
     @staticmethod
     def _checkpoint_on_disk(job: Job) -> str | None:

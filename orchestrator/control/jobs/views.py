@@ -5,17 +5,20 @@ Invariants:
 * a view reads and never changes: no store write, no lease call, no call to Ray;
 * the board scans the jobs once and builds only ``limit`` rows (never every job's full view);
 * every waiting job's ``explain`` says why it waits and what would free capacity (the controller's lease
-  explanation, its owners named by job id), and every placed one why it went where it is.
+  explanation, its owners named by job id), and every placed one why it went where it is;
+* :class:`JobReads` is the manager's reading half (a mixin of :class:`~.manager.JobManager` that holds no
+  state of its own): it builds its answers with the functions here and never asks the executor or Ray.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from orchestrator.control.jobs.transitions import owner_job
 from orchestrator.control.ledger import LedgerEntry
-from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.errors import InvalidRequestError, UnknownObjectError
+from orchestrator.core.ids import attempt_id
 from orchestrator.core.job import Job, JobState
 
 #: ``job_board``: the transitions it shows, and the most rows one may ask for.
@@ -137,3 +140,52 @@ def preemption_requested(job: Job, lease: LedgerEntry | None) -> dict[str, Any]:
     return {"requested": job.state is JobState.PREEMPTING, "lease_id": job.lease_id,
             "deadline": lease.preempt_deadline if lease else None,
             "reason": (lease.preempt_reason or None) if lease else None}
+
+
+class JobReads:
+    """The job manager's reads (see the module docstring); every attribute it uses is :class:`~.manager.JobManager`'s."""
+
+    _jobs: dict[str, Job]
+    _leases: Callable[[Job], list[LedgerEntry | None]]
+    _lease: Callable[[Job], LedgerEntry | None]
+    read_log: Callable[[str], str]
+
+    def _job(self, job_id: str) -> Job:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise UnknownObjectError("job", job_id) from None
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        """The job's public view, with its current lease's (:func:`job_view`)."""
+        job = self._job(job_id)
+        return job_view(job, self._leases(job))
+
+    def list(self) -> list[dict[str, Any]]:
+        return [self.get(j) for j in sorted(self._jobs, key=lambda j: self._jobs[j].submitted_at)]
+
+    def board(self, limit: int = 200, decisions: int = BOARD_DECISIONS) -> dict[str, Any]:
+        """``HeadApi.job_board`` (:func:`board`)."""
+        return board(self._jobs.values(), limit, decisions)
+
+    def logs(self, job_id: str, attempt: int | None = None) -> str:
+        """The driver log of the job's current attempt, or of ``attempt`` (each attempt is its own Ray job)."""
+        sub_id = self.log_source(job_id, attempt)
+        return self.read_log(sub_id) if sub_id else ""
+
+    def log_source(self, job_id: str, attempt: int | None = None) -> str | None:
+        """The Ray submission id whose log :meth:`logs` reads (None: the attempt has not reached Ray yet)."""
+        job = self._job(job_id)
+        if attempt is not None and not 1 <= attempt <= job.attempt:
+            raise InvalidRequestError("attempt", attempt, f"an attempt of {job_id}: 1 to {job.attempt}")
+        if attempt is not None and attempt != job.attempt:
+            return attempt_id(job.job_id, attempt)
+        return job.ray_submission_id
+
+    def preemption_requested(self, job_id: str) -> dict[str, Any]:
+        job = self._job(job_id)
+        return preemption_requested(job, self._lease(job))
+
+    def owner_of(self, job_id: str) -> str | None:
+        """The user id job ``job_id`` was submitted under (``UnknownObjectError`` for an unknown job)."""
+        return self._job(job_id).owner
