@@ -106,6 +106,7 @@ class Violation:
     node: str = ""
 
     def to_json(self) -> dict[str, str]:
+        # By hand: the report's key order is not the field order (``detail`` is the constructors' second argument).
         return {"kind": self.kind, "lease_id": self.lease_id, "node": self.node, "detail": self.detail}
 
 

@@ -93,6 +93,7 @@ class LedgerEntry:
 
     def to_json(self) -> dict[str, Any]:
         """The stored form (see :meth:`from_json`)."""
+        # By hand: the stored form flattens the lease's fields beside the entry's, and the soft state stays out.
         a = self.lease.allocation
         return {
             "spec": self.spec.model_dump(mode="json"), "seq": self.seq, "enqueued_at": self.enqueued_at,
@@ -109,6 +110,7 @@ class LedgerEntry:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "LedgerEntry":
+        # By hand, as to_json: the lease is rebuilt from the spec and the flattened fields.
         spec = LeaseRequest.parse(d["spec"])
         history = tuple(Transition(h["at"], LeaseState(h["state"]), h["reason"]) for h in d["history"])
         alloc = Allocation.from_json(d["allocation"]) if d.get("allocation") else None

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Annotated, Any, Iterable, Mapping
 
 from orchestrator.control.store import StateStore
+from orchestrator.core import codec
 from orchestrator.core.changefeed import ChangeFeed
 from orchestrator.core.inventory import NodeInventory
 
@@ -32,28 +33,26 @@ class NodeState(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """What the head knows of one node and its agent."""
+    """What the head knows of one node and its agent. The stored form (:meth:`to_json`, derived by
+    :mod:`~orchestrator.core.codec`) leaves out the soft state: ``last_seen`` and ``allocated``."""
 
     name: str
     ray_node_id: str
     incarnation: str
     inventory: NodeInventory
     state: NodeState
-    last_seen: float
+    last_seen: Annotated[float, codec.left_out(0.0)]
     registered_at: float
     reason: str = ""
-    allocated: tuple[str, ...] = ()
+    allocated: Annotated[tuple[str, ...], codec.left_out(())] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "ray_node_id": self.ray_node_id, "incarnation": self.incarnation,
-                "inventory": self.inventory.model_dump(mode="json"), "state": self.state.value,
-                "registered_at": self.registered_at, "reason": self.reason}
+        return codec.dump(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any], *, seen_at: float) -> "NodeRecord":
-        return cls(name=d["name"], ray_node_id=d["ray_node_id"], incarnation=d["incarnation"],
-                   inventory=NodeInventory.model_validate(d["inventory"]), state=NodeState(d["state"]),
-                   last_seen=seen_at, registered_at=d["registered_at"], reason=d.get("reason", ""))
+        """The record :meth:`to_json` stored, last seen at ``seen_at`` (a restored node counts as just seen)."""
+        return replace(codec.load(cls, d, "node"), last_seen=seen_at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from orchestrator.control.nodes import NodeState
 from orchestrator.control.store import StateStore
+from orchestrator.core import codec
 from orchestrator.core.inventory import NodeInventory
 from orchestrator.core.reasons import Cause, Reason
 from orchestrator.core.statemachine import Transition, TransitionTable
@@ -123,15 +124,12 @@ class GpuRepartition:
         return replace(self, state=to, history=self.history + (Transition(now, to, reason),), **changes)
 
     def to_json(self) -> dict[str, Any]:
-        return {"repartition_id": self.repartition_id, "target": self.target, "change": self.change.to_json(),
-                "state": self.state.value, "history": [t.to_dict() for t in self.history],
-                "deadline": self.deadline, "failure": self.failure}
+        """The stored form (``<namespace>/repartition/<id>``), derived from the fields (:mod:`~orchestrator.core.codec`)."""
+        return codec.dump(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "GpuRepartition":
-        return cls(d["repartition_id"], d["target"], GpuChange.from_json(d["change"]), R(d["state"]),
-                   tuple(Transition(t["at"], R(t["state"]), t["reason"]) for t in d["history"]),
-                   d.get("deadline"), d.get("failure", ""))
+        return codec.load(cls, d, "repartition")
 
 
 def gpu_layout(inv: NodeInventory, gpu_index: int) -> tuple[MigSlot, ...] | None:
@@ -201,6 +199,7 @@ class Repartitions:
 
     def to_json(self) -> list[dict[str, Any]]:
         """Live repartitions and the latest ended ones, oldest first (``status``)."""
+        # Not a record's codec: which records ``status`` shows; each is written by its derived codec.
         ended = [r for r in self.records.values() if r.terminal][-KEEP_ENDED:]
         return [r.to_json() for r in self.records.values() if not r.terminal or r in ended]
 

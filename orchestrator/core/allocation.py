@@ -1,4 +1,4 @@
-"""What one placement takes: an :class:`Allocation`, and its one JSON codec.
+"""What one placement takes: an :class:`Allocation`, and its one JSON codec (derived from its fields, :mod:`.codec`).
 
 An allocation names concrete devices by what the node and CUDA see (node
 name, GPU indices and UUIDs, MIG profile/start/UUID, MPS share) and carries
@@ -18,8 +18,11 @@ exactly one GPU and a profile and start; ``to_json`` followed by
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
+from pydantic import Field
+
+from orchestrator.core import codec
 from orchestrator.core.request import ShareKind, share_demand
 
 
@@ -29,15 +32,18 @@ class Allocation:
 
     ``gpus`` are column positions in the snapshot; ``gpu_indices``/``gpu_uuids``
     are the devices' own indices and UUIDs (what the agent and CUDA see).
+
+    The JSON (:meth:`to_json`) names the node ``node`` and leaves the locations out; its keys come in field
+    order, which is why ``model`` sits before the devices.
     """
 
-    node: int
-    node_name: str
+    node: Annotated[int, codec.left_out(-1)]
+    node_name: Annotated[str, Field(alias="node")]
     kind: ShareKind
-    gpus: tuple[int, ...]
+    model: Annotated[str | None, Field(default=None)]
+    gpus: Annotated[tuple[int, ...], codec.left_out(())]
     gpu_indices: tuple[int, ...]
     gpu_uuids: tuple[str, ...]
-    model: str | None
     milli: int
     memory_mib: int
     mig_profile: str | None = None
@@ -68,21 +74,10 @@ class Allocation:
 
     def to_json(self) -> dict[str, Any]:
         """Every field but the snapshot locations, JSON-safe."""
-        return {
-            "node": self.node_name, "kind": self.kind.value, "model": self.model,
-            "gpu_indices": list(self.gpu_indices), "gpu_uuids": list(self.gpu_uuids),
-            "milli": self.milli, "memory_mib": self.memory_mib,
-            "mig_profile": self.mig_profile, "mig_start": self.mig_start, "mig_uuid": self.mig_uuid,
-            "sm_percent": self.sm_percent, "client_priority": self.client_priority,
-            "cpu_milli": self.cpu_milli, "host_memory_mib": self.host_memory_mib,
-        }
+        return codec.dump(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Allocation":
-        """An unlocated allocation from :meth:`to_json`'s output."""
-        return cls(node=-1, node_name=d["node"], kind=ShareKind(d["kind"]), gpus=(),
-                   gpu_indices=tuple(d["gpu_indices"]), gpu_uuids=tuple(d["gpu_uuids"]), model=d.get("model"),
-                   milli=d["milli"], memory_mib=d["memory_mib"], mig_profile=d.get("mig_profile"),
-                   mig_start=d.get("mig_start"), mig_uuid=d.get("mig_uuid"), sm_percent=d.get("sm_percent"),
-                   client_priority=d.get("client_priority"), cpu_milli=d.get("cpu_milli", 0),
-                   host_memory_mib=d.get("host_memory_mib", 0))
+        """An unlocated allocation from :meth:`to_json`'s output; ``InvalidRequestError`` naming the key
+        (``allocation.milli``) when ``d`` is not one."""
+        return codec.load(cls, d, "allocation")

@@ -22,13 +22,20 @@ Groups:
 * **repartition** -- why a GPU is (or is not) given a new MIG layout, and how that ended.
 
 Invariant: a :class:`Reason` always has a cause; its text is never parsed.
+
+A decision's JSON carries its reason as two keys, ``reason`` (the text) and ``cause`` (the code), after the
+decision's own (:class:`ReasonFields`, for the records whose JSON is derived by :mod:`.codec`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Mapping
+
+from pydantic import SerializerFunctionWrapHandler, model_serializer, model_validator
+
+from orchestrator.core import codec
 
 
 class Cause(str, Enum):
@@ -133,8 +140,29 @@ class Reason:
         return self.text
 
     def to_json(self) -> dict[str, Any]:
-        return {"cause": self.cause.value, "text": self.text}
+        return codec.dump(self)
 
     def fields(self) -> dict[str, str]:
         """``{"reason": text, "cause": code}``: how a decision's JSON carries its reason."""
         return {"reason": self.text, "cause": self.cause.value}
+
+
+class ReasonFields:
+    """Base of a record with a field ``reason: Reason`` whose JSON shows it as :meth:`Reason.fields` does:
+    ``reason`` (text) and ``cause`` (code), after every other key; it is read back from those two keys."""
+
+    __slots__ = ()
+
+    @model_serializer(mode="wrap")
+    def _reason_last(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        d = handler(self)
+        r = d.pop("reason")
+        return {**d, "reason": r["text"], "cause": r["cause"]}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reason_from_fields(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and isinstance(data.get("reason"), str):
+            rest = {k: v for k, v in data.items() if k not in ("reason", "cause")}
+            return {**rest, "reason": {"cause": data.get("cause"), "text": data["reason"]}}
+        return data

@@ -69,7 +69,9 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 import orjson
+from pydantic import StrictInt, StrictStr
 
+from orchestrator.core import codec
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.rayport.wire import encode, fault
 
@@ -140,21 +142,23 @@ class Endpoint:
     """Where a head's channel listens, its token and (off loopback) its certificate; the secret is hidden from
     ``repr``."""
 
-    host: str
-    port: int
-    token: str = field(repr=False)
-    cert_pem: str | None = field(default=None, repr=False)
+    # Strict: the head's answer is taken as it is typed (no ``"6380"`` for a port). JSON derived from the fields.
+    host: StrictStr
+    port: StrictInt
+    token: StrictStr = field(repr=False)
+    cert_pem: StrictStr | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, d: Any) -> "Endpoint":
-        if not (isinstance(d, dict) and isinstance(d.get("host"), str) and isinstance(d.get("port"), int)
-                and isinstance(d.get("token"), str) and isinstance(d.get("cert_pem"), (str, type(None)))):
-            raise InvalidRequestError("direct_endpoint", type(d).__name__,
-                                      "{host: str, port: int, token: str, cert_pem: str | null}")
-        return cls(d["host"], d["port"], d["token"], d.get("cert_pem"))
+        """The endpoint ``direct_endpoint`` answered; ``InvalidRequestError`` naming the key otherwise, showing
+        the offending value's type only (what came may hold the token)."""
+        try:
+            return codec.load(cls, d, "direct_endpoint")
+        except InvalidRequestError as e:
+            raise InvalidRequestError(e.field, type(e.value).__name__, e.allowed, e.detail) from None
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "port": self.port, "token": self.token, "cert_pem": self.cert_pem}
+        return codec.dump(self)
 
 
 def is_loopback(host: str) -> bool:

@@ -133,6 +133,7 @@ class ScaleDecision:
         return self.previous is not None and self.replicas != self.previous
 
     def to_json(self) -> dict[str, object]:
+        # By hand: keys out of field order and the scaler's state left out (what the serve status shows).
         return {"replicas": self.replicas, "previous": self.previous, "wanted": self.wanted, **self.reason.fields()}
 
 

@@ -39,12 +39,15 @@ was applied to the working copy before the next was placed).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
+from pydantic import ConfigDict, Field
+
+from orchestrator.core import codec
 from orchestrator.core.clock import format_hhmm
 from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import SchedulerConfig
-from orchestrator.core.reasons import Cause, Reason
+from orchestrator.core.reasons import Cause, Reason, ReasonFields
 from orchestrator.core.request import GangMember, GpuRequest
 from orchestrator.scheduling.admission import never_fits
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
@@ -82,7 +85,7 @@ class PendingItem:
 
 
 @dataclass(frozen=True, slots=True)
-class Grant:
+class Grant(ReasonFields):
     """Grant ``item_id`` its placement (cause ``placed``, or ``placed.borrowing`` beyond its queue's quota)."""
 
     item_id: str
@@ -90,11 +93,11 @@ class Grant:
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "placement": self.placement.to_json(), **self.reason.fields()}
+        return codec.dump(self)
 
 
 @dataclass(frozen=True, slots=True)
-class Preemption:
+class Preemption(ReasonFields):
     """Stop ``victim`` so that ``for_item`` can run."""
 
     victim: Victim
@@ -102,9 +105,10 @@ class Preemption:
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
-        return {"victim": self.victim.to_json(), "for_item": self.for_item, **self.reason.fields()}
+        return codec.dump(self)
 
 
+@codec.by_hand
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """Why an item is still pending (a ``wait.*`` cause); ``preemption_blocked``: why no preemption
@@ -119,6 +123,7 @@ class Waiting:
     preemption_blocked: Reason | None = None
 
     def to_json(self) -> dict[str, Any]:
+        # By hand: the blocking reason split in two keys, the unschedulable details last (API views keep this).
         blocked = self.preemption_blocked
         return {"item_id": self.item_id, "position": self.position, "effective_priority": self.effective_priority,
                 **self.reason.fields(),
@@ -138,14 +143,16 @@ class Plan:
     grants: tuple[Grant, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     waiting: tuple[Waiting, ...] = field(default=())
-    after: ClusterSnapshot = field(kw_only=True, compare=False, repr=False)
+    after: Annotated[ClusterSnapshot, Field(exclude=True)] = field(kw_only=True, compare=False, repr=False)
+
+    #: The snapshot is no JSON value (the plan's JSON leaves it out): pydantic takes it as an opaque instance.
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(arbitrary_types_allowed=True)
 
     def waiting_for(self, item_id: str) -> Waiting | None:
         return next((w for w in self.waiting if w.item_id == item_id), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"grants": [g.to_json() for g in self.grants], "preemptions": [p.to_json() for p in self.preemptions],
-                "waiting": [w.to_json() for w in self.waiting]}
+        return codec.dump(self)
 
 
 def effective_priority(item: PendingItem, config: SchedulerConfig, now: float) -> float:

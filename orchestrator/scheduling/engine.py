@@ -32,13 +32,15 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
+from orchestrator.core import codec
 from orchestrator.core.allocation import Allocation
 from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, MODEL_NAMES
-from orchestrator.core.reasons import Cause, Reason
+from orchestrator.core.reasons import Cause, Reason, ReasonFields
 from orchestrator.core.request import (
     Alternative,
     GpuRequest,
@@ -70,19 +72,19 @@ INF = np.inf
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a request goes, and why (cause ``placed``)."""
+class Placement(ReasonFields):
+    """Where a request goes, and why (cause ``placed``). Its JSON (derived, :mod:`~orchestrator.core.codec`)
+    leaves out the alternative: the allocation says what was taken."""
 
     allocation: Allocation
-    alternative: Alternative
+    alternative: Annotated[Alternative, Field(exclude=True)]
     policy: str
     score: float
     feasible_nodes: int
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
-        return {"allocation": self.allocation.to_json(), "policy": self.policy, "score": self.score,
-                "feasible_nodes": self.feasible_nodes, **self.reason.fields()}
+        return codec.dump(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,7 @@ class Unschedulable:
         return f"no node fits {self.request.describe()} ({self.nodes} nodes): " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
+        # By hand: the request as its description, the reasons grouped, the message computed.
         return {"request": self.request.describe(), "nodes": self.nodes,
                 "reasons": [{"alternative": a, "reason": r.text, "cause": r.cause.value, "nodes": c}
                             for a, r, c in self.reasons],

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.core import codec
 from orchestrator.core.reasons import Cause, Reason
 from orchestrator.core.request import GangRequest, GpuRequest
 from orchestrator.scheduling.engine import Placement, Unschedulable, feasible_nodes, place
@@ -45,6 +46,7 @@ from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 
+@codec.by_hand
 @dataclass(frozen=True, slots=True)
 class GangPlacement:
     """Every worker's placement (index = worker index = bundle index) and why (cause ``placed.gang``)."""
@@ -65,6 +67,7 @@ class GangPlacement:
         return snapshot
 
     def to_json(self) -> dict[str, Any]:
+        # By hand: the gang as its description, the nodes computed, the placements shown as workers.
         return {"gang": self.gang.describe(), "nodes": list(self.nodes),
                 "workers": [p.to_json() for p in self.placements], **self.reason.fields()}
 
@@ -91,6 +94,7 @@ class GangUnschedulable:
         return next((r for i, r in self.workers if i == index), None)
 
     def to_json(self) -> dict[str, Any]:
+        # By hand: the gang as its description, each worker's reason as a mapping, this reason after the rest.
         return {"gang": self.gang.describe(), "placed": self.placed,
                 "workers": [{"worker": i, "reason": r.text, "cause": r.cause.value} for i, r in self.workers],
                 "unschedulable": self.unschedulable.to_json() if self.unschedulable else None, **self.reason.fields()}

@@ -50,7 +50,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import SchedulerConfig
-from orchestrator.core.reasons import Cause, Reason
+from orchestrator.core import codec
+from orchestrator.core.reasons import Cause, Reason, ReasonFields
 from orchestrator.core.request import GangRequest, GpuRequest
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.gang import GangPlacement, place_gang
@@ -59,7 +60,7 @@ from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 
 @dataclass(frozen=True, slots=True)
-class Victim:
+class Victim(ReasonFields):
     """A lease chosen for preemption and why (cause ``victim.priority`` or ``victim.reclaim``)."""
 
     lease_id: str
@@ -74,12 +75,11 @@ class Victim:
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__slots__ if k != "reason"}
-        return d | self.reason.fields()
+        return codec.dump(self)
 
 
 @dataclass(frozen=True, slots=True)
-class PreemptionPlan:
+class PreemptionPlan(ReasonFields):
     """Victims (in order) whose release lets the request land at ``placement``."""
 
     victims: tuple[Victim, ...]
@@ -88,8 +88,7 @@ class PreemptionPlan:
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
-        return {"victims": [v.to_json() for v in self.victims], "placement": self.placement.to_json(),
-                "considered": self.considered, **self.reason.fields()}
+        return codec.dump(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +99,7 @@ class NoPreemption:
     ineligible: tuple[tuple[str, Reason], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        # By hand: the reason first, each ineligible lease's reason as a mapping.
         return {**self.reason.fields(),
                 "ineligible": [{"lease_id": i, "reason": r.text, "cause": r.cause.value} for i, r in self.ineligible]}
 

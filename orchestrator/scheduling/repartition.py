@@ -53,13 +53,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Collection, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator, model_validator
 
+from orchestrator.core import codec
 from orchestrator.core.catalogue import MODEL_NAMES, GpuModel, MigProfile, fill_mig, fit_mig, gpu_model
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import PriorityClass
-from orchestrator.core.reasons import Cause, Reason
+from orchestrator.core.reasons import Cause, Reason, ReasonFields
 from orchestrator.core.request import ShareKind
 from orchestrator.core.validation import typed_error
 from orchestrator.scheduling.snapshot import ClusterSnapshot
@@ -68,6 +69,7 @@ __all__ = ["GpuChange", "GpuSkipped", "MigSlot", "MigTarget", "PRESETS", "Repart
            "held_slot", "layout_text", "must_move", "plan_repartition", "target_from", "validate_layout"]
 
 
+@codec.by_hand
 @dataclass(frozen=True, slots=True, order=True)
 class MigSlot:
     """One MIG instance of a layout: its first memory slice and its profile (ordered by start)."""
@@ -79,11 +81,12 @@ class MigSlot:
         return f"{self.profile}@{self.start}"
 
     def to_json(self) -> dict[str, Any]:
+        # By hand: the fields' order is the sort order (start first), the JSON the agents read lists profile first.
         return {"profile": self.profile, "start": self.start}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "MigSlot":
-        return cls(int(d["start"]), str(d["profile"]))
+        return codec.load(cls, d, "slot")
 
 
 def layout_text(layout: Sequence[MigSlot]) -> str:
@@ -258,7 +261,7 @@ def must_move(lease: Lease, new_layout: Collection[MigSlot]) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuChange:
+class GpuChange(ReasonFields):
     """One GPU to reconfigure: its old and new layout, the leases to drain first (those on instances that
     go, :func:`must_move`), and why it was chosen. Instances in both layouts are kept, with their leases."""
 
@@ -287,20 +290,15 @@ class GpuChange:
         return tuple(x for x in self.new_layout if x not in old)
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "gpu_index": self.gpu_index, "model": self.model,
-                "old_layout": [s.to_json() for s in self.old_layout],
-                "new_layout": [s.to_json() for s in self.new_layout], "drain": list(self.drain),
-                **self.reason.fields()}
+        return codec.dump(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "GpuChange":
-        return cls(d["node"], int(d["gpu_index"]), d["model"], tuple(MigSlot.from_json(s) for s in d["old_layout"]),
-                   tuple(MigSlot.from_json(s) for s in d["new_layout"]), tuple(d["drain"]),
-                   Reason(Cause(d["cause"]), d["reason"]))
+        return codec.load(cls, d, "change")
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSkipped:
+class GpuSkipped(ReasonFields):
     """A GPU the target covers that the plan leaves as it is, and why."""
 
     node: str
@@ -308,11 +306,11 @@ class GpuSkipped:
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "gpu_index": self.gpu_index, **self.reason.fields()}
+        return codec.dump(self)
 
 
 @dataclass(frozen=True, slots=True)
-class RepartitionPlan:
+class RepartitionPlan(ReasonFields):
     """What to reconfigure for a target; ``reason`` says whether it meets the target in full."""
 
     target: str
@@ -320,14 +318,13 @@ class RepartitionPlan:
     skipped: tuple[GpuSkipped, ...]
     reason: Reason
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def meets_target(self) -> bool:
         return self.reason.cause is not Cause.REPARTITION_SHORT
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "changes": [c.to_json() for c in self.changes],
-                "skipped": [s.to_json() for s in self.skipped], "meets_target": self.meets_target,
-                **self.reason.fields()}
+        return codec.dump(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,6 +92,7 @@ class WindowStatus:
     reason: Reason
 
     def to_json(self) -> dict[str, Any]:
+        # By hand: times of day as HH:MM, the next change and the quotas computed from several fields.
         nxt = None
         if self.next_change_in_s is not None:
             nxt = {"at": format_hhmm(self.time_of_day_s + self.next_change_in_s),
