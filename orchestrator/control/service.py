@@ -2,7 +2,7 @@
 
 :class:`HeadService` is what the head actor (:mod:`orchestrator.rayport.head`)
 runs and what tests run in-process: every method of
-:class:`~orchestrator.core.api.HeadApi` is implemented here once, over the
+:class:`~orchestrator.core.api.HeadApi` is implemented by it once, over the
 :class:`~orchestrator.control.controller.HeadController` and the
 :class:`~orchestrator.control.jobs.JobManager`. What needs Ray is behind two
 narrow ports: :class:`ClusterPort` (the GCS node and actor tables, starting an
@@ -32,6 +32,12 @@ Invariants:
   (:mod:`orchestrator.control.jobs.launches`): by the head actor after its group commit, off its loop
   (``rayport.head.launch_off_loop``), and by whoever runs the head in-process through
   :func:`~orchestrator.control.jobs.launches.run_due` after its cycle (``tests/headless.py``);
+* :class:`HeadService` is the one class that implements :class:`~orchestrator.core.api.HeadApi`. It is made
+  of three parts, one per responsibility: this module (callers, time, leases, agents),
+  :class:`~.service_jobs.JobMethods` (jobs, and the job API's hand-out side) and
+  :class:`~.service_cluster.ClusterMethods` (status, metrics, the dashboard, the day clock, MIG). The two
+  mixins hold no state of their own, and every API method, wherever defined, is wrapped by the edge check
+  below the class;
 * time windows read ``day_clock`` (an injected :class:`~orchestrator.core.clock.Clock`):
   the one given, else a compressed day when ``settings.day_clock`` is set, else the
   machine's local time (:func:`day_clock_of`).
@@ -42,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import os
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -52,56 +57,34 @@ from orchestrator.control import edge, revocation
 from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.control.heap import HeapAction, HeapState, decide as decide_heap
 from orchestrator.control.inventory_check import InventoryCheck
-from orchestrator.control.jobs import Chore, JobManager, JobRunner, RaySubmission
-from orchestrator.control.metrics import OTHER_SERVICE, HeadMetrics
+from orchestrator.control.jobs import JobManager, JobRunner
+from orchestrator.control.metrics import HeadMetrics
 from orchestrator.control.nodes import RayNodeInfo
+from orchestrator.control.service_cluster import CLUSTER_LOCAL, ClusterMethods, cluster_local_url
+from orchestrator.control.service_jobs import Begun, JobMethods
 from orchestrator.control.store import StateStore
 from orchestrator.core.api import HEAD_METHODS, Caller, Json
-from orchestrator.core.clock import Clock, DayClock, SystemClock
+from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core import credentials
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, PermissionDeniedError
 from orchestrator.core.inventory import NodeInventory
-from orchestrator.core.job import JobSpec
 from orchestrator.core.lease import LeaseRequest, LeaseState, key_matches
 from orchestrator.core.validation import typed_error
 from orchestrator.scheduling.admission import check_request
-from orchestrator.scheduling.repartition import target_from
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CLUSTER_LOCAL", "JOB_STATUS_POLL_S", "TABLES_EVERY_S", "Begun", "ClusterPort", "HeadService",
+           "cluster_local_url", "day_clock_of"]
+
 #: How often the service re-reads the cluster's node and actor tables (a cycle may run faster).
 TABLES_EVERY_S = 1.0
 
-
-#: What :func:`cluster_local_url` accepts, in words (for the error that names the field).
-CLUSTER_LOCAL = ("a URL on this cluster: a loopback or private address, localhost, or a Kubernetes service name "
-                 "(*.svc, *.cluster.local), without user or password")
-
-
-def cluster_local_url(url: str) -> bool:
-    """Whether ``url`` points inside the cluster (see :data:`CLUSTER_LOCAL`). Pure: no name is resolved."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if parts.username or parts.password:
-            return False
-        _ = parts.port  # a malformed port raises
-    except ValueError:
-        return False
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host == "localhost" or host.endswith((".svc", ".svc.cluster.local", ".cluster.local"))
-    return ip.is_loopback or (ip.is_private and not ip.is_unspecified)
-
-
 #: Seconds between two reads of the Ray status of the running jobs (one batched read: ``JobManager``).
 JOB_STATUS_POLL_S = 0.5
+
 
 class ClusterPort(Protocol):
     """What the head asks of the cluster it runs in (``rayport.head.RayClusterPort`` is the real one)."""
@@ -114,19 +97,9 @@ class ClusterPort(Protocol):
         """Start node ``node_name``'s agent with ``agent_key``, its credential (core.credentials)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Begun:
-    """A call of :data:`HeadService.PLANNED` with its request queued and not yet planned (:meth:`HeadService.begin`).
-
-    ``queued``: whether it queued a request for the fast grant path (a known job's resubmission queues none);
-    ``finish``: its answer, given the report of the plan that ran after it (:meth:`HeadService.grant_now`)."""
-
-    queued: bool
-    finish: Callable[[ReconcileReport], Json]
-
-
-class HeadService:
-    """The head's API over its parts; see the module docstring. Implements :class:`~orchestrator.core.api.HeadApi`."""
+class HeadService(JobMethods, ClusterMethods):
+    """The head's API over its parts; see the module docstring. The one class that implements
+    :class:`~orchestrator.core.api.HeadApi` (with its parts :class:`JobMethods` and :class:`ClusterMethods`)."""
 
     def __init__(self, settings: RuntimeSettings, cluster: ClusterConfig, store: StateStore, runner: JobRunner,
                  port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = JOB_STATUS_POLL_S,
@@ -232,46 +205,11 @@ class HeadService:
         if action is not HeapAction.FREEZE_RECENT:  # gc.get_freeze_count() walks every frozen object: not each time
             log.info("heap %s (%s): %d objects frozen", action.value, why, gc.get_freeze_count())
 
-    def take_submissions(self) -> list[RaySubmission]:
-        """The submissions to hand Ray's job API now (:meth:`JobManager.take_submissions`); call once the
-        store holds the admissions (:mod:`.jobs.launches`)."""
-        return self.jobs.take_submissions()
-
-    def send_submission(self, sub: RaySubmission) -> Exception | None:
-        """The blocking call to Ray's job API (:meth:`JobManager.send_submission`): touches no state, safe off the
-        loop."""
-        return self.jobs.send_submission(sub)
-
-    def submission_sent(self, sub: RaySubmission, error: Exception | None) -> str:
-        """Apply Ray's answer (:meth:`JobManager.submission_sent`), on the loop."""
-        event = self.jobs.submission_sent(sub, error)
-        log.info("%s", event)
-        return event
-
-    def launch_due(self) -> bool:
-        """Whether a submission or another call to Ray's job API is due (:meth:`JobManager.launch_due`)."""
-        return self.jobs.launch_due()
-
     def loop_due(self) -> bool:
         """Whether the head's loop has work now rather than at its next tick: something to hand Ray's job API, or a
         queue that may have become schedulable (:meth:`HeadController.may_schedule`). An answer from the job API
         that changed nothing else (a job now running) leaves the loop asleep."""
         return self.launch_due() or self.ctl.may_schedule()
-
-    def take_chores(self) -> list[Chore]:
-        """The Ray jobs to stop or delete now (:meth:`JobManager.take_chores`); call once the store holds what was
-        written."""
-        return self.jobs.take_chores()
-
-    def send_chore(self, chore: Chore) -> Exception | None:
-        """The blocking call to Ray's job API (:meth:`JobManager.send_chore`): touches no state, safe off the loop."""
-        return self.jobs.send_chore(chore)
-
-    def chore_done(self, chore: Chore, error: Exception | None) -> str:
-        """Apply Ray's answer to a stop or delete (:meth:`JobManager.chore_done`), on the loop."""
-        event = self.jobs.chore_done(chore, error)
-        log.info("%s", event)
-        return event
 
     def cycle_safely(self) -> ReconcileReport | None:
         """:meth:`cycle`, logging instead of raising: one bad cycle never stops the loop (the next one retries)."""
@@ -430,142 +368,6 @@ class HeadService:
 
     def explain_lease(self, lease_id: str) -> Json:
         return self.ctl.explain_lease(lease_id)
-
-    # ---- jobs ----------------------------------------------------------------------------------
-    def submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Json:
-        return self._planned(self._begin_submit_job(spec, job_id))
-
-    def _begin_submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Begun:
-        d = self.jobs.submit(JobSpec.parse(spec), job_id, owner=credentials.current().user)
-
-        def finish(report: ReconcileReport) -> Json:
-            if not report.granted:
-                return d
-            self.jobs.advance(d["job_id"])  # admitted in the call that submitted it when its lease was granted
-            return self.jobs.get(d["job_id"])
-        return Begun(d["state"] == "queued", finish)
-
-    def get_job(self, job_id: str) -> Json:
-        return self.jobs.get(job_id)
-
-    def list_jobs(self) -> list[Json]:
-        return self.jobs.list()
-
-    def job_board(self, limit: int = 200) -> Json:
-        return self.jobs.board(limit)
-
-    def cancel_job(self, job_id: str) -> Json:
-        self.check_job_owner("cancel_job", job_id)
-        return self.jobs.cancel(job_id)
-
-    def job_logs(self, job_id: str, attempt: int | None = None) -> str:
-        self.check_job_owner("job_logs", job_id)
-        return self.jobs.logs(job_id, attempt)
-
-    def job_log_source(self, job_id: str, attempt: int | None = None) -> str | None:
-        """The Ray submission whose log ``job_logs`` reads (:meth:`JobManager.log_source`), on the loop; only for
-        the job's owner or an administrator."""
-        self.check_job_owner("job_logs", job_id)
-        return self.jobs.log_source(job_id, attempt)
-
-    def check_job_owner(self, method: str, job_id: str) -> None:
-        """Refuse (:class:`PermissionDeniedError`) ``method`` on job ``job_id`` unless the caller is its owner (the
-        user key it was submitted with), an administrator or the head itself. ``UnknownObjectError`` first."""
-        who = credentials.current()
-        owner = self.jobs.owner_of(job_id)
-        if not who.trusted and (owner is None or who.user != owner):
-            raise PermissionDeniedError(method, Caller.JOB_OWNER.value, job_id)
-
-    def read_job_log(self, submission_id: str) -> str:
-        """The log of ``submission_id`` (:meth:`JobManager.read_log`): touches no state, safe off the loop."""
-        return self.jobs.read_log(submission_id)
-
-    def explain_job(self, job_id: str) -> Json:
-        return self.jobs.explain(job_id)
-
-    def job_preemption_requested(self, job_id: str) -> Json:
-        return self.jobs.preemption_requested(job_id)
-
-    def job_ack_checkpoint(self, job_id: str, path: str, step: int | None = None, token: int | None = None) -> Json:
-        return self.jobs.ack_checkpoint(job_id, path, step, token)
-
-    def set_day_clock(self, day_clock: Mapping[str, Any]) -> Json:
-        if not isinstance(day_clock, Mapping):
-            raise InvalidRequestError("day_clock", day_clock, 'a mapping like {"speedup": 720, "start": "06:00"}')
-        try:
-            dc = DayClock.model_validate(dict(day_clock))
-        except (ValidationError, InvalidRequestError) as e:
-            t = typed_error(e, "day_clock", DayClock) if isinstance(e, ValidationError) else e
-            if not t.field.startswith("day_clock"):  # a validator's own error: name it where it stands
-                t = InvalidRequestError(f"day_clock.{t.field}", t.value, t.allowed, detail=t.detail)
-            raise t from None
-        self.ctl.set_day_clock(dc.build())
-        return self.ctl.window().to_json() if self.ctl.sched_config.windows else {}
-
-    # ---- the cluster ---------------------------------------------------------------------------
-    def status(self) -> Json:
-        st = self.ctl.status()
-        if self.inventory_check is not None:
-            st["inventory_check"] = self.inventory_check.summary()
-            for n in st["nodes"]:
-                n["k8s_inventory"] = self.inventory_check.node_line(n["name"])
-        st["endpoints"] = self._endpoints()
-        st["repartitions"] = self.ctl.repartitions.to_json()
-        return st
-
-    def _endpoints(self) -> Json:
-        """Where the head's metrics and a live dashboard (if one announced itself lately) answer."""
-        dash = self._dashboard
-        live = dash is not None and dash[1] >= self.clock()
-        return {"metrics_url": self.metrics_url, "dashboard_url": dash[0] if live and dash else None}
-
-    def ping(self) -> Json:
-        return {"restored_leases": self.restored, "started_at": self.started_at, "pid": os.getpid(),
-                "registered_nodes": self.ctl.registered_nodes(), "metrics_port": self.metrics_port}
-
-    def agent_inventories(self) -> list[Json]:
-        return [r.inventory.model_dump(mode="json") for r in self.ctl.nodes.registered()]
-
-    def report_inventory_check(self, report: Mapping[str, Any]) -> Json:
-        check = InventoryCheck.parse(report, at=self.clock())
-        self.inventory_check = check
-        self.metrics.set_inventory_disagreements(check.counts())
-        return {"disagreements": len(check.disagreements), "errors": check.errors}
-
-    def metric_samples(self) -> Json:
-        return {"at": self.clock(), "samples": self.metrics.samples()}
-
-    def metric_history(self, since: float | None = None) -> Json:
-        return self.metrics.curves.since(since, self.clock())
-
-    def record_inference(self, service: str, latencies_s: Sequence[float], slo_s: float | None = None) -> Json:
-        if not service or not isinstance(service, str):
-            raise InvalidRequestError("service", service, "a service name")
-        try:
-            lats = [float(x) for x in latencies_s]
-        except (TypeError, ValueError):
-            raise InvalidRequestError("latencies_s", latencies_s, "a list of seconds") from None
-        if any(not (x >= 0) for x in lats):
-            raise InvalidRequestError("latencies_s", [x for x in lats if not (x >= 0)], "seconds >= 0")
-        if slo_s is not None and not (float(slo_s) > 0):
-            raise InvalidRequestError("slo_s", slo_s, "seconds > 0, or None")
-        misses = self.metrics.record_inference(service, lats, None if slo_s is None else float(slo_s))
-        return {"requests": len(lats), "slo_misses": misses,
-                "service": service if service in self.metrics.inference_services else OTHER_SERVICE}
-
-    def repartition_mig(self, target: str | Mapping[str, Any], dry_run: bool = False) -> Json:
-        return self.ctl.request_repartition(target_from(target), dry_run=dry_run)
-
-    def announce_dashboard(self, url: str, ttl_s: float = 30.0) -> Json:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise InvalidRequestError("url", url, "an http:// or https:// URL")
-        if not cluster_local_url(url):  # status shows it to every user: never a link that leads out of the cluster
-            raise InvalidRequestError("url", url, CLUSTER_LOCAL,
-                                      detail="the dashboard's address is shown to every user of the cluster")
-        if not (0 < float(ttl_s) <= 3600):
-            raise InvalidRequestError("ttl_s", ttl_s, "seconds in (0, 3600]")
-        self._dashboard = (url, self.clock() + float(ttl_s))
-        return self._endpoints()
 
     # ---- agents --------------------------------------------------------------------------------
     def register_agent(self, node_name: str, ray_node_id: str, incarnation: str, inventory: Mapping[str, Any]) -> Json:
