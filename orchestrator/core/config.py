@@ -4,7 +4,8 @@ A cluster file (``configs/cluster.demo.yaml``) declares
 
 * ``settings`` -- :class:`RuntimeSettings`: namespace, heartbeat interval,
   agent TTL, grant TTL, MPS pipe root (the placement policy is the
-  scheduler config's ``policy``, set in one place);
+  scheduler config's ``policy``, set in one place), and under ``tuning``
+  (:class:`Tuning`) the head's and agents' tuning constants;
 * ``nodes`` -- :class:`SimNode` s: what the ``simulated`` discovery backend
   reports for each node and what ``orchestrator up`` gives each raylet
   (``--num-gpus N``, ``--resources`` with one ``rgo-gpu-<i>`` per card, ``--labels``).
@@ -76,9 +77,114 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class Tuning(_Frozen):
+    """The head's and the agents' tuning constants: how often, how long, how soon again. Each trades what it
+    says against its cost; the defaults are what the project measured (docs/load.md, docs/runtime.md). Times in
+    seconds. Each knob's one other name is ``ORCHESTRATOR_TUNING_<FIELD>`` (:func:`with_environment`).
+
+    Invariant: every knob is read where the component that uses it is built from the settings (the module
+    constants of the same names are these defaults, kept for readers and tests); nothing reads a knob
+    from a module global at run time."""
+
+    # ---- the head's cycle ------------------------------------------------------------------------------
+    holder_check_every_s: Annotated[float, Field(
+        gt=0, le=60, description="How often the head asks Ray's actor table whether the holders of active leases "
+        "are alive: a dead holder's cards freed sooner, against a GCS read and a walk of every active lease "
+        "(~10 ms at 12,000) each time")] = 1.0
+    tables_every_s: Annotated[float, Field(
+        gt=0, le=60, description="How often the head re-reads Ray's node table: a raylet that joined or died seen "
+        "sooner, against a GCS read")] = 1.0
+    heap_freeze_every_s: Annotated[float, Field(
+        gt=0, le=3600, description="How often the head collects what its heap gained since the last freeze and "
+        "freezes the survivors: shorter, more frequent pauses against longer, rarer ones (~12 ms at 2.5 s under "
+        "the scale bench's load, ~50 ms at 10 s)")] = 2.5
+    heap_full_every_s: Annotated[float, Field(
+        gt=0, le=7 * 86400, description="How often the head unfreezes and collects its whole heap: garbage "
+        "cycles among frozen objects reclaimed sooner, against one long pause each time")] = 3600.0
+    curves_every_s: Annotated[float, Field(
+        gt=0, le=3600, description="One point of the live page's curves per this: finer curves against a "
+        "shorter span (3,600 points are kept)")] = 1.0
+    curves_rate_s: Annotated[float, Field(
+        gt=0, le=3600, description="The curves' throughput is a rate over this: smoother against slower to show "
+        "a change")] = 5.0
+    curves_window_s: Annotated[float, Field(
+        gt=0, le=3600, description="The curves' latency quantiles are over what happened in this: steadier "
+        "against slower to show a change")] = 30.0
+    # ---- the head's jobs and Ray's job API --------------------------------------------------------------
+    job_status_poll_s: Annotated[float, Field(
+        gt=0, le=3600, description="How often the head reads the Ray status of its started jobs (one batched "
+        "read): a job's end seen sooner, against a GCS read each time")] = 0.5
+    status_read_timeout_s: Annotated[float, Field(
+        gt=0, le=600, description="The longest the head's loop waits for one read of its jobs' Ray status (the "
+        "last answers stand meanwhile): a slow GCS answered, against the loop held that long")] = 5.0
+    job_api_timeout_s: Annotated[float, Field(
+        gt=0, le=3600, description="The longest one HTTP request to Ray's job API may take (a submission that "
+        "timed out is sent again under the same id): a slow job head waited for, against a thread of the head "
+        "held that long")] = 30.0
+    submit_backoff_first_s: Annotated[float, Field(
+        gt=0, le=3600, description="The first wait before a call Ray's job API could not take for a reason that "
+        "may pass (a submission, a stop, a delete) is made again, doubled per failure up to "
+        "submit_backoff_max_s: quicker recovery from a short outage, against more calls to a job API that is "
+        "down")] = 1.0
+    submit_backoff_max_s: Annotated[float, Field(
+        gt=0, le=3600, description="The longest wait between two tries of such a call")] = 30.0
+    id_reuse_quiet_s: Annotated[float, Field(
+        gt=0, le=3600, description="How long after an earlier job under a submission id ended the head waits "
+        "before Ray's job API is given the id again (Ray's job manager fails a job put under an id whose earlier "
+        "supervisor it has not yet seen die): shorter, a job whose id was reused may fail")] = 10.0
+    restop_slack_s: Annotated[float, Field(
+        gt=0, le=86400, description="A restarted head stops again the Ray jobs the crashed one may not have "
+        "stopped: those of jobs cancelled or requeued within the job API's retry time (300 s) plus this before "
+        "the restart: a longer crash covered, against more stop calls at start-up")] = 60.0
+    # ---- the head's durable store and channel ------------------------------------------------------------
+    commit_retry_first_s: Annotated[float, Field(
+        gt=0, le=60, description="The first wait before a failed write of the head's journal batch to the GCS is "
+        "tried again, doubled per failure up to commit_retry_max_s (replies wait meanwhile): replies back sooner "
+        "after a short GCS outage, against more writes to a GCS that is away")] = 0.05
+    commit_retry_max_s: Annotated[float, Field(
+        gt=0, le=600, description="The longest wait between two tries of that write")] = 2.0
+    channel_window_s: Annotated[float, Field(
+        gt=0, le=1, description="Under load a call on the head's channel waits until no other call joined it "
+        "for this, so calls that arrive together are carried out as one batch: less head CPU per call, against "
+        "a little latency")] = 0.001
+    channel_max_wait_s: Annotated[float, Field(
+        gt=0, le=1, description="The longest a call on the head's channel waits for others to join its batch")] = 0.005
+    channel_call_grace_s: Annotated[float, Field(
+        gt=0, le=3600, description="How long a stream its client closed stays open for the answers to the calls "
+        "it had sent: slow calls still answered, against a stream held for a client that is gone")] = 60.0
+    # ---- the agents ---------------------------------------------------------------------------------------
+    urgent_beat_s: Annotated[float, Field(
+        gt=0, le=60, description="An agent's heartbeat period while a revocation is in flight on its node: the "
+        "preemptor starts sooner, against more heartbeats to the head")] = 0.1
+    hold_place_timeout_s: Annotated[float, Field(
+        gt=0, le=600, description="How long an agent waits for one new placement group (a hold or a lease's "
+        "group) to be placed before it moves on and tries again next beat: fewer retries on a slow GCS, against "
+        "the agent's loop held that long")] = 10.0
+    hold_return_wait_s: Annotated[float, Field(
+        gt=0, le=60, description="After removing a group, how long an agent waits for the GCS to see its capacity "
+        "free before it makes the next one anyway: the next group placed at once rather than at the GCS's next "
+        "try (0.3-1 s later), against the agent's loop held that long")] = 2.0
+    lend_timeout_s: Annotated[float, Field(
+        gt=0, le=3600, description="How long a lease's capacity stays lent (its own group removed so that a "
+        "placement group its holder makes lands there) before the agent makes the lease's own group again: time "
+        "for a holder (Ray Train, Tune, Serve) to make its group, against capacity held by nobody meanwhile")] = 30.0
+
+    @model_validator(mode="after")
+    def _first_within_max(self) -> "Tuning":
+        for first, most in (("submit_backoff_first_s", "submit_backoff_max_s"),
+                            ("commit_retry_first_s", "commit_retry_max_s"),
+                            ("channel_window_s", "channel_max_wait_s")):
+            if getattr(self, first) > getattr(self, most):
+                raise ConfigError(f"settings.tuning.{most}", getattr(self, most),
+                                  f"at least {first}={getattr(self, first):g}",
+                                  detail=f"{first} is the first wait; this is the longest")
+        return self
+
+
 class RuntimeSettings(_Frozen):
     """How the head and the agents run. Times in seconds. Each field's one other name is its environment variable,
-    ``ORCHESTRATOR_<FIELD>``, which overrides the file where the file is loaded (:func:`with_environment`)."""
+    ``ORCHESTRATOR_<FIELD>``, which overrides the file where the file is loaded (:func:`with_environment`); the
+    tuning constants are the section ``tuning`` (:class:`Tuning`), each ``ORCHESTRATOR_TUNING_<FIELD>``."""
 
     namespace: str = Field(default="rgo", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
                            description="Ray namespace of the head and agent actors, and prefix of their GCS keys")
@@ -129,6 +235,8 @@ class RuntimeSettings(_Frozen):
     day_clock: DayClock | None = Field(default=None, description="A compressed day for the head's time windows "
                                        "({speedup: 720, start: '06:00'}: a day in 120 s from 06:00); "
                                        "null: the machine's local time of day")
+    tuning: Tuning = Field(default_factory=Tuning, description="The head's and the agents' tuning constants; each "
+                           "knob's environment variable is ORCHESTRATOR_TUNING_<FIELD>")
 
     @model_validator(mode="after")
     def _ttl_above_heartbeat(self) -> "RuntimeSettings":
@@ -301,41 +409,58 @@ def parse_config(data: Any, source: str = "config") -> ClusterConfig:
 
 #: The prefix of each settings knob's environment variable: ``ORCHESTRATOR_<FIELD>`` is the one other name of
 #: ``settings.<field>`` (``ORCHESTRATOR_METRICS_PORT`` is ``metrics_port``, ``ORCHESTRATOR_DIRECT_CALLS`` is
-#: ``direct_calls``).
+#: ``direct_calls``), ``ORCHESTRATOR_TUNING_<FIELD>`` of ``settings.tuning.<field>``.
 SETTINGS_ENV_PREFIX = "ORCHESTRATOR_"
+#: Settings read as the text given, not as YAML (a name that YAML would read as a number or a boolean).
+_TEXT_KNOBS = frozenset({"namespace", "head_name", "metrics_host", "mps_pipe_root", "discovery"})
 
 
-def settings_env_name(field: str) -> str:
-    return SETTINGS_ENV_PREFIX + field.upper()
+def settings_env_name(knob: str) -> str:
+    """The environment variable of a settings knob, named by its dotted path (``tuning.urgent_beat_s`` is
+    ``ORCHESTRATOR_TUNING_URGENT_BEAT_S``)."""
+    return SETTINGS_ENV_PREFIX + knob.replace(".", "_").upper()
+
+
+def settings_knobs() -> list[str]:
+    """Every settings knob as a dotted path: each field of :class:`RuntimeSettings` but ``tuning``, and each of
+    :class:`Tuning` as ``tuning.<field>`` (the section itself has no variable: each of its knobs has one)."""
+    return ([n for n in RuntimeSettings.model_fields if n != "tuning"]
+            + [f"tuning.{n}" for n in Tuning.model_fields])
 
 
 def with_environment(config: ClusterConfig, environ: Mapping[str, str] | None = None) -> ClusterConfig:
-    """``config`` with each settings knob the environment names (``ORCHESTRATOR_<FIELD>``, a YAML scalar or list)
-    taking the place of the file's value: the one precedence rule -- a command's flag (applied by the command,
-    after this) over the environment over the file over the default -- applied here only. A value the field
-    refuses is a :class:`ConfigError` naming the variable."""
+    """``config`` with each settings knob the environment names (``ORCHESTRATOR_<FIELD>``, or
+    ``ORCHESTRATOR_TUNING_<FIELD>`` for a tuning knob; a YAML scalar or list) taking the place of the file's
+    value: the one precedence rule -- a command's flag (applied by the command, after this) over the environment
+    over the file over the default -- applied here only. A value the knob refuses is a :class:`ConfigError`
+    naming the variable."""
     import yaml
 
     environ = os.environ if environ is None else environ
-    updates: dict[str, Any] = {}
-    for name in RuntimeSettings.model_fields:
-        raw = environ.get(settings_env_name(name))
+    updates: dict[str, Any] = {}  # knob (dotted path) -> its value from the environment
+    for knob in settings_knobs():
+        raw = environ.get(settings_env_name(knob))
         if raw is None or raw == "":
             continue
         try:
-            updates[name] = yaml.safe_load(raw) if name not in ("namespace", "head_name", "metrics_host",
-                                                                 "mps_pipe_root", "discovery") else raw
+            updates[knob] = yaml.safe_load(raw) if knob not in _TEXT_KNOBS else raw
         except yaml.YAMLError:
-            updates[name] = raw
+            updates[knob] = raw
     if not updates:
         return config
-    data = {**config.settings.model_dump(mode="json"), **updates}
+    data = config.settings.model_dump(mode="json")
+    for knob, value in updates.items():
+        section, _, field = knob.rpartition(".")
+        (data[section] if section else data)[field] = value
     try:
         settings = RuntimeSettings.model_validate(data)
     except ValidationError as e:
-        t = validation.typed_error(e, "settings", RuntimeSettings)
-        field = t.field.split(".", 1)[-1].split(".")[0]
-        raise ConfigError(settings_env_name(field) if field in updates else t.field, t.value, t.allowed,
+        inner = (e.errors()[0].get("ctx") or {}).get("error")
+        t = inner if isinstance(inner, ConfigError) else validation.typed_error(e, "settings", RuntimeSettings,
+                                                                               ConfigError)
+        path = t.field.removeprefix("settings.").split(".")
+        knob = ".".join(path[:2]) if path[0] == "tuning" else path[0]
+        raise ConfigError(settings_env_name(knob) if knob in updates else t.field, t.value, t.allowed,
                           detail=t.detail) from None
     return config.model_copy(update={"settings": settings})
 
