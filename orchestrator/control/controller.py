@@ -36,9 +36,9 @@ Contract (as the Ray Serve controller states its own):
 A reconcile cycle (:meth:`reconcile`) is a numbered script: (1) expire agents silent past the TTL --
 their nodes and leases are *lost*, and leases asked to be requeued get a new attempt
 (:func:`~orchestrator.core.ids.next_attempt`) at the same queue position; (2) lose the leases
-of dead holders (at most every ``HOLDER_CHECK_EVERY_S``); (3) expire grants never activated within ``grant_ttl_s``; (4) stop preemption
-victims past their grace deadline; (4b) move MIG repartitions on (:mod:`.repartition`: cordon, drain,
-apply, uncordon); (5) schedule the queue over the snapshot (:meth:`_plan`, the
+of dead holders (at most every ``tuning.holder_check_every_s``); (3) expire grants never activated within
+``grant_ttl_s``; (4) stop preemption victims past their grace deadline; (4b) move MIG repartitions on
+(:mod:`.repartition`: cordon, drain, apply, uncordon); (5) schedule the queue over the snapshot (:meth:`_plan`, the
 one call site of :func:`orchestrator.scheduling.cycle.schedule`) and grant what fits; (6) ask for
 an agent on every live Ray node without one; (7) every 10 s, prune leases ended
 ``ended_retention_s`` ago, from the store first, keeping one while its retry lives; (8) bring the
@@ -68,7 +68,7 @@ from orchestrator.control.repartition import Repartitions
 from orchestrator.control.snapshot_rebuild import NodeSpecs, rebuild
 from orchestrator.control.store import StateStore
 from orchestrator.core.clock import Clock, SystemClock
-from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.config import RuntimeSettings, Tuning
 from orchestrator.core.errors import StaleFencingTokenError
 from orchestrator.core.lease import LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
@@ -86,8 +86,8 @@ HolderProbe = Callable[[Sequence[str]], Mapping[str, bool]]
 #: Step 2 (dead holders) runs at most this often (head clock): it walks every active lease and asks the
 #: probe (the head's: a read of Ray's actor table) about their holders, ~10 ms at 12,000 active leases
 #: besides the read, so every cycle was too often. The one throttle of that read: a holder's death is seen
-#: within this.
-HOLDER_CHECK_EVERY_S = 1.0
+#: within this. The default of ``settings.tuning.holder_check_every_s``, which the controller reads.
+HOLDER_CHECK_EVERY_S = Tuning().holder_check_every_s
 
 
 class HeadController:
@@ -184,7 +184,7 @@ class HeadController:
             self.nodes.heard_all(now)
         self._last_reconcile = now
         self._expire_agents(now, report)        # 1
-        if now - self._last_holder_check >= HOLDER_CHECK_EVERY_S:  # 2, at most once a second
+        if now - self._last_holder_check >= self.settings.tuning.holder_check_every_s:  # 2, at most once a second
             self._last_holder_check = now
             self._release_dead_holders(report)
         self._expire_grants(now, report)        # 3

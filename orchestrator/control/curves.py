@@ -35,16 +35,18 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from orchestrator.core.config import Tuning
 from orchestrator.core.stats import quantile
 
-#: One point every this many seconds of the head's clock.
-EVERY_S = 1.0
+#: One point every this many seconds of the head's clock. It, RATE_S and WINDOW_S are the defaults of
+#: ``settings.tuning.curves_every_s``, ``curves_rate_s`` and ``curves_window_s``, which the head's service passes.
+EVERY_S = Tuning().curves_every_s
 #: Points kept (an hour at one a second).
 MAX_POINTS = 3600
 #: Throughput is a rate over this long.
-RATE_S = 5.0
+RATE_S = Tuning().curves_rate_s
 #: Latency quantiles are over what happened in this long.
-WINDOW_S = 30.0
+WINDOW_S = Tuning().curves_window_s
 #: Utilisation per node up to this many nodes; beyond, one mean over all of them.
 MAX_NODES = 64
 ALL_NODES = "all nodes"

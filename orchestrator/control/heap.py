@@ -34,11 +34,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from orchestrator.core.config import Tuning
+
 #: Seconds between freezes of what came since the last one: the collection before each walks what this
 #: long brought (~12 ms at the scale bench's 200 leases/s and 5,000 heartbeats/s; ~50 ms at 10 s).
-FREEZE_EVERY_S = 2.5
+FREEZE_EVERY_S = Tuning().heap_freeze_every_s
 #: Seconds between full collections of the whole heap (unfreeze, collect, freeze): reclaims frozen cycles.
-FULL_EVERY_S = 3600.0
+#: Both are the defaults of ``settings.tuning.heap_freeze_every_s`` and ``heap_full_every_s``, which the head
+#: passes to :func:`decide`.
+FULL_EVERY_S = Tuning().heap_full_every_s
 
 
 class HeapAction(enum.Enum):

@@ -55,6 +55,7 @@ from pydantic import ValidationError
 
 from orchestrator.control import edge, revocation
 from orchestrator.control.controller import HeadController, ReconcileReport
+from orchestrator.control.curves import CurveHistory
 from orchestrator.control.heap import HeapAction, HeapState, decide as decide_heap
 from orchestrator.control.inventory_check import InventoryCheck
 from orchestrator.control.jobs import JobManager, JobRunner
@@ -65,7 +66,7 @@ from orchestrator.control.service_jobs import Begun, JobMethods
 from orchestrator.control.store import StateStore
 from orchestrator.core.api import HEAD_METHODS, Caller, Json
 from orchestrator.core.clock import Clock, SystemClock
-from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
+from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode, Tuning
 from orchestrator.core import credentials
 from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, PermissionDeniedError
 from orchestrator.core.inventory import NodeInventory
@@ -79,11 +80,13 @@ log = logging.getLogger(__name__)
 __all__ = ["CLUSTER_LOCAL", "JOB_STATUS_POLL_S", "TABLES_EVERY_S", "Begun", "ClusterPort", "HeadService",
            "cluster_local_url", "day_clock_of"]
 
-#: How often the service re-reads the cluster's node and actor tables (a cycle may run faster).
-TABLES_EVERY_S = 1.0
+#: How often the service re-reads the cluster's node and actor tables (a cycle may run faster). The default of
+#: ``settings.tuning.tables_every_s``, which the service reads.
+TABLES_EVERY_S = Tuning().tables_every_s
 
-#: Seconds between two reads of the Ray status of the running jobs (one batched read: ``JobManager``).
-JOB_STATUS_POLL_S = 0.5
+#: Seconds between two reads of the Ray status of the running jobs (one batched read: ``JobManager``). The
+#: default of ``settings.tuning.job_status_poll_s``, which the service gives its job manager.
+JOB_STATUS_POLL_S = Tuning().job_status_poll_s
 
 
 class ClusterPort(Protocol):
@@ -102,7 +105,7 @@ class HeadService(JobMethods, ClusterMethods):
     :class:`~orchestrator.core.api.HeadApi` (with its parts :class:`JobMethods` and :class:`ClusterMethods`)."""
 
     def __init__(self, settings: RuntimeSettings, cluster: ClusterConfig, store: StateStore, runner: JobRunner,
-                 port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float = JOB_STATUS_POLL_S,
+                 port: ClusterPort, *, clock: Callable[[], float] = time.time, status_poll_s: float | None = None,
                  metrics: HeadMetrics | None = None, day_clock: Clock | None = None,
                  token_secret: bytes | None = None) -> None:
         self.settings = settings
@@ -113,11 +116,18 @@ class HeadService(JobMethods, ClusterMethods):
         self.ctl = HeadController(settings, store, clock=clock, holder_probe=port.holders_alive,
                                   sched_config=cluster.scheduler, day_clock=day_clock or day_clock_of(settings),
                                   token_secret=token_secret)
+        tuning = settings.tuning
         self.jobs = JobManager(self.ctl, store, runner, clock=clock, namespace=settings.namespace,
-                               head_name=settings.head_name, status_poll_s=status_poll_s)
-        self.metrics = metrics or HeadMetrics(
-            gauges_every_s=settings.metrics_gauges_every_s, priority_classes=cluster.scheduler.classes,
-            queues=cluster.scheduler.queues, inference_services=settings.inference_services)
+                               head_name=settings.head_name,
+                               status_poll_s=tuning.job_status_poll_s if status_poll_s is None else status_poll_s)
+        if metrics is None:
+            metrics = HeadMetrics(gauges_every_s=settings.metrics_gauges_every_s,
+                                  priority_classes=cluster.scheduler.classes, queues=cluster.scheduler.queues,
+                                  inference_services=settings.inference_services)
+            # Its curves as the settings tune them (no point recorded yet: nothing is lost by the swap).
+            metrics.curves = CurveHistory(origin=None, every_s=tuning.curves_every_s, rate_s=tuning.curves_rate_s,
+                                          window_s=tuning.curves_window_s)
+        self.metrics = metrics
         self.metrics_port: int | None = None
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
         self.metrics_url: str | None = None  # set by whoever serves the metrics (the head actor)
@@ -153,7 +163,7 @@ class HeadService(JobMethods, ClusterMethods):
     def cycle(self) -> ReconcileReport:
         """One step of everything time drives; see the module docstring."""
         now = time.monotonic()
-        if now - self._nodes_read_at > TABLES_EVERY_S:
+        if now - self._nodes_read_at > self.settings.tuning.tables_every_s:
             self.ctl.observe_ray_nodes(self.port.alive_nodes())
             self._nodes_read_at = now
         report = self.ctl.reconcile()
@@ -185,9 +195,9 @@ class HeadService(JobMethods, ClusterMethods):
 
         Once nodes have joined (at start-up, after a restore, when the cluster grows) and the
         agents asked for have registered -- or no more registered for a cycle -- collect garbage
-        once and freeze what survives (``gc.freeze``); after that, every ``FREEZE_EVERY_S`` of the
-        head's clock, collect what came since (a collection walks only what is not frozen) and
-        freeze it too; every ``FULL_EVERY_S``, unfreeze and collect everything once.
+        once and freeze what survives (``gc.freeze``); after that, every ``tuning.heap_freeze_every_s``
+        of the head's clock, collect what came since (a collection walks only what is not frozen) and
+        freeze it too; every ``tuning.heap_full_every_s``, unfreeze and collect everything once.
 
         Frozen, what the nodes and the settled leases brought is not walked by later
         collections, so a pause costs what changed since the last freeze instead of the whole
@@ -195,7 +205,9 @@ class HeadService(JobMethods, ClusterMethods):
         object that later becomes part of a garbage cycle waits for the next full collection
         (ledger entries, leases and node records form no cycles; reference counting frees them)."""
         action, why, self._heap = decide_heap(self._heap, nodes=len(self.ctl.nodes.records),
-                                              starts_pending=bool(self.ctl.nodes.starts), now=self.clock())
+                                              starts_pending=bool(self.ctl.nodes.starts), now=self.clock(),
+                                              freeze_every_s=self.settings.tuning.heap_freeze_every_s,
+                                              full_every_s=self.settings.tuning.heap_full_every_s)
         if action is HeapAction.NONE:
             return
         if action is HeapAction.FULL_COLLECT:

@@ -22,7 +22,7 @@ from orchestrator.core.allocation import Allocation
 from orchestrator.control.revocation import parse_workload
 from orchestrator.control.discovery import HealthEvent, select_backend
 from orchestrator.core import env
-from orchestrator.core.config import RuntimeSettings, SimNode
+from orchestrator.core.config import RuntimeSettings, SimNode, Tuning
 from orchestrator.core.credentials import matches
 from orchestrator.core.errors import PermissionDeniedError
 from orchestrator.rayport import ray_api
@@ -31,8 +31,9 @@ from orchestrator.rayport.wire import answer, unwrap
 
 log = logging.getLogger(__name__)
 
-#: Seconds between beats while a revocation is in flight (the Ray job API needs a moment to report a stop).
-URGENT_BEAT_S = 0.1
+#: Seconds between beats while a revocation is in flight (the Ray job API needs a moment to report a stop). The
+#: default of ``settings.tuning.urgent_beat_s``, which the agent reads.
+URGENT_BEAT_S = Tuning().urgent_beat_s
 
 
 #: Ray job states after which nothing of the job runs.
@@ -58,9 +59,11 @@ class RayWorkloads:
     """The agent's :class:`~orchestrator.control.agent.WorkloadPort` on a Ray cluster: ``ray.kill`` of a
     named actor, stop of a Ray job through the job API, SIGKILL of a process."""
 
-    def __init__(self, lease_groups: Callable[[str], Collection[str]] = lambda _lid: ()) -> None:
+    def __init__(self, lease_groups: Callable[[str], Collection[str]] = lambda _lid: (), *,
+                 job_api_timeout_s: float = ray_api.JOB_API_TIMEOUT_S) -> None:
         self._local = LocalWorkloads()
         self._lease_groups = lease_groups  # lease id -> the placement groups it has had on this node
+        self._job_api_timeout_s = job_api_timeout_s  # each request of the stops of Ray jobs (settings.tuning)
         self._jobs: ray_api.RayJobRunner | None = None
         self._actors: dict[str, Any] = {}  # workload -> the holder actor's handle (see watch)
         self._pids: dict[str, int | None] = {}  # workload being stopped (and found to hold its lease) -> its pid
@@ -94,7 +97,7 @@ class RayWorkloads:
             self._pids.pop(workload, None)
             return True
         if kind == "job":
-            self._jobs = self._jobs or ray_api.RayJobRunner()
+            self._jobs = self._jobs or ray_api.RayJobRunner(timeout_s=self._job_api_timeout_s)
             status = self._jobs.status(ref)
             if status is None or status in _JOB_ENDED:
                 return True
@@ -170,10 +173,13 @@ class AgentActor:
         sim = SimNode.model_validate(sim_node) if sim_node else None
         backend = select_backend(self.settings.discovery, node_name, sim)
         self._groups_seen: dict[str, set[str]] = {}  # lease id -> every placement group it had here (bounded)
+        tuning = self.settings.tuning
         self.core = AgentCore(node_name, ray_node_id, backend, self.settings,
                               k8s_node=os.environ.get(env.K8S_NODE_NAME) or None,
-                              workloads=RayWorkloads(lambda lid: self._groups_seen.get(lid, ())))
-        self.holds = RayHolds(node_name, ray_node_id)
+                              workloads=RayWorkloads(lambda lid: self._groups_seen.get(lid, ()),
+                                                     job_api_timeout_s=tuning.job_api_timeout_s))
+        self.holds = RayHolds(node_name, ray_node_id, place_timeout_s=tuning.hold_place_timeout_s,
+                              return_wait_s=tuning.hold_return_wait_s, lend_timeout_s=tuning.lend_timeout_s)
         self.heartbeats = 0
         self._wake = asyncio.Event()
         self._task = asyncio.get_event_loop().create_task(self._run())
@@ -214,7 +220,8 @@ class AgentActor:
             # the head also wakes us (wake) when it has something for this node
             try:
                 await asyncio.wait_for(self._wake.wait(),
-                                       URGENT_BEAT_S if self.core.urgent else self.settings.heartbeat_interval_s)
+                                       self.settings.tuning.urgent_beat_s if self.core.urgent
+                                       else self.settings.heartbeat_interval_s)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()

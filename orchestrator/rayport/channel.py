@@ -34,8 +34,9 @@ The protocol:
 Calls that reach the head together are carried out together: each call goes to the server's inbox, and the
 inbox is drained as one: one plan, one wake-up of the loop, one wait for the group commit. A call that finds
 nothing else in flight (one caller, an idle head) is drained at once; under load the drain waits until no call
-has joined for :data:`WINDOW_S` (1 ms), at most :data:`MAX_WAIT_S` (5 ms): grpc.aio hands the head its
-messages one after another, so calls that arrive together reach the inbox over a fraction of a millisecond.
+has joined for :data:`WINDOW_S` (1 ms), at most :data:`MAX_WAIT_S` (5 ms; the settings' ``tuning.channel_window_s``
+and ``channel_max_wait_s``): grpc.aio hands the head its messages one after another, so calls that arrive
+together reach the inbox over a fraction of a millisecond.
 
 Invariants:
 
@@ -72,6 +73,7 @@ import orjson
 from pydantic import StrictInt, StrictStr
 
 from orchestrator.core import codec
+from orchestrator.core.config import Tuning
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.rayport.wire import encode, fault
 
@@ -88,8 +90,9 @@ MAX_CALLS = 4096
 MAX_IN_FLIGHT = 4096
 #: The most calls (or answers) one message carries: what was queued together goes together.
 MAX_MERGE = 256
-#: Seconds a stream the client closed stays open for the answers to the calls it had sent.
-CALL_GRACE_S = 60.0
+#: Seconds a stream the client closed stays open for the answers to the calls it had sent (by default:
+#: ``settings.tuning.channel_call_grace_s``, which the head gives its :class:`HeadChannel`).
+CALL_GRACE_S = Tuning().channel_call_grace_s
 #: What the TLS certificate names; clients ask for it whatever address they reach the head at.
 TLS_NAME = "rgo-head"
 _KEEPALIVE = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
@@ -97,9 +100,10 @@ _KEEPALIVE = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 
               ("grpc.http2.max_pings_without_data", 0)]
 #: Batching under load (``HeadChannel._drain_settled``): a call that finds other calls still unanswered waits
 #: until no other call has joined it for ``WINDOW_S``, at most ``MAX_WAIT_S``; a call that finds none in flight
-#: (one caller, or an idle head) is carried out at once.
-WINDOW_S = 0.001
-MAX_WAIT_S = 0.005
+#: (one caller, or an idle head) is carried out at once. The defaults of ``settings.tuning.channel_window_s`` and
+#: ``channel_max_wait_s``, which the head gives its :class:`HeadChannel`.
+WINDOW_S = Tuning().channel_window_s
+MAX_WAIT_S = Tuning().channel_max_wait_s
 _SIZES = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
 
 
@@ -217,12 +221,16 @@ class HeadChannel:
     docstring for the protocol and invariants."""
 
     def __init__(self, handle: Callable[[list[Any]], list[dict[str, Any]]],
-                 durable: Callable[[], Awaitable[None]], token: str, most: int = 256, metrics: Any = None) -> None:
+                 durable: Callable[[], Awaitable[None]], token: str, most: int = 256, metrics: Any = None, *,
+                 window_s: float = WINDOW_S, max_wait_s: float = MAX_WAIT_S, call_grace_s: float = CALL_GRACE_S
+                 ) -> None:
         self._handle = handle
         self._durable = durable
         self._token = token
         self._most = most  # batches in one drain (more wait for the next)
         self._metrics = metrics  # HeadMetrics (channel_calls, channel_batches, channel_in_flight), if any
+        self._window_s, self._max_wait_s = window_s, max_wait_s  # batching under load (_drain_settled)
+        self._call_grace_s = call_grace_s  # a closed stream's wait for its answers (_session)
         self._server: grpc.aio.Server | None = None
         self._inbox: list[tuple[Any, Any, asyncio.Queue[bytes | None], _Unanswered]] = []  # (calls, id, stream, its count)
         self.unanswered = 0  # calls taken in and not yet answered, over every stream
@@ -284,14 +292,14 @@ class HeadChannel:
                     unanswered.add(+1)
                     if not self._inbox:
                         if self.unanswered:  # under load (others' calls on their way): let calls arriving join it
-                            loop.call_later(WINDOW_S, self._drain_settled, 1, loop.time() + MAX_WAIT_S)
+                            loop.call_later(self._window_s, self._drain_settled, 1, loop.time() + self._max_wait_s)
                         else:  # nothing else in flight: at once
                             loop.call_soon(self._drain)
                     self._unanswered(+1)
                     self._inbox.append((calls, ident, out, unanswered))
         finally:
             try:  # the client said all it had to say: its calls already taken in are still answered
-                await asyncio.wait_for(unanswered.none.wait(), CALL_GRACE_S)
+                await asyncio.wait_for(unanswered.none.wait(), self._call_grace_s)
             finally:
                 self.streams -= 1
                 out.put_nowait(None)
@@ -322,13 +330,13 @@ class HeadChannel:
             self._metrics.channel_in_flight.set(self.unanswered)
 
     def _drain_settled(self, seen: int, deadline: float) -> None:
-        """Drain once no call joined the inbox for :data:`WINDOW_S` (or at ``deadline``). grpc.aio hands the head
+        """Drain once no call joined the inbox for ``window_s`` (or at ``deadline``). grpc.aio hands the head
         its calls one after another, each a few callbacks apart: calls that arrive together under load reach the
         inbox over a fraction of a millisecond, and one plan for all of them costs the head less than one each."""
         loop = asyncio.get_running_loop()
         n = len(self._inbox)
         if n > seen and loop.time() < deadline:
-            loop.call_later(WINDOW_S, self._drain_settled, n, deadline)
+            loop.call_later(self._window_s, self._drain_settled, n, deadline)
             return
         self._drain()
 

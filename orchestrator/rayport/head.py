@@ -137,11 +137,16 @@ class HeadActor:
         sys.setswitchinterval(s.head_switch_interval_s)
         table = gcs_table(s.namespace)
         journal = Journal.load(table)
-        self.service = HeadService(s, ClusterConfig.model_validate(cluster), journal,
-                                   ray_api.RayJobRunner() if s.job_runner == "ray" else AdmissionOnlyRunner(),
+        tuning = s.tuning
+        runner = (ray_api.RayJobRunner(timeout_s=tuning.job_api_timeout_s, id_reuse_quiet_s=tuning.id_reuse_quiet_s,
+                                       status_read_timeout_s=tuning.status_read_timeout_s)
+                  if s.job_runner == "ray" else AdmissionOnlyRunner())
+        self.service = HeadService(s, ClusterConfig.model_validate(cluster), journal, runner,
                                    RayClusterPort(s, start_agent), clock=time.time,
                                    token_secret=bytes.fromhex(token_secret) if token_secret else None)
-        self.commit = GroupCommit(journal, table, self.service.metrics)  # what the restore wrote goes in its first batch
+        # what the restore wrote goes in its first batch
+        self.commit = GroupCommit(journal, table, self.service.metrics, retry_first_s=tuning.commit_retry_first_s,
+                                  retry_max_s=tuning.commit_retry_max_s)
         port = s.metrics_port  # ORCHESTRATOR_METRICS_PORT/_HOST were applied where the settings were loaded
         if port:
             host = s.metrics_host
@@ -160,7 +165,9 @@ class HeadActor:
         self._task = self._home.create_task(self._loop())
         # The grant path's own door (:mod:`.channel`, gRPC): the same batches as call_many, without Ray's per-call cost.
         self.direct = (HeadChannel(self._answer_batches, self.commit.durable, secrets.token_urlsafe(32),
-                                   metrics=self.service.metrics) if s.direct_calls else None)
+                                   metrics=self.service.metrics, window_s=tuning.channel_window_s,
+                                   max_wait_s=tuning.channel_max_wait_s, call_grace_s=tuning.channel_call_grace_s)
+                       if s.direct_calls else None)
         self._direct_up = self._home.create_task(self._open_direct()) if self.direct is not None else None
 
     async def _open_direct(self) -> None:

@@ -28,27 +28,32 @@ import ray
 
 from orchestrator.control.holds import (GRID, AdoptPiece, CreateLease, HoldPiece, LeaseShape, Piece, RemoveLease, RemovePiece,
                                         lease_group_name, parse_lease_group, parse_piece, piece_name, plan)
-from orchestrator.core.config import CARD_RESOURCE_PREFIX, RAY_NODE_ID_LABEL, card_resource
+from orchestrator.core.config import CARD_RESOURCE_PREFIX, RAY_NODE_ID_LABEL, Tuning, card_resource
 
 log = logging.getLogger(__name__)
 
 #: How long one new group may take to be placed before the agent moves on (and tries again next beat).
-PLACE_TIMEOUT_S = 10.0
+#: It, RETURN_WAIT_S and LEND_TIMEOUT_S are the defaults of ``settings.tuning.hold_place_timeout_s``,
+#: ``hold_return_wait_s`` and ``lend_timeout_s``, which the agent gives its :class:`RayHolds`.
+PLACE_TIMEOUT_S = Tuning().hold_place_timeout_s
 #: How long a new group waits for a removed group's capacity to be seen free before it is made anyway.
-RETURN_WAIT_S = 2.0
+RETURN_WAIT_S = Tuning().hold_return_wait_s
 #: The GCS key-value namespace of the agents' record of adopted pieces.
 KV_NS = "rgo-holds"
 #: How long a lease's capacity may stay lent (its own group removed) before its holder's group is adopted.
-LEND_TIMEOUT_S = 30.0
+LEND_TIMEOUT_S = Tuning().lend_timeout_s
 
 
 class RayHolds:
     """The hold pieces and lease groups of one node (see the module docstring)."""
 
-    def __init__(self, node_name: str, ray_node_id: str, *, place_timeout_s: float = PLACE_TIMEOUT_S) -> None:
+    def __init__(self, node_name: str, ray_node_id: str, *, place_timeout_s: float = PLACE_TIMEOUT_S,
+                 return_wait_s: float = RETURN_WAIT_S, lend_timeout_s: float = LEND_TIMEOUT_S) -> None:
         self.node_name = node_name
         self.ray_node_id = ray_node_id
         self.place_timeout_s = place_timeout_s
+        self.return_wait_s = return_wait_s  # a new group's wait for a removed one's capacity (_capacity_back)
+        self.lend_timeout_s = lend_timeout_s  # how long a lease's capacity may stay lent (lend)
         self.pieces: dict[str, Piece] = {}
         self.groups: dict[str, Any] = {}  # group name -> PlacementGroup
         self.leases: dict[str, LeaseShape | None] = {}  # lease id -> its shape (None: found, shape unknown)
@@ -147,14 +152,14 @@ class RayHolds:
                 log.info("holds %s: removing %s: %s", self.node_name, name, e)
 
     async def _capacity_back(self, gpu: float, cpu: float) -> None:
-        """After a removal, wait (bounded by ``RETURN_WAIT_S``) until the GCS sees ``gpu`` and ``cpu`` free on this
+        """After a removal, wait (bounded by ``return_wait_s``) until the GCS sees ``gpu`` and ``cpu`` free on this
         node. The raylet returns a removed group's capacity some 50-100 ms later; a group made before then is not
         placed at once but at the GCS's next try, 0.3-1 s later (measured: docs/ray-native.md, "Figures")."""
         if not self._returning:
             return
         from ray._private.state import state
 
-        deadline = time.monotonic() + RETURN_WAIT_S
+        deadline = time.monotonic() + self.return_wait_s
         while time.monotonic() < deadline:
             free = state.available_resources_per_node().get(self.ray_node_id, {})
             if free.get("GPU", 0.0) >= gpu - 1e-4 and free.get("CPU", 0.0) >= cpu - 1e-4:
@@ -234,7 +239,7 @@ class RayHolds:
     # ---- lending a lease's capacity to a placement group its holder makes (Ray Train, Tune, Serve) ----
     async def lend(self, lease_id: str, now: float) -> bool:
         """Remove ``lease_id``'s own group so that a placement group its holder makes next, pinned to this node,
-        lands on exactly that capacity; until :meth:`adopt` (or ``LEND_TIMEOUT_S``), the plan sees the lease as
+        lands on exactly that capacity; until :meth:`adopt` (or ``lend_timeout_s``), the plan sees the lease as
         covered and makes nothing for it. False for a lease this node does not hold."""
         if lease_id not in self.leases or lease_id in self.lending or lease_id in self.adopted:
             return False  # one group of the holder's per lease: a second would take the first one's capacity
@@ -242,7 +247,7 @@ class RayHolds:
         self._remove(lease_group_name(self.node_name, lease_id))
         if self.adopted_pieces.pop(lease_id, None) is not None:
             self._save()
-        self.lending[lease_id] = now + LEND_TIMEOUT_S
+        self.lending[lease_id] = now + self.lend_timeout_s
         return True
 
     def adopt(self, lease_id: str, pg_hex: str) -> bool:

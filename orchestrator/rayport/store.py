@@ -26,13 +26,15 @@ from typing import Protocol
 
 from orchestrator.control.journal import Batch, Journal, KvTable, Snapshot, drop_covered, write_snapshot
 from orchestrator.core.backoff import backoff_s
+from orchestrator.core.config import Tuning
 from orchestrator.rayport.ray_api import GcsKv
 
 log = logging.getLogger(__name__)
 
-#: Back-off after a failed batch write: doubled from the first to the last, per failure in a row.
-RETRY_FIRST_S = 0.05
-RETRY_MAX_S = 2.0
+#: Back-off after a failed batch write: doubled from the first to the last, per failure in a row. The defaults of
+#: ``settings.tuning.commit_retry_first_s`` and ``commit_retry_max_s``, which the head gives its :class:`GroupCommit`.
+RETRY_FIRST_S = Tuning().commit_retry_first_s
+RETRY_MAX_S = Tuning().commit_retry_max_s
 
 
 def kv_namespace(namespace: str) -> str:
@@ -61,10 +63,12 @@ class CommitObserver(Protocol):
 class GroupCommit:
     """Writes a :class:`Journal`'s batches to its table on one writer thread; see the module docstring."""
 
-    def __init__(self, journal: Journal, table: KvTable, observer: CommitObserver | None = None) -> None:
+    def __init__(self, journal: Journal, table: KvTable, observer: CommitObserver | None = None, *,
+                 retry_first_s: float = RETRY_FIRST_S, retry_max_s: float = RETRY_MAX_S) -> None:
         self.journal = journal
         self.table = table
         self.observer = observer
+        self._backoff = (retry_first_s, retry_max_s)  # the wait after a failed write: first, longest
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="rgo-commit")
         self._flushing: asyncio.Future[None] | None = None
         self._retry_s = 0.0
@@ -124,7 +128,7 @@ class GroupCommit:
         self.journal.failed(batch)
         if self.observer is not None:
             self.observer.commit_failed()
-        self._retry_s = backoff_s(self._failures, RETRY_FIRST_S, RETRY_MAX_S)
+        self._retry_s = backoff_s(self._failures, *self._backoff)
         self._failures += 1
         log.warning("head: writing %d records to the GCS failed (%s: %s); retrying in %.2fs",
                     batch.records, type(e).__name__, e, self._retry_s)

@@ -7,8 +7,8 @@ keeps what a call that did not go through needs to be made again.
 Invariants:
 
 * **one retry policy**: a call Ray's job API could not take for a reason that may pass
-  (``JobApiUnavailableError``) is made again after 1, 2, 4 ... at most 30 s (``core.backoff``), counted
-  from its first failure, for ``retry_for_s``; then it is given up (a submission: the job fails with what
+  (``JobApiUnavailableError``) is made again after 1, 2, 4 ... at most 30 s (``core.backoff``; by default:
+  ``settings.tuning.submit_backoff_first_s`` and ``_max_s``), counted from its first failure, for ``retry_for_s``; then it is given up (a submission: the job fails with what
   Ray said; a stop or delete: said in the log). Any other failure is Ray's answer and is not asked again;
 * :meth:`Executor.send` and :meth:`Executor.send_chore` read and change no state: the head actor calls
   them on a thread of its own, and applies the answer back on its loop (:meth:`Executor.chore_done`, the
@@ -26,14 +26,16 @@ from typing import Callable
 from orchestrator.control.jobs.intents import Chore, ChoreKind, RaySubmission
 from orchestrator.control.jobs.runner import JobRunner
 from orchestrator.core.backoff import backoff_s
+from orchestrator.core.config import Tuning
 from orchestrator.core.errors import JobApiUnavailableError
 
 log = logging.getLogger(__name__)
 
 #: A submission Ray's job API could not take for a reason that may pass (JobApiUnavailableError) is sent
-#: again after 1, 2, 4 ... at most 30 s, for ``submit_retry_s`` (the job then fails with what Ray said).
-SUBMIT_BACKOFF_FIRST_S = 1.0
-SUBMIT_BACKOFF_MAX_S = 30.0
+#: again after 1, 2, 4 ... at most 30 s, for ``submit_retry_s`` (the job then fails with what Ray said). The
+#: defaults of ``settings.tuning.submit_backoff_first_s`` and ``_max_s``, which the job manager gives the executor.
+SUBMIT_BACKOFF_FIRST_S = Tuning().submit_backoff_first_s
+SUBMIT_BACKOFF_MAX_S = Tuning().submit_backoff_max_s
 #: Deletes of dropped jobs' Ray records out at a time (they wait behind nothing, and nothing waits behind more).
 DELETES_IN_FLIGHT = 2
 
@@ -48,20 +50,23 @@ class Retry:
     tries: int
 
     @staticmethod
-    def after(prev: "Retry | None", now: float) -> "Retry":
-        """The retry after one more failure at ``now``: due 1, 2, 4 ... at most 30 s later, counted from the first."""
+    def after(prev: "Retry | None", now: float, first_s: float = SUBMIT_BACKOFF_FIRST_S,
+              max_s: float = SUBMIT_BACKOFF_MAX_S) -> "Retry":
+        """The retry after one more failure at ``now``: due ``first_s``, twice that ... at most ``max_s`` later
+        (1, 2, 4 ... 30 s by default), counted from the first."""
         first, tries = (prev.first, prev.tries) if prev is not None else (now, 0)
-        return Retry(first=first, due=now + backoff_s(tries, SUBMIT_BACKOFF_FIRST_S, SUBMIT_BACKOFF_MAX_S),
-                     tries=tries + 1)
+        return Retry(first=first, due=now + backoff_s(tries, first_s, max_s), tries=tries + 1)
 
 
 class Executor:
     """Makes the job layer's calls to ``runner`` and keeps their retries; see the module docstring."""
 
-    def __init__(self, runner: JobRunner, *, clock: Callable[[], float], retry_for_s: float) -> None:
+    def __init__(self, runner: JobRunner, *, clock: Callable[[], float], retry_for_s: float,
+                 backoff_first_s: float = SUBMIT_BACKOFF_FIRST_S, backoff_max_s: float = SUBMIT_BACKOFF_MAX_S) -> None:
         self.runner = runner
         self.clock = clock
         self.retry_for_s = retry_for_s
+        self._backoff = (backoff_first_s, backoff_max_s)  # each retry's first wait and longest wait (Retry.after)
         # Ray submission ids whose submission the job API could not take yet.
         # Soft: a restarted head submits every admitted job again at once (the same id: never run twice).
         self._submit_retry: dict[str, Retry] = {}
@@ -93,7 +98,7 @@ class Executor:
     def submit_failed(self, submission_id: str, now: float) -> tuple[Retry, bool]:
         """One more failure of ``submission_id`` that may pass, at ``now``: the retry it is now at, and whether to
         give up (``retry_for_s`` of failures; the retry is then not kept: the caller fails the job)."""
-        retry = Retry.after(self._submit_retry.get(submission_id), now)
+        retry = Retry.after(self._submit_retry.get(submission_id), now, *self._backoff)
         if now - retry.first >= self.retry_for_s:
             return retry, True
         self._submit_retry[submission_id] = retry
@@ -151,7 +156,7 @@ class Executor:
             self._chore_retry.pop(chore, None)
             return f"{sub_id}: not {chore.kind.done}, Ray says {type(error).__name__}: {error}"
         now = self.clock()
-        retry = Retry.after(self._chore_retry.get(chore), now)
+        retry = Retry.after(self._chore_retry.get(chore), now, *self._backoff)
         if now - retry.first >= self.retry_for_s:
             self._chore_retry.pop(chore, None)
             log.error("Ray's job API did not take the %s of %s in %.0fs of trying: %s%s", what, sub_id,

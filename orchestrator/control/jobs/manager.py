@@ -81,6 +81,7 @@ from orchestrator.control.jobs.transitions import Step
 from orchestrator.control.jobs.views import JobReads
 from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.store import StateStore
+from orchestrator.core.config import Tuning
 from orchestrator.core.errors import InvalidRequestError, PermissionDeniedError, UnknownObjectError
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN, attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
@@ -93,7 +94,8 @@ log = logging.getLogger(__name__)
 #: The name a training job's checkpoint gets inside its checkpoint directory (jobs/train.py writes it).
 CHECKPOINT_FILE = "checkpoint.pt"
 #: A restarted head stops again what the crashed one may not have stopped, back this long past ``submit_retry_s``.
-RESTOP_SLACK_S = 60.0
+#: The default of ``settings.tuning.restop_slack_s``, which the manager reads (its controller's settings).
+RESTOP_SLACK_S = Tuning().restop_slack_s
 
 
 class JobManager(RayCalls, JobReads):
@@ -122,7 +124,9 @@ class JobManager(RayCalls, JobReads):
         self._ready: dict[str, None] = {}  # admitted jobs whose submission awaits take_submissions(), in order
         self._sending: set[str] = set()  # jobs whose submission is with Ray's job API now (send -> sent)
         # The calls to Ray's job API and their retries (submissions, and stops and deletes: the chores).
-        self.executor = Executor(runner, clock=clock, retry_for_s=submit_retry_s)
+        tuning = ctl.settings.tuning
+        self.executor = Executor(runner, clock=clock, retry_for_s=submit_retry_s,
+                                 backoff_first_s=tuning.submit_backoff_first_s, backoff_max_s=tuning.submit_backoff_max_s)
         # The jobs a step may move (not ended), in submission order, and the queued ones among them whose
         # lease changed since they were last stepped: a queued job whose lease did not change has nothing to
         # do, so a cycle steps only those of a long queue (see reconcile()).
@@ -151,7 +155,8 @@ class JobManager(RayCalls, JobReads):
         for job in sorted(self._jobs.values(), key=lambda j: j.submitted_at):
             self._track(job)
             self._touched.add(job.job_id)  # every restored job is looked at once
-            for sub_id in transitions.may_run_unwanted(job, since=self.clock() - self.submit_retry_s - RESTOP_SLACK_S):
+            since = self.clock() - self.submit_retry_s - self.ctl.settings.tuning.restop_slack_s
+            for sub_id in transitions.may_run_unwanted(job, since=since):
                 self._stop(sub_id)
         self._ended = dict(sorted(self._ended.items(), key=lambda kv: kv[1]))  # in the order they ended
         return len(self._jobs)

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import ray
 
+from orchestrator.core.config import Tuning
 from orchestrator.core.errors import JobApiUnavailableError, NotConnectedError
 from orchestrator.rayport.ray_api.devices import gpu_demand
 from orchestrator.rayport.ray_api.gcs_kv import GcsKv
@@ -35,8 +36,9 @@ def api_server_url() -> str:
 
 
 #: The longest one HTTP request to Ray's job API may take (Ray's client sets none: a dashboard that hangs
-#: would hold the head's loop for ever). A submission that timed out is sent again under the same id.
-JOB_API_TIMEOUT_S = 30.0
+#: would hold the head's loop for ever). A submission that timed out is sent again under the same id. The default of
+#: ``settings.tuning.job_api_timeout_s``, which the head and the agents give their :class:`RayJobRunner`.
+JOB_API_TIMEOUT_S = Tuning().job_api_timeout_s
 
 
 def job_submission_client(address: str, timeout_s: float | None = JOB_API_TIMEOUT_S) -> Any:
@@ -91,19 +93,26 @@ def _unavailable_if_transient(submission_id: str) -> Iterator[None]:
 #: watcher has seen its old supervisor die is marked FAILED by it ("Job supervisor actor died"), and the new job's
 #: own watcher is never started (one per id). Measured on a loaded 2-core machine: a reuse right after the end failed
 #: every time. A job the head dropped ended ``ended_retention_s`` (>= 60 s) ago, so this waits only on a reuse
-#: sooner than any retention allows.
-ID_REUSE_QUIET_S = 10.0
+#: sooner than any retention allows. The default of ``settings.tuning.id_reuse_quiet_s``.
+ID_REUSE_QUIET_S = Tuning().id_reuse_quiet_s
 
-#: The longest the head's loop waits for one status read (a GCS that is away: the last answers stand).
-STATUS_READ_TIMEOUT_S = 5.0
+#: The longest the head's loop waits for one status read (a GCS that is away: the last answers stand). The default
+#: of ``settings.tuning.status_read_timeout_s``.
+STATUS_READ_TIMEOUT_S = Tuning().status_read_timeout_s
 
 
 class RayJobRunner:
-    """:class:`orchestrator.control.jobs.JobRunner` over Ray's ``JobSubmissionClient``."""
+    """:class:`orchestrator.control.jobs.JobRunner` over Ray's ``JobSubmissionClient``. ``timeout_s``,
+    ``id_reuse_quiet_s`` and ``status_read_timeout_s``: the settings' ``tuning`` knobs of those names (the head
+    passes them; the defaults are theirs)."""
 
-    def __init__(self, address: str | None = None, timeout_s: float = JOB_API_TIMEOUT_S) -> None:
+    def __init__(self, address: str | None = None, timeout_s: float = JOB_API_TIMEOUT_S, *,
+                 id_reuse_quiet_s: float = ID_REUSE_QUIET_S, status_read_timeout_s: float = STATUS_READ_TIMEOUT_S
+                 ) -> None:
         self._address = address
         self._timeout_s = timeout_s
+        self._id_reuse_quiet_s = id_reuse_quiet_s
+        self._status_read_timeout_s = status_read_timeout_s
         self._client: Any = None
 
     @property
@@ -118,7 +127,7 @@ class RayJobRunner:
         taken when Ray's record of it carries our ``metadata`` (an earlier try of this submission landed);
         a record of another job under the id (one that had the same job id, dropped by the head before its
         record left Ray's table) is deleted and the submission made again, or refused while that job still
-        runs, or put off (:class:`JobApiUnavailableError`) while it ended under :data:`ID_REUSE_QUIET_S` ago.
+        runs, or put off (:class:`JobApiUnavailableError`) while it ended under ``id_reuse_quiet_s`` ago.
         :class:`JobApiUnavailableError` where the failure may pass (see :func:`_transient`); anything else Ray
         raised is a refusal."""
         demand = gpu_demand(handout)
@@ -145,11 +154,11 @@ class RayJobRunner:
 
     def _clear_earlier(self, submission_id: str, record: Any) -> None:
         """Delete ``record``, Ray's record of an earlier job under ``submission_id``, so the id can be taken again:
-        put off (:class:`JobApiUnavailableError`) while that job ended under :data:`ID_REUSE_QUIET_S` ago; a
+        put off (:class:`JobApiUnavailableError`) while that job ended under ``id_reuse_quiet_s`` ago; a
         refusal (``RuntimeError``) where Ray will not delete it (that job still runs)."""
-        if record.end_time and time.time() - record.end_time / 1000 < ID_REUSE_QUIET_S:
+        if record.end_time and time.time() - record.end_time / 1000 < self._id_reuse_quiet_s:
             raise JobApiUnavailableError(submission_id, f"Ray's job manager may still watch the earlier job under "
-                                         f"this id (it ended under {ID_REUSE_QUIET_S:.0f} s ago)")
+                                         f"this id (it ended under {self._id_reuse_quiet_s:.0f} s ago)")
         try:
             self.delete(submission_id)  # refused while that job is not over
         except JobApiUnavailableError:
@@ -171,7 +180,7 @@ class RayJobRunner:
         ``list_jobs`` reads that table whole, through the dashboard's HTTP API: a key listing and one read per
         job the cluster ever ran, every status read, on the head's loop. This is one multi-get of the jobs the
         head is waiting on."""
-        records = _job_records(submission_ids, timeout_s=STATUS_READ_TIMEOUT_S)
+        records = _job_records(submission_ids, timeout_s=self._status_read_timeout_s)
         return {s: str(records[s].status.value) if s in records else None for s in submission_ids}
 
     def stop(self, submission_id: str) -> None:
@@ -214,7 +223,7 @@ class RayJobRunner:
             try:
                 text = ray.get(_node_job_log.options(
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-                    submission_id), timeout=JOB_API_TIMEOUT_S)
+                    submission_id), timeout=self._timeout_s)
             except Exception as e:  # the node is gone, or no worker started in time: Ray's own answer
                 log.debug("could not read the log of %s on its node: %s", submission_id, e)
                 text = None
