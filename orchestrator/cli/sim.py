@@ -256,3 +256,62 @@ def schemes(
     except InvalidRequestError as e:
         _fail(e)
     typer.echo(json.dumps(out))
+
+
+@app.command("colocation")
+def colocation(
+    cluster_gpus: int = typer.Option(64, "--cluster-gpus", min=1, help="Cards of the generated cluster (8-card "
+                                     "nodes: 3 in 4 A100-80GB with MIG, the rest H100-80GB)"),
+    curves: list[str] = typer.Option(["standard"], "--curves", help="A family (standard), a kind (diurnal, spike, "
+                                     "ramp, bursty) or a seconds,requests_per_s CSV; repeat or comma-separate"),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per generated curve: seed_base..seed_base+K-1"),
+    seed_base: int = typer.Option(0, "--seed-base", help="First seed"),
+    scheme_list: Optional[str] = typer.Option(None, "--schemes", help="Comma-separated schemes (default: every "
+                                               "scheme of configs/colocation.schemes.yaml)"),
+    tick: float = typer.Option(10.0, "--tick", min=0.5, max=60.0, help="Simulated seconds per step while nothing "
+                               "moves (the scaling loop's interval while anything does)"),
+    colocation_config: Optional[Path] = typer.Option(None, "--colocation-config", help="The service's config "
+                                                     "(default: configs/colocation.yaml)"),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON (as -o json)"),
+    output: Output = None,
+) -> None:
+    """Every co-location scheme's 24 h on each curve, in simulated time on the real head code (no Ray); the
+    figures per curve and the worst case per scheme (docs/colocation-sim.md)."""
+    from orchestrator.core.colocation import DEFAULT_COLOCATION, load_colocation
+    from orchestrator.core.config import DEMO_CONFIG, load_config
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.scenarios.colocation.schemes import MIG_TARGETS, SCHEMES, WINDOWS
+    from orchestrator.sim import colocation as sim
+    from orchestrator.sim.curves import resolve
+    from orchestrator.sim.dayrun import SimParams
+
+    try:
+        fmt = output_format(output, json_out)
+        names = [s.strip() for s in (scheme_list or ",".join(SCHEMES)).split(",") if s.strip()]
+        for n in names:
+            if n not in SCHEMES:
+                raise InvalidRequestError("schemes", n, list(SCHEMES))
+        cfg = load_colocation(colocation_config or DEFAULT_COLOCATION)
+        params = SimParams(tick_s=tick)
+        services = sim.services_for(cluster_gpus)
+        rps = sim.card_rps(sim.service_for(cfg.service, cluster_gpus, services), params)
+        specs = [c.strip() for spec in curves for c in spec.split(",") if c.strip()]
+        chosen = resolve(specs, range(seed_base, seed_base + seeds), cluster_gpus, rps)
+    except (InvalidRequestError, ConfigError) as e:
+        _fail(e)
+    say = (lambda s: typer.echo(s, err=True)) if fmt != "table" else typer.echo
+    out = sim.evaluate(cluster_gpus, chosen, SCHEMES, WINDOWS, MIG_TARGETS, service=cfg.service,
+                       scheduler=load_config(DEMO_CONFIG).scheduler, control_s=cfg.control_interval_s,
+                       params=params, scheme_names=names, say=say)
+    if fmt != "table":
+        emit(out, fmt, indent=2, sort_keys=False)
+        return
+    cols = ("utilisation_pct", "slo_attainment_pct", "p99_latency_ms", "peak_replicas", "preemptions", "steps_lost",
+            "absorb_max_s")
+    typer.echo(f"{'curve':<14} {'scheme':<11} " + " ".join(f"{c:>20}" for c in cols))
+    for name, c in out["curves"].items():
+        for scheme, row in c["schemes"].items():
+            typer.echo(f"{name:<14} {scheme:<11} " + " ".join(f"{str(row[k]):>20}" for k in cols))
+    for scheme, w in out["worst_case"].items():
+        typer.echo(f"worst case {scheme}: " + ", ".join(f"{k} {v['value'] if isinstance(v, dict) else v}"
+                                                         for k, v in w.items()))
