@@ -63,14 +63,15 @@ def down(state_dir: Path, *, progress: Progress, keep_logs: bool = False, grace_
     if state.attached and state.started_head:
         _apply_env(state.env)
         from orchestrator.rayport import ray_api
+        from orchestrator.rayport.actors import stop_orchestrator
 
         try:
             ray_api.connect(state.address, state.namespace)
-            names = [state.head_name] + [ray_api.agent_name(n.name) for n in ray_api.alive_nodes()]
-            report.actors = [n for n in names if ray_api.kill_named(n, state.namespace)]
+            report.actors = stop_orchestrator(state.namespace, state.head_name,
+                                              [n.name for n in ray_api.alive_nodes()])
         finally:
             ray_api.disconnect()
-        progress(f"killed actors {report.actors}")
+        progress(f"removed {report.actors}")
     # Workers first, the head node (GCS) last, so raylets do not spin waiting for a dead GCS.
     procs = list(state.processes)
     for group in (procs[1:], procs[:1]):
@@ -134,13 +135,14 @@ def _wait_gone(procs: list[Proc], timeout_s: float) -> None:
 
 
 def stop_orchestrator_actors(address: str, config: ClusterConfig) -> list[str]:
-    """Kill the head and agent actors of ``config``'s namespace (nothing else); the names killed."""
+    """Remove the head and agent actors of ``config``'s namespace and their placement groups (nothing else:
+    :func:`~orchestrator.rayport.actors.stop_orchestrator`); the names removed."""
     from orchestrator.rayport import ray_api
+    from orchestrator.rayport.actors import stop_orchestrator
 
     s = config.settings
     ray_api.connect(address, s.namespace)
     try:
-        names = [s.head_name] + [ray_api.agent_name(n.name) for n in config.nodes]
-        return [n for n in names if ray_api.kill_named(n, s.namespace)]
+        return stop_orchestrator(s.namespace, s.head_name, [n.name for n in config.nodes])
     finally:
         ray_api.disconnect()

@@ -1,4 +1,4 @@
-"""Creating the orchestrator's actors: the head and one agent per GPU node.
+"""Creating the orchestrator's actors, the head and one agent per GPU node, and removing all it made in Ray.
 
 The head is given :func:`start_agent` as an argument (dependency injection,
 so :mod:`.head` does not import this module that imports it).
@@ -10,7 +10,7 @@ import os
 import re
 import secrets
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ray
 
@@ -19,7 +19,8 @@ from orchestrator.core.credentials import HEAD_SECRET_ENV, client_credentials, d
 from orchestrator.core.errors import ConfigError
 from orchestrator.rayport.agent import AgentActor
 from orchestrator.rayport.head import HeadActor
-from orchestrator.rayport.ray_api import agent_name, kill_named, pin
+from orchestrator.control.holds import HOLD_PREFIX, LEASE_PREFIX
+from orchestrator.rayport.ray_api import agent_name, kill_named, pin, remove_named_groups
 
 
 def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: str | None = None,
@@ -76,3 +77,15 @@ def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def stop_orchestrator(namespace: str, head_name: str, node_names: Sequence[str]) -> list[str]:
+    """Remove what an orchestrator made in Ray, on a driver connected to its cluster: its head, its agents and
+    their detached holds and lease groups (which outlive an agent so that its successor adopts them, so a stop
+    for good must remove them, or the cluster's cards stay held with nobody to lend them); the names removed.
+    Only its own: the actors named in ``namespace`` and the groups named for ``node_names`` (the user's own
+    groups are left alone). Its journal (GCS KV) stays, for a later ``up`` over it."""
+    names = [head_name] + [agent_name(n) for n in node_names]
+    gone = [n for n in names if kill_named(n, namespace)]
+    prefixes = [f"{p}{n}/" for p in (HOLD_PREFIX, LEASE_PREFIX) for n in node_names]
+    return gone + remove_named_groups(prefixes)

@@ -38,6 +38,10 @@ WRONG_TOKEN = "wrong-token-7f3a9c2e51d84b60a1e2c3d4e5f60718"
 def clean_env(tmp_path: Path) -> dict[str, str]:
     """A user's environment: none of our or Ray's variables, an empty home and temp folder (no state file,
     no ``~/.ray/auth_token``). Only the loopback site and the repository stay on PYTHONPATH."""
+    return _clean_env(tmp_path)
+
+
+def _clean_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "ORCHESTRATOR_"))}
     (tmp_path / "home").mkdir()
     env.update(HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path), RAY_TMPDIR=str(tmp_path),
@@ -138,10 +142,13 @@ def _files_containing(root: Path, needles: list[bytes], skip: set[Path]) -> list
     return hits
 
 
-@pytest.fixture
-def scenario(ray_cluster: Any, clean_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, Any]]:
+@pytest.fixture(scope="module")
+def scenario(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``up --address`` and a few commands with the token in ``RAY_AUTH_TOKEN`` (its value in the environment:
-    the easiest to leak), a connect with a wrong token, then ``down``. Yields every output and the state folder."""
+    the easiest to leak), a connect with a wrong token, then ``down``. Yields every output, the state folder and
+    what still held cards after ``down``."""
+    tmp_path = tmp_path_factory.mktemp("scenario")
+    clean_env = _clean_env(tmp_path)
     token = (ray_cluster.tmpdir / "auth_token").read_text().strip()
     state = tmp_path / "state"
     env = dict(clean_env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
@@ -174,9 +181,33 @@ def scenario(ray_cluster: Any, clean_env: dict[str, str], tmp_path: Path) -> Ite
             str(channel)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert got.returncode == 0, got.stderr[-2000:]
         state_files = {p.relative_to(state): p.read_bytes() for p in state.rglob("*") if p.is_file()}
-        yield {"token": token, "outputs": outputs, "state_files": state_files, "channel": channel.read_text()}
     finally:
-        run("down", "down")
+        down = run("down", "down")
+    yield {"token": token, "outputs": outputs, "state_files": state_files, "channel": channel.read_text(),
+           "down": down.returncode, "held_after_down": _held_after(ray_cluster)}
+
+
+def _held_after(ray_cluster: Any, settle_s: float = 15.0) -> dict[str, Any]:
+    """What still holds cards once ``down`` returned: our placement groups, and Ray's GPUs not free (waited for
+    up to ``settle_s``: the GCS frees a removed group's capacity a moment later)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    deadline = time.monotonic() + settle_s
+    while True:
+        groups = sorted(row["name"] for row in placement_group_table().values()
+                        if row.get("state") != "REMOVED" and (row.get("name") or "").startswith(("rgo-hold/", "rgo-lease/")))
+        busy = ray.cluster_resources().get("GPU", 0.0) - ray.available_resources().get("GPU", 0.0)
+        if (not groups and busy < 1e-6) or time.monotonic() > deadline:
+            return {"groups": groups, "gpus_busy": busy}
+        time.sleep(0.2)
+
+
+def test_down_on_an_attached_cluster_gives_every_card_back(scenario: dict[str, Any]) -> None:
+    """The agents' holds outlive them by design (a successor adopts them), so ``down`` on a cluster ``up`` attached
+    to must remove them, or the user's own ``num_gpus`` work finds every card taken with nobody left to lend it."""
+    assert scenario["down"] == 0, scenario["outputs"]["down stderr"][-2000:]
+    assert scenario["held_after_down"] == {"groups": [], "gpus_busy": 0.0}
 
 
 def test_the_token_never_appears_in_output_logs_or_state(ray_cluster: Any, scenario: dict[str, Any]) -> None:

@@ -16,7 +16,8 @@ without Ray. The surfaces:
 * :mod:`.devices` -- turning a lease's hand-out into what Ray is asked for (:func:`gpu_demand`,
   :func:`actor_options`);
 * :mod:`.job_api` -- Ray's job API (:class:`RayJobRunner`, :func:`job_submission_client`);
-* :mod:`.gangs` -- a gang's placement group (:func:`gang_placement_group`).
+* :mod:`.gangs` -- placement groups: a gang's (:func:`gang_placement_group`), removing an orchestrator's
+  (:func:`remove_named_groups`).
 
 Every name is re-exported here: callers write ``from orchestrator.rayport import ray_api`` then
 ``ray_api.connect(...)``, or import a name from this package. Inside the package the modules import each other
@@ -39,7 +40,7 @@ from orchestrator.rayport.ray_api.devices import (declares_cards, gpu_demand, ac
 from orchestrator.rayport.ray_api.job_api import (api_server_url, JOB_API_TIMEOUT_S, job_submission_client,
                                                   ID_REUSE_QUIET_S, STATUS_READ_TIMEOUT_S, RayJobRunner)
 from orchestrator.rayport.ray_api.gangs import (gang_placement_group, remove_gang_placement_group,
-                                                bundle_actor_options)
+                                                bundle_actor_options, remove_named_groups)
 from orchestrator.rayport.lease_groups import advertises_gpus, agent_name, native_actor_options
 from orchestrator.rayport.wire import unwrap
 
@@ -50,6 +51,6 @@ __all__ = [
     "remote_class", "ship_by_value", "get_actor", "get", "kill", "actor_states", "actor_gone_errors",
     "alive_nodes", "head_node_id", "alive_nodes_all", "actors_alive", "declares_cards", "gpu_demand",
     "actor_options", "api_server_url", "JOB_API_TIMEOUT_S", "job_submission_client", "ID_REUSE_QUIET_S",
-    "STATUS_READ_TIMEOUT_S", "RayJobRunner", "gang_placement_group", "remove_gang_placement_group",
+    "STATUS_READ_TIMEOUT_S", "RayJobRunner", "gang_placement_group", "remove_gang_placement_group", "remove_named_groups",
     "bundle_actor_options", "advertises_gpus", "agent_name", "native_actor_options", "unwrap",
 ]

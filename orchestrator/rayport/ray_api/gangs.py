@@ -1,12 +1,13 @@
-"""Gangs: a placement group over a granted gang's leases, and its workers' actor options.
+"""Placement groups: a gang's over its granted leases and its workers' actor options; removing an orchestrator's.
 
-Invariant: a bundle holds exactly its lease's devices on its lease's node (a per-bundle label selector),
-so Ray keeps the ledger's devices for the gang.
+Invariants: a gang bundle holds exactly its lease's devices on its lease's node (a per-bundle label selector),
+so Ray keeps the ledger's devices for the gang; :func:`remove_named_groups` removes only groups whose names
+start with the prefixes it is given (an orchestrator's are named by their node), never a user's own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ray
 
@@ -59,3 +60,22 @@ def bundle_actor_options(pg: Any, index: int, handout: Mapping[str, Any], *,
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index),
             "num_cpus": bundle.pop("CPU", 0.0), "num_gpus": bundle.pop("GPU", 0.0), "resources": bundle,
             "runtime_env": {"env_vars": env}}
+
+
+def remove_named_groups(prefixes: Sequence[str]) -> list[str]:
+    """Remove every live placement group whose name starts with one of ``prefixes``; the names removed.
+
+    Group names are the cluster's, not a namespace's: an agent's holds and lease groups are named by its node
+    (``control/holds.py``) and its successor adopts whatever it finds for that node, whoever made it (one
+    orchestrator per node, as one device plugin per node), so its groups are found the way it finds them."""
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    wanted = tuple(prefixes)
+    removed: list[str] = []
+    for pg_id, row in placement_group_table().items():
+        name = row.get("name") or ""
+        if row.get("state") == "REMOVED" or not name.startswith(wanted):
+            continue
+        remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+        removed.append(name)
+    return sorted(removed)
