@@ -12,7 +12,7 @@ from orchestrator.core.config import ClusterConfig, RuntimeSettings
 @contextmanager
 def running_head(settings: RuntimeSettings, config: ClusterConfig, timeout: float = 120) -> Iterator[Any]:
     """A head actor (and through it one agent per node) on the module's cluster, once every agent has
-    registered; afterwards the head, its agents and its GCS keys are removed. Yields the actor handle."""
+    registered; afterwards all it made is removed (:func:`remove_head`). Yields the actor handle."""
     import ray
 
     from orchestrator.rayport import ray_api
@@ -27,10 +27,17 @@ def running_head(settings: RuntimeSettings, config: ClusterConfig, timeout: floa
             time.sleep(0.25)
         yield handle
     finally:
-        for node in config.nodes:
-            ray_api.kill_named(ray_api.agent_name(node.name), settings.namespace)
-        ray_api.kill_named(settings.head_name, settings.namespace)
-        ray_api.GcsKv(f"rgo.{settings.namespace}").delete_prefix("")
+        remove_head(settings, config)
+
+
+def remove_head(settings: RuntimeSettings, config: ClusterConfig) -> None:
+    """Remove all a module's head made on the shared cluster: the head, its agents, their placement groups
+    (``rayport.actors.stop_orchestrator``, as ``down`` does) and its GCS keys."""
+    from orchestrator.rayport import ray_api
+    from orchestrator.rayport.actors import stop_orchestrator
+
+    stop_orchestrator(settings.namespace, settings.head_name, [n.name for n in config.nodes])
+    ray_api.GcsKv(f"rgo.{settings.namespace}").delete_prefix("")
 
 
 def with_class(config: ClusterConfig, name: str, **update: Any) -> ClusterConfig:

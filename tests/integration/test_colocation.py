@@ -44,11 +44,13 @@ SERVICE = ServiceConfig(name="colo", request="1", queue="default", slo_p99_ms=50
 
 @pytest.fixture(scope="module")
 def head(ray_cluster: Any) -> Iterator[Any]:
+    from orchestrator.rayport import serve_api
     from orchestrator.rayport.client import HeadClient
 
     cfg = with_class(ray_cluster.config, "training", min_runtime_s=0.0, grace_period_s=30.0)
     with running_head(SETTINGS, cfg) as handle:
         yield HeadClient(handle=handle)
+        serve_api.shutdown()  # the service's Serve controller is detached: it would outlive this module's driver
 
 
 def test_a_spike_grows_the_service_training_yields_and_resumes_after(head: Any, ray_cluster: Any,

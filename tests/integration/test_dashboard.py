@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from heads import remove_head
 
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.job import JobSpec
@@ -91,10 +92,7 @@ def head(ray_cluster: Any) -> Iterator[Any]:
     handle = start_head(settings, cfg.model_copy(update={"scheduler": sched}), node_id=ray_api.head_node_id())
     until(lambda: len(ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"]) == 3, 120, "3 agents")
     yield HeadClient(handle=handle)
-    for node in cfg.nodes:
-        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
-    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
-    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+    remove_head(SETTINGS, cfg)
 
 
 @pytest.fixture(scope="module")

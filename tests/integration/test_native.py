@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from heads import remove_head
 
 from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.lease import key_digest
@@ -32,7 +33,7 @@ SETTINGS = RuntimeSettings(namespace="rgo-native", heartbeat_interval_s=0.5, age
 def head(job_env: None, ray_cluster: Any) -> Iterator[Any]:
     import ray
 
-    from orchestrator.rayport import ray_api
+    from orchestrator.rayport import ray_api, serve_api
     from orchestrator.rayport.actors import start_head
     from orchestrator.rayport.client import HeadClient
 
@@ -42,10 +43,8 @@ def head(job_env: None, ray_cluster: Any) -> Iterator[Any]:
     # every unit of Ray's GPU is held by an agent once they have registered
     until("every card held", lambda: ray.available_resources().get("GPU", 0) == 0, 60, every_s=0.25)
     yield HeadClient(handle=handle)
-    for node in ray_cluster.config.nodes:
-        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
-    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
-    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+    serve_api.shutdown()  # the Serve tests' controller is detached: it would outlive this module's driver
+    remove_head(SETTINGS, ray_cluster.config)
 
 
 def _lease(head: Any, lease_id: str, request: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from heads import remove_head
 
 from orchestrator.core.job import JobSpec
 from orchestrator.core.request import GpuRequest
@@ -66,10 +67,7 @@ def head(ray_cluster: Any) -> Iterator[Any]:
             break
         time.sleep(0.25)
     yield client
-    for node in cfg.nodes:
-        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
-    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
-    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+    remove_head(SETTINGS, cfg)
 
 
 def wait(head: Any, job_id: str, states: set[str], timeout: float = 180) -> dict[str, Any]:

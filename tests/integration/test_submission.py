@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from heads import remove_head
 
 from orchestrator.core.ids import attempt_id
 from orchestrator.core.errors import InvalidRequestError, JobApiUnavailableError
@@ -49,10 +50,7 @@ def head(job_env: None, ray_cluster: Any) -> Iterator[Any]:
         assert time.monotonic() < deadline, "agents did not register"
         time.sleep(0.25)
     yield HeadClient(handle=handle)
-    for node in ray_cluster.config.nodes:
-        ray_api.kill_named(ray_api.agent_name(node.name), SETTINGS.namespace)
-    ray_api.kill_named(SETTINGS.head_name, SETTINGS.namespace)
-    ray_api.GcsKv(f"rgo.{SETTINGS.namespace}").delete_prefix("")
+    remove_head(SETTINGS, ray_cluster.config)
 
 
 @pytest.fixture(scope="module")
