@@ -237,6 +237,35 @@ def test_the_head_runs_as_a_restartable_sidecar_that_reads_the_policy_configmap(
     assert "research" in cluster_file.scheduler.queues  # configs/priorities.yaml's, not the built-in default
 
 
+def test_the_heads_settings_are_one_tree_with_the_config_and_reach_its_file_and_every_pod(
+        configs: tuple[K8sConfig, dict[str, K8sConfig]]) -> None:
+    from orchestrator.core.config import parse_config as parse_cluster_file
+    from orchestrator.core.errors import ConfigError
+
+    base = configs[0].model_dump(mode="json", exclude_unset=True)
+    base["head"]["settings"] = {"namespace": "team-a", "head_name": "team-a-head", "heartbeat_interval_s": 2.0,
+                                "tuning": {"lend_timeout_s": 12.0}}
+    cfg, _ = parse_config(base)
+    objs = render_objects(cfg)
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == f"{cfg.name}-head-config"]
+    s = parse_cluster_file(yaml.safe_load(cm["data"]["cluster.yaml"])).settings
+    # the config's own choices and the deployment's, in the file the head loads with the model that checked them
+    assert (s.namespace, s.head_name, s.heartbeat_interval_s, s.tuning.lend_timeout_s) == ("team-a", "team-a-head", 2.0, 12.0)
+    assert (s.discovery, s.metrics_host, s.metrics_port) == ("auto", "0.0.0.0", cfg.metrics_port)
+    named = {(e["name"], e["value"]) for spec in _pod_specs(objs) for c in spec.get("containers", []) + spec.get(
+        "initContainers", []) for e in c.get("env", []) if e["name"] in ("ORCHESTRATOR_NAMESPACE", "ORCHESTRATOR_HEAD_NAME")}
+    assert named == {("ORCHESTRATOR_NAMESPACE", "team-a"), ("ORCHESTRATOR_HEAD_NAME", "team-a-head")}
+    # what the deployment sets is not the config's to set; what the head would refuse is refused at render
+    for bad, field in (({"metrics_port": 9100}, "head.settings.metrics_port"),
+                       ({"discovery": "simulated"}, "head.settings.discovery"),
+                       ({"heartbeat_intervall_s": 2}, "head.settings.heartbeat_intervall_s"),
+                       ({"tuning": {"lend_timeout_s": 0}}, "head.settings.tuning.lend_timeout_s")):
+        base["head"]["settings"] = bad
+        with pytest.raises(ConfigError) as e:
+            parse_config(base)
+        assert e.value.field == field
+
+
 def test_rendering_is_deterministic_and_anchor_free(configs: tuple[K8sConfig, dict[str, K8sConfig]]) -> None:
     a = to_yaml_stream(render_objects(configs[0]))
     b = to_yaml_stream(render_objects(load_config(CONFIG)[0]))

@@ -15,7 +15,7 @@ from typing import Iterable
 
 from orchestrator.core.catalogue import gpu_model
 from orchestrator.core.config import (
-    ACCELERATOR_RESOURCE_PREFIX, MODEL_LABEL, NODE_LABEL, NODE_RESOURCE_PREFIX, RuntimeSettings, SimNode,
+    ACCELERATOR_RESOURCE_PREFIX, MODEL_LABEL, NODE_LABEL, NODE_RESOURCE_PREFIX, SimNode,
     card_resources, ray_accelerator_type, raylet_native_env,
 )
 from orchestrator.deploy.k8s.config import (
@@ -80,7 +80,6 @@ def _volumes(cfg: K8sConfig, *, checkpoints: bool) -> tuple[list[Obj], list[Obj]
     return vols, mounts
 
 
-_SETTINGS = RuntimeSettings()
 _NAMED = ("ORCHESTRATOR_NAMESPACE", "ORCHESTRATOR_HEAD_NAME")
 
 
@@ -90,9 +89,9 @@ def _env(cfg: K8sConfig, pool: NodePool | None) -> list[Obj]:
         # cross-check it against the node's labels (orchestrator/deploy/k8s/inventory.py).
         {"name": "ORCHESTRATOR_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         # The Ray namespace and name of the orchestrator head (what `orchestrator` and the SDK look up), not
-        # the Kubernetes namespace: the head runs with the default settings (deploy/kuberay.py).
-        {"name": "ORCHESTRATOR_NAMESPACE", "value": _SETTINGS.namespace},
-        {"name": "ORCHESTRATOR_HEAD_NAME", "value": _SETTINGS.head_name},
+        # the Kubernetes namespace: the head's own settings (head.settings, also in its cluster file).
+        {"name": "ORCHESTRATOR_NAMESPACE", "value": cfg.head.settings.namespace},
+        {"name": "ORCHESTRATOR_HEAD_NAME", "value": cfg.head.settings.head_name},
     ]
     if pool is None:
         env += [
@@ -110,7 +109,7 @@ def _env(cfg: K8sConfig, pool: NodePool | None) -> list[Obj]:
         if _pool_cards(pool):
             # Ray's own GPU API on leases (docs/ray-native.md): the raylet runs the orchestrator's hook in every
             # driver it starts, and a simulated pool's raylet names its cards as a real node's would.
-            native = {**raylet_native_env(_SETTINGS), **(_sim_node(pool).ray_env() if pool.simulated else {})}
+            native = {**raylet_native_env(cfg.head.settings), **(_sim_node(pool).ray_env() if pool.simulated else {})}
             env += [{"name": k, "value": v} for k, v in sorted(native.items()) if k not in _NAMED]
     env += _auth_env(cfg)
     return env

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from orchestrator.core.config import RuntimeSettings
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.deploy.k8s.fields import _HOST_PORT, Resources, _bad, _dns_label, _Frozen, _image, _quantity
 from orchestrator.deploy.k8s.pools import NodePool
@@ -37,6 +38,11 @@ class PriorityClassSpec(_Frozen):
 #: Where the head pod mounts the ConfigMap with the head's cluster file (its settings and its policy file).
 HEAD_CONFIG_DIR = "/etc/orchestrator"
 HEAD_CONFIG_FILE = f"{HEAD_CONFIG_DIR}/cluster.yaml"
+#: The head's settings the deployment itself gives (rendered into its cluster file): not the config's to set.
+DEPLOYMENT_SETTINGS = {"discovery": "auto (agents read NVML, or the pool's simulated inventory)",
+                       "metrics_host": "0.0.0.0 (Prometheus scrapes the pod)",
+                       "metrics_port": "the top-level metrics_port (the pod's port, the NetworkPolicy and the PodMonitor "
+                                       "take it too)"}
 
 
 class HeadSpec(_Frozen):
@@ -62,7 +68,23 @@ class HeadSpec(_Frozen):
         f"ConfigMap <name>-head-config the head reads at {HEAD_CONFIG_FILE}. In configs/k8s.yaml "
         "`scheduler_file: <path>` (relative to the config) reads it from a file, e.g. priorities.yaml",
     )
+    settings: RuntimeSettings = Field(
+        default_factory=RuntimeSettings,
+        description="The head's runtime settings: the same model as a cluster file's `settings` "
+        "(orchestrator.core.config.RuntimeSettings, `tuning` included), rendered with `scheduler` into the "
+        f"ConfigMap the head reads at {HEAD_CONFIG_FILE}; every pod's ORCHESTRATOR_NAMESPACE and "
+        "ORCHESTRATOR_HEAD_NAME are its namespace and head_name. " + "; ".join(
+            f"{k}: {v}" for k, v in DEPLOYMENT_SETTINGS.items()) + ": set by the deployment, not here",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the head pod requires")
+
+    @field_validator("settings")
+    @classmethod
+    def _settings(cls, v: RuntimeSettings) -> RuntimeSettings:
+        for name, given in DEPLOYMENT_SETTINGS.items():
+            if name in v.model_fields_set:
+                raise _bad(name, getattr(v, name), "left unset", f"the deployment sets it: {given}")
+        return v
 
     @field_validator("command")
     @classmethod

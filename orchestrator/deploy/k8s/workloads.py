@@ -14,9 +14,12 @@ from orchestrator.deploy.k8s.pods import _auth_env, _cluster_spec
 
 
 def head_cluster_file(cfg: K8sConfig) -> Obj:
-    """The head's cluster file (``orchestrator.core.config.ClusterConfig``): its settings and its policy file."""
-    return {"settings": {"discovery": "auto", "metrics_host": "0.0.0.0", "metrics_port": cfg.metrics_port},
-            "scheduler": cfg.head.scheduler.model_dump(mode="json")}
+    """The head's cluster file (``orchestrator.core.config.ClusterConfig``): the config's ``head.settings`` (those
+    it sets) with the deployment's own (``specs.DEPLOYMENT_SETTINGS``), and its policy file. One validated tree:
+    both halves were checked by the same models the head loads them with."""
+    settings = {**cfg.head.settings.model_dump(mode="json", exclude_unset=True),
+                "discovery": "auto", "metrics_host": "0.0.0.0", "metrics_port": cfg.metrics_port}
+    return {"settings": settings, "scheduler": cfg.head.scheduler.model_dump(mode="json")}
 
 
 def _head_config(cfg: K8sConfig) -> Obj:
