@@ -1,7 +1,9 @@
 """The head and the node agent, without Ray.
 
 What lives here: the controller that applies scheduling plans to the lease
-ledger, the job layer (submission, preemption handshake, retries), the
+ledger (:mod:`.controller`, with its parts :mod:`.leasing`, :mod:`.agent_link`, :mod:`.victims`,
+:mod:`.repartition_hooks`), the head's API in-process (:mod:`.service` with :mod:`.service_jobs` and
+:mod:`.service_cluster`), the job layer (submission, preemption handshake, retries), the
 hand-out that turns an allocation into actor options and environment
 variables, the agent core with GPU discovery (NVML or simulated), the ledger
 store interface and its in-memory form, and Prometheus metrics (:mod:`.metric_families`,

@@ -1,6 +1,7 @@
 """Deployment: bringing a cluster up and down.
 
-What lives here: the embedded local cluster (:mod:`.local`, with the raylet
+What lives here: the embedded local cluster (:mod:`.local`, with its parts
+:mod:`.launch_plan`, :mod:`.cluster_env`, :mod:`.processes` and :mod:`.teardown`, and the raylet
 processes it starts in :mod:`.raylet`), the entry point a KubeRay head pod
 runs (:mod:`.kuberay`) and the Kubernetes side (:mod:`.k8s`: config,
 manifest rendering, API client, inventory from node labels).
