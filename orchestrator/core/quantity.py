@@ -36,7 +36,7 @@ _SCALE: dict[str, float] = {
 #: that every amount stays an exact int64 in the engine's arrays.
 MAX_MIB = 1 << 30
 
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|[KMGT])?\s*$", re.IGNORECASE)
+_MEMORY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|[KMGT])?\s*$", re.IGNORECASE | re.ASCII)
 _MIB = 2**20
 
 

@@ -343,7 +343,7 @@ class ResolvedRequest:
 #: The most workers one gang asks for.
 MAX_GANG_WORKERS = 256
 
-_GANG_RE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+)$")
+_GANG_RE = re.compile(r"^\s*([0-9]+)\s*[xX×]\s*(.+)$")
 
 
 class GangRequest(BaseModel):
