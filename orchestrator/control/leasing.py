@@ -106,12 +106,23 @@ def activated(ctl: HeadController, lease_id: str, token: int, holder: str | None
 
 
 def release(ctl: HeadController, lease_id: str, token: int | None = None,
-            reason: str = "released by its holder") -> dict[str, Any]:
+            reason: str = "released by its holder", when_gone: bool = False) -> dict[str, Any]:
     """End the lease as RELEASED and free its devices (idempotent: an ended lease is answered as it is); its
-    public view, the token shown only to a caller that sent it."""
+    public view, the token shown only to a caller that sent it.
+
+    ``when_gone``: not yet -- an ACTIVE lease whose holder is being stopped (a Serve replica draining) stays
+    ACTIVE, its devices its, until the head sees the holder dead; then it is RELEASED with ``reason``
+    (:func:`release_dead_holders`), not LOST. One write, so no watcher of the holder races the head's probe. A
+    lease with no holder, or not active, is released now."""
     e = ctl.ledger.get(lease_id)
     if e.lease.terminal:
         return e.to_dict()
+    if when_gone and e.lease.state is LeaseState.ACTIVE and e.holder:
+        ctl._check_token(e, token)
+        if e.release_when_gone != reason:
+            e = replace(e, release_when_gone=reason)
+            ctl.ledger.commit([e])
+        return e.to_dict(reveal=token is not None)
     return ctl.released(lease_id, token, reason).to_dict(reveal=token is not None)
 
 
@@ -171,14 +182,18 @@ def lose(ctl: HeadController, entries: list[LedgerEntry], reason: str, report: R
 
 
 def release_dead_holders(ctl: HeadController, report: ReconcileReport) -> None:
-    """Step 2: lose the ACTIVE leases whose holder the probe says is dead (never requeued)."""
+    """Step 2: end the ACTIVE leases whose holder the probe says is dead: RELEASED with its reason where the holder
+    asked for that (``release(when_gone=True)``), else LOST (never requeued)."""
     active = [e for e in ctl.ledger.in_state_any_order(LeaseState.ACTIVE) if e.holder]
     if not active:
         return
     alive = ctl.holder_probe([e.holder for e in active if e.holder])
     dead = ctl.ledger.in_order([e.lease_id for e in active if alive.get(e.holder or "", True) is False])
+    for e in dead:
+        if e.release_when_gone:
+            ctl.released(e.lease_id, e.lease.fencing_token, e.release_when_gone)
     # A dead holder is not requeued: what to do about a crashed workload is the job layer's call.
-    ctl._lose(dead, "holder died", report, requeue=False)
+    ctl._lose([e for e in dead if not e.release_when_gone], "holder died", report, requeue=False)
 
 
 def expire_grants(ctl: HeadController, now: float, report: ReconcileReport) -> None:

@@ -72,6 +72,9 @@ class LedgerEntry:
     preempt_deadline: float | None = None
     workload: str | None = None  # what runs on the devices: actor:<ns>/<name>, job:<submission id>, pid:<n>
     revoking: bool = False  # ended, but its devices stay fenced off until the node's agent confirms them free
+    #: Its holder asked for it to be released with this reason once the holder is gone (``release(when_gone=True)``):
+    #: the devices stay its until then, and the holder's death is a release, not a loss.
+    release_when_gone: str = ""
     waiting: Waiting | None = None  # soft state: the scheduler's answer for a pending lease, this cycle
 
     @property
@@ -106,6 +109,7 @@ class LedgerEntry:
             "checkpoint_path": self.lease.checkpoint_path, "last_checkpoint_at": self.lease.last_checkpoint_at,
             "preempt_for": self.preempt_for, "preempt_reason": self.preempt_reason, "preempt_cause": self.preempt_cause,
             "preempt_deadline": self.preempt_deadline, "workload": self.workload, "revoking": self.revoking,
+            **({"release_when_gone": self.release_when_gone} if self.release_when_gone else {}),
         }
 
     @classmethod
@@ -125,7 +129,7 @@ class LedgerEntry:
                    preempt_for=d.get("preempt_for"), preempt_reason=d.get("preempt_reason", ""),
                    preempt_cause=d.get("preempt_cause", ""),
                    preempt_deadline=d.get("preempt_deadline"), workload=d.get("workload"),
-                   revoking=bool(d.get("revoking", False)))
+                   revoking=bool(d.get("revoking", False)), release_when_gone=d.get("release_when_gone", ""))
 
     def to_dict(self, *, reveal: bool = False) -> dict[str, Any]:
         """The public view (``get_lease``, ``status``): the fencing token redacted unless ``reveal``
@@ -143,7 +147,7 @@ class LedgerEntry:
                  preempt_for=self.preempt_for, preempt_reason=self.preempt_reason or None,
                  preempt_cause=self.preempt_cause or None,
                  preempt_deadline=self.preempt_deadline, workload=self.workload, revoking=self.revoking,
-                 resume_from=self.spec.resume_from)
+                 release_when_gone=self.release_when_gone or None, resume_from=self.spec.resume_from)
         return d
 
 

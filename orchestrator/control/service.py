@@ -356,9 +356,9 @@ class HeadService(JobMethods, ClusterMethods):
         return self.ctl.activate(lease_id, token, holder, workload)
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder",
-                key: str | None = None) -> Json:
+                key: str | None = None, when_gone: bool = False) -> Json:
         self.check_lease_key("release", lease_id, key)
-        return self.ctl.release(lease_id, token, reason)
+        return self.ctl.release(lease_id, token, reason, when_gone)
 
     def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None,
                        key: str | None = None) -> Json:

@@ -66,9 +66,10 @@ class HeadApi(Protocol):
         ...
 
     def release(self, lease_id: str, token: int | None = None, reason: str = "released by its holder",
-                key: str | None = None) -> Json:
+                key: str | None = None, when_gone: bool = False) -> Json:
         """Give the devices back, or withdraw a pending request: the requester's ``key`` in every state, and the
-        current token while the lease holds devices. Idempotent."""
+        current token while the lease holds devices. ``when_gone``: once the lease's holder is dead (it is being
+        stopped), released with ``reason``, not lost; until then it keeps its devices. Idempotent."""
         ...
 
     def ack_preemption(self, lease_id: str, token: int, checkpoint_path: str | None = None,

@@ -180,22 +180,12 @@ class _AutoLeases:
             ticket.used = True
             _quietly(self.head.release, ticket.lease_id, ticket.token, reason, ticket.key)
 
-    def release_when_gone(self, ticket: Ticket, reason: str, timeout_s: float = 120.0) -> None:
-        """Release ``ticket``'s lease once the actor holding it is dead (a thread; the head would otherwise see
-        the holder gone at its next check and call the lease lost): a card goes on only after its process."""
-        from orchestrator.rayport import ray_api
-
-        def watch() -> None:
-            deadline = time.monotonic() + timeout_s
-            while ticket.holder and time.monotonic() < deadline:
-                if not ray_api.actors_alive([ticket.holder]).get(ticket.holder, True):
-                    break
-                time.sleep(0.1)
-            else:
-                return  # still alive: it holds the lease as long as it lives
-            _quietly(self.head.release, ticket.lease_id, ticket.token, reason, ticket.key)
-
-        threading.Thread(target=watch, daemon=True, name=f"rgo-release-{ticket.lease_id}").start()
+    def release_when_gone(self, ticket: Ticket, reason: str) -> None:
+        """Have ``ticket``'s lease released with ``reason`` once the actor holding it is dead: the head keeps the
+        card the lease's until its holder probe sees the actor gone, then releases it (``release(when_gone=True)``)
+        instead of calling it lost -- one call now, so no watcher of ours races the head's probe. A card goes on
+        only after its process."""
+        _quietly(self.head.release, ticket.lease_id, ticket.token, reason, ticket.key, True)  # when_gone
 
     @contextlib.contextmanager
     def prepared(self, ticket: Ticket) -> Any:

@@ -238,6 +238,46 @@ def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSet
     assert d["state"] == "lost" and d["history"][-1]["reason"] == "holder died" and d["requeued_as"] is None
 
 
+def test_a_lease_released_when_its_holder_is_gone_keeps_its_card_until_then_and_is_released_not_lost(
+        settings: RuntimeSettings, store: MemoryStore, clock: FakeClock, demo: Any) -> None:
+    # A Serve replica being stopped: its release is asked while it drains, and the head's holder probe, not a
+    # watcher of the holder racing it, decides when the card goes on (the race made the lease "lost" under load).
+    dead: set[str] = set()
+    ctl = HeadController(settings, store, clock=clock, holder_probe=lambda hs: {h: h not in dead for h in hs})
+    for n in demo.nodes:
+        SimAgent(ctl, demo, n.name).register()
+    ctl.request_lease(_req("w", "1"))
+    ctl.reconcile()
+    token = ctl.get_lease("w", KEY)["fencing_token"]
+    ctl.activate("w", token, "actor-w")
+    with pytest.raises(StaleFencingTokenError):
+        ctl.release("w", token + 1, "its Serve replica stopped", True)
+    d = ctl.release("w", token, "its Serve replica stopped", True)
+    assert d["state"] == "active" and d["release_when_gone"] == "its Serve replica stopped"
+    ctl.release("w", token, "its Serve replica stopped", True)  # idempotent
+    clock.advance(HOLDER_CHECK_EVERY_S)
+    ctl.reconcile()
+    assert ctl.get_lease("w", KEY)["state"] == "active", "the card is the lease's while its holder lives"
+    dead.add("actor-w")
+    clock.advance(HOLDER_CHECK_EVERY_S)
+    report = ctl.reconcile()
+    d = ctl.get_lease("w", KEY)
+    assert report.lost_leases == [] and d["state"] == "released"
+    assert d["history"][-1]["reason"] == "its Serve replica stopped"
+    # and the intent survives a head restart: it is in the journal
+    ctl.request_lease(_req("v", "1"))
+    ctl.reconcile()
+    ctl.activate("v", ctl.get_lease("v", KEY)["fencing_token"], "actor-v")
+    ctl.release("v", ctl.get_lease("v", KEY)["fencing_token"], "drained", True)
+    restarted = HeadController(settings, store, clock=clock, holder_probe=lambda hs: {h: False for h in hs})
+    assert restarted.restore() >= 1
+    assert restarted.get_lease("v", KEY)["release_when_gone"] == "drained"
+    clock.advance(HOLDER_CHECK_EVERY_S)
+    restarted.reconcile()
+    assert restarted.get_lease("v", KEY)["state"] == "released"
+    assert restarted.get_lease("v", KEY)["history"][-1]["reason"] == "drained"
+
+
 def test_a_grant_never_activated_expires(ctl: HeadController, agents: dict[str, SimAgent], clock: FakeClock) -> None:
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
