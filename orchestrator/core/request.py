@@ -9,7 +9,15 @@ A :class:`GpuRequest` either names its kind:
 * ``timeslice`` -- ``fraction`` of one card's time, no isolation;
 
 or states only what it needs (``memory_mib``, ``compute``, ``isolation``) and
-lets the engine choose. Which concrete shares satisfy it, and in what order
+lets the engine choose.
+
+A request may also carry an ordered **fallback**: further requests tried, in
+the order given, when none of its own shares fits (``mig:1g.10gb|mig:2g.20gb|mps:30|1``
+in the ``--gpu`` grammar, a list in YAML). A fallback shares its request's
+node-wide constraints (``node``, ``models``, host CPU and memory) and has no
+fallback of its own; a chain holds at most :data:`MAX_FALLBACK` of them.
+
+Which concrete shares satisfy a request, and in what order
 they are tried, is scheduling policy: :func:`orchestrator.scheduling.alternatives.resolve`
 turns a request into :class:`Alternative` s, cheapest first, each with the
 reason it was chosen (a :class:`ResolvedRequest`); this module holds the data.
@@ -70,6 +78,10 @@ class Isolation(str, Enum):
 
 #: The most whole cards one request asks for (all of them on one node).
 MAX_CARDS = 64
+#: The most fallbacks one request carries (a chain of at most MAX_FALLBACK + 1 choices).
+MAX_FALLBACK = 7
+#: Fields a fallback takes from its request: they constrain the node, not the share.
+NODE_WIDE = ("node", "models", "cpu_milli", "host_memory_mib")
 MAX_CPU_MILLI = 10**9
 
 
@@ -78,7 +90,10 @@ class GpuRequest(BaseModel):
 
     Invariants: exactly the fields of its kind are set (a ``whole`` request
     has no ``profile``...); a request without ``kind`` has ``isolation``;
-    fractional kinds (mig, mps, timeslice) ask for one card.
+    fractional kinds (mig, mps, timeslice) ask for one card; a ``fallback``
+    has at most :data:`MAX_FALLBACK` requests, none with a fallback or a
+    node-wide field of its own (:data:`NODE_WIDE`: the request's hold for
+    every choice).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
@@ -97,6 +112,9 @@ class GpuRequest(BaseModel):
     nvlink: bool = Field(default=False, description="Multi-GPU: all GPUs in one NVLink island")
     cpu_milli: Annotated[int, Field(ge=0, le=MAX_CPU_MILLI, description="Host CPU, milli-cores")] = 0
     host_memory_mib: Annotated[int, Field(ge=0, le=MAX_MIB, description="Host memory, MiB")] = 0
+    fallback: tuple["GpuRequest", ...] = Field(
+        default=(), exclude_if=lambda v: not v,  # absent from the JSON when empty: records keep their bytes
+        description="Requests tried in this order when none of this one's shares fits (no nesting)")
 
     def __init__(self, **data: object) -> None:
         try:
@@ -114,7 +132,25 @@ class GpuRequest(BaseModel):
             if not isinstance(ms, (list, tuple)) or not all(isinstance(m, str) for m in ms):
                 raise InvalidRequestError("gpu.models", ms, "GPU model names, as a list or joined by '|'")
             data = {**data, "models": tuple(gpu_model(m).name for m in ms)}
+        if isinstance(data, dict) and data.get("fallback"):
+            data = {**data, "fallback": _fallback_items(data["fallback"])}
         return data
+
+    @model_validator(mode="after")
+    def _fallback_flat(self) -> "GpuRequest":
+        fb = self.fallback
+        if len(fb) > MAX_FALLBACK:
+            raise InvalidRequestError("fallback", len(fb), f"at most {MAX_FALLBACK} fallbacks",
+                                      detail=f"a chain of {len(fb) + 1} choices")
+        for i, f in enumerate(fb, 1):
+            if f.fallback:
+                raise InvalidRequestError(f"fallback[{i}].fallback", f.describe(), "unset",
+                                          detail="a fallback has no fallback of its own: list every choice in one chain")
+            for name in NODE_WIDE:
+                if getattr(f, name) != GpuRequest.model_fields[name].default:
+                    raise InvalidRequestError(f"fallback[{i}].{name}", getattr(f, name), "unset",
+                                              detail="a fallback takes the node-wide constraints of its request")
+        return self
 
     @model_validator(mode="after")
     def _fields_match_kind(self) -> "GpuRequest":
@@ -181,10 +217,51 @@ class GpuRequest(BaseModel):
     def timeslice(cls, fraction: float, **kw: object) -> "GpuRequest":
         return cls(kind=ShareKind.TIMESLICE, fraction=fraction, **kw)
 
+    @property
+    def choices(self) -> tuple["GpuRequest", ...]:
+        """This request without its fallback, then each fallback with the request's node-wide constraints
+        (:data:`NODE_WIDE`), in the order they are tried."""
+        if not self.fallback:
+            return (self,)
+        wide = {name: getattr(self, name) for name in NODE_WIDE}
+        return (self.model_copy(update={"fallback": ()}), *(f.model_copy(update=wide) for f in self.fallback))
+
     @classmethod
-    def parse(cls, text: str) -> "GpuRequest":
+    def parse(cls, text: "str | Sequence[str]") -> "GpuRequest":
         """The CLI's ``--gpu`` forms: ``1``, ``2``, ``mig:1g.10gb``, ``mps:30%,20GiB``,
-        ``timeslice:0.25``, ``mem=20GiB,compute=0.3,isolation=hard``."""
+        ``timeslice:0.25``, ``mem=20GiB,compute=0.3,isolation=hard``; several joined by ``|`` (or a list
+        of them, as YAML writes one) are a request and its ordered fallback: ``mig:1g.10gb|mps:30|1``."""
+        if isinstance(text, (list, tuple)):
+            if not text or not all(isinstance(t, str) for t in text):
+                raise InvalidRequestError("gpu", text, "a non-empty list of --gpu strings (a request, then its fallback)")
+            text = "|".join(text)
+        if isinstance(text, str) and "|" in text:
+            parts = [p.strip() for p in text.split("|")]
+            if len(parts) > MAX_FALLBACK + 1:
+                raise InvalidRequestError("gpu.fallback", text, f"at most {MAX_FALLBACK + 1} choices joined by '|'",
+                                          detail=f"{len(parts)} choices")
+            chain = []
+            for i, part in enumerate(parts):
+                if not part:
+                    raise InvalidRequestError("gpu" if i == 0 else f"gpu.fallback[{i}]", text,
+                                              "CHOICE|CHOICE|..., each a --gpu form", detail="an empty choice")
+                try:
+                    chain.append(cls._parse_one(part))
+                except InvalidRequestError as e:
+                    if i == 0:
+                        raise
+                    rest = e.field.removeprefix("gpu").lstrip(".")
+                    raise InvalidRequestError(f"gpu.fallback[{i}]" + (f".{rest}" if rest else ""), e.value, e.allowed,
+                                              detail=e.detail) from None
+            return chain[0].model_copy(update={"fallback": ()}).with_fallback(*chain[1:])
+        return cls._parse_one(text)
+
+    def with_fallback(self, *fallback: "GpuRequest") -> "GpuRequest":
+        """This request with ``fallback`` (validated: flat, at most :data:`MAX_FALLBACK`)."""
+        return GpuRequest(**{**self.model_dump(exclude={"fallback"}), "fallback": fallback})
+
+    @classmethod
+    def _parse_one(cls, text: str) -> "GpuRequest":
         forms = "N (whole cards), mig:PROFILE, mps:PCT%[,MEM], timeslice:FRACTION, mem=MEM,compute=F,isolation=hard|soft|none"
         if not isinstance(text, str):
             raise InvalidRequestError("gpu", text, forms, detail="not a string")
@@ -286,7 +363,18 @@ class GpuRequest(BaseModel):
             s = ",".join(parts)
         if self.models:
             s += f" on {'|'.join(self.models)}"
+        if self.fallback:
+            s += ", else " + ", else ".join(f.describe() for f in self.fallback)
         return s
+
+
+def _fallback_items(items: object) -> object:
+    """A fallback as YAML or JSON gives it: ``--gpu`` strings (or requests) in a list; strings parsed."""
+    if isinstance(items, str):
+        items = [p.strip() for p in items.split("|")]
+    if not isinstance(items, (list, tuple)):
+        raise InvalidRequestError("fallback", items, "a list of requests (--gpu strings or mappings)")
+    return tuple(GpuRequest._parse_one(f) if isinstance(f, str) else f for f in items)
 
 
 def share_demand(kind: ShareKind, *, cards: int = 1, profile: str | None = None, milli: int = 0) -> float:
@@ -323,6 +411,7 @@ class Alternative:
     client_priority: int | None = None
     fraction: float | None = None
     nvlink: bool = False
+    choice: int = 0  # which of the request's choices it comes from: 0 the request, i its i-th fallback
 
     def profile_for(self, model: str) -> MigProfile | None:
         for m, p in self.profiles:
@@ -343,7 +432,7 @@ class ResolvedRequest:
 #: The most workers one gang asks for.
 MAX_GANG_WORKERS = 256
 
-_GANG_RE = re.compile(r"^\s*([0-9]+)\s*[xX×]\s*(.+)$")
+_GANG_RE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+)$")
 
 
 class GangRequest(BaseModel):
@@ -382,6 +471,9 @@ class GangRequest(BaseModel):
         if self.worker.node is not None:
             raise InvalidRequestError("gang.worker.node", self.worker.node, "unset",
                                       detail="a gang chooses its nodes; pin none of its workers")
+        if self.worker.fallback:
+            raise InvalidRequestError("gang.worker.fallback", self.worker.describe(), "unset",
+                                      detail="a gang's workers are placed alike, all or none: give one request")
         if self.worker.kind is ShareKind.WHOLE and self.worker.count < 1:
             raise InvalidRequestError("gang.worker.count", self.worker.count, "at least 1 card per worker")
         return self

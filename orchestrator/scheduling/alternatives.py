@@ -10,6 +10,16 @@ the isolation asked for, each with the reason it was chosen:
 * ``isolation=soft`` -> an MPS share, then a whole card;
 * ``isolation=none`` -> a time-slice, then an MPS share, then a whole card.
 
+A request with a **fallback** (``mig:1g.10gb|mig:2g.20gb|mps:30|1``) gets
+its own alternatives, then each fallback's, in the order given, each reason
+saying which choice it is ("fallback 2 of 4: MIG 2g.20gb as asked"); an
+alternative equal to one before it is dropped, and so is a unified choice's
+last resort, a whole card, when choices follow it (they say what comes
+after it: ``mem=10GiB,compute=0.14,isolation=hard|mps:25|1`` is a 1g slice,
+then MPS, then a whole card). Each alternative knows what it counts against a
+queue's quota (:func:`alternative_demand`): the cycle lets a queue preempt
+only for alternatives within its quota (:mod:`.cycle`).
+
 The engine tries them in that order (:mod:`.engine`), admission refuses a
 request none of them could ever fit (:mod:`.admission`). Pure: the data types
 (:class:`~orchestrator.core.request.Alternative`,
@@ -19,9 +29,10 @@ request none of them could ever fit (:mod:`.admission`). Pure: the data types
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from orchestrator.core.catalogue import CATALOGUE, MIG_COMPUTE_SLICES, GpuModel, MigProfile
-from orchestrator.core.request import Alternative, GpuRequest, Isolation, ResolvedRequest, ShareKind
+from orchestrator.core.request import Alternative, GpuRequest, Isolation, ResolvedRequest, ShareKind, share_demand
 
 
 def _smallest_profile(model: GpuModel, memory_mib: int, compute: float) -> MigProfile | None:
@@ -31,8 +42,40 @@ def _smallest_profile(model: GpuModel, memory_mib: int, compute: float) -> MigPr
     return min(fits, key=lambda p: (p.memory_slices, p.compute_slices), default=None)
 
 
+def alternative_demand(alt: Alternative) -> float:
+    """GPUs ``alt`` holds once granted, as a queue's usage counts them (the allocation's
+    :attr:`~orchestrator.core.allocation.Allocation.gpu_demand`); a MIG alternative with a profile per
+    model counts its largest."""
+    if alt.kind is ShareKind.MIG:
+        return max((share_demand(alt.kind, profile=p) for _, p in alt.profiles), default=0.0)
+    return share_demand(alt.kind, cards=alt.count, milli=alt.milli)
+
+
 def resolve(request: GpuRequest) -> ResolvedRequest:
-    """Turn a request into concrete alternatives, cheapest first. Pure."""
+    """Turn a request into concrete alternatives: its own, cheapest first, then its fallback's in the order
+    given (duplicates dropped). Pure."""
+    if not request.fallback:
+        return _resolve_one(request)
+    choices = request.choices
+    n = len(choices)
+    alts: list[Alternative] = []
+    seen: set[tuple] = set()
+    for i, choice in enumerate(choices):
+        label = "choice 1" if i == 0 else f"fallback {i + 1}"
+        own = _resolve_one(choice).alternatives
+        if choice.kind is None and i + 1 < n:
+            own = own[:-1]  # a unified choice's last resort, a whole card: the chain says what comes after it
+        for alt in own:
+            key = (alt.kind, alt.count, alt.milli, alt.memory_mib, alt.profiles, alt.nvlink, alt.sm_percent,
+                   alt.client_priority, alt.fraction)
+            if key not in seen:
+                seen.add(key)
+                alts.append(replace(alt, choice=i, reason=f"{label} of {n}: {alt.reason}"))
+    return ResolvedRequest(request, tuple(alts), f"{n} choices in the order given: "
+                           + ", then ".join(c.describe() for c in choices))
+
+
+def _resolve_one(request: GpuRequest) -> ResolvedRequest:
     k = request.kind
     if k is ShareKind.WHOLE:
         alt = Alternative(ShareKind.WHOLE, request.count, 1000, request.memory_mib, nvlink=request.nvlink,

@@ -7,15 +7,21 @@ It reads as a numbered script (Kueue's scheduling cycle):
    then id;
 2. for each item, on a working copy of the snapshot that already holds this
    cycle's grants:
-   a. **quota**: an item whose queue would exceed its quota may only borrow
+   a. **quota**: each of the item's alternatives counts what it would hold
+      (:func:`~.alternatives.alternative_demand`: a 1g slice 1/7, a whole
+      card 1); one that would take its queue beyond its quota may only borrow
       idle capacity (no preemption on its behalf), and not at all when the
       queue does not allow borrowing; quotas are those of the time window in
       force when the caller passes one (:mod:`.windows`), and a wait its
-      quota causes says so (cause ``wait.window``);
+      quota causes says so (cause ``wait.window``). A grant adds what it
+      holds to its queue's usage, whichever alternative it is;
    b. **place**: if the engine finds room, **grant** it (apply to the working
       snapshot, so later items see it taken);
    c. otherwise, unless victims are already being preempted for it
-      (``nominated``), **plan a preemption** on the working snapshot; the
+      (``nominated``), **plan a preemption** on the working snapshot, for the
+      request's choices in the order it gives them (its own alternatives, then
+      each fallback's), each only within its queue's quota: the first choice
+      some set of victims makes room for is planned, its reason naming it; the
       victims go into the plan and are excluded from later items' plans, so
       nothing is preempted twice;
       an item that preempts (or waits for victims chosen for it) counts
@@ -38,7 +44,7 @@ was applied to the working copy before the next was placed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from pydantic import ConfigDict, Field
@@ -48,8 +54,10 @@ from orchestrator.core.clock import format_hhmm
 from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause, Reason, ReasonFields
-from orchestrator.core.request import GangMember, GpuRequest
+from orchestrator.core.request import Alternative, GangMember, GpuRequest, ResolvedRequest
 from orchestrator.scheduling.admission import never_fits
+from orchestrator.scheduling.alternatives import alternative_demand, resolve
+from orchestrator.scheduling.candidates import alt_key
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
 from orchestrator.scheduling.gang import GangPlacement, place_gang
 from orchestrator.scheduling.policy import PlacementPolicy
@@ -192,6 +200,10 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
     # nothing changed gets the same answers without asking (a queue of a thousand equal requests costs one
     # plan, not a thousand).
     memo: dict[tuple[Any, ...], _Asked] = {}
+    # Requests resolved once a cycle; and the (choice, priority, queue, demand)s that even preempting every
+    # eligible lease would not fit: this cycle only adds grants and victims, so such a choice stays hopeless.
+    resolved_of: dict[GpuRequest, ResolvedRequest] = {}
+    hopeless: set[tuple[Any, ...]] = set()
     for pos, item in enumerate(ordered):
         if item.gang is not None:  # the gang's turn comes with its first worker in queue order
             members = gangs.pop(item.gang.gang_id, None)
@@ -202,26 +214,34 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             continue
         eff = effective_priority(item, config, now)
         _, q = config.queue(item.queue) if item.queue in config.queues else ("", None)
-        over_quota = q is not None and q.quota_gpus is not None and usage.get(item.queue, 0.0) + item.demand > q.quota_gpus
+        quota = q.quota_gpus if q is not None else None
+        used = usage.get(item.queue, 0.0)
         windowed = _window_text(window, item.queue)
+        asked = memo.setdefault((item.request, item.priority, item.queue), _Asked())
+        if asked.alts is None:
+            asked.alts = _alternatives(item.request, resolved_of, used, quota)
+        alts = asked.alts
+        over_quota = not alts.within.alternatives  # every alternative would take the queue beyond its quota
         if over_quota and q is not None and not q.borrowing:
             if windowed:
                 waiting.append(Waiting(item.item_id, pos, eff, Reason(
-                    Cause.WAIT_WINDOW, f"queue {item.queue} holds {usage.get(item.queue, 0.0):g} GPUs and asks "
-                    f"{item.demand:g} more: over its cap of {q.quota_gpus:g} GPUs, no borrowing, {windowed}")))
+                    Cause.WAIT_WINDOW, f"queue {item.queue} holds {used:g} GPUs and asks "
+                    f"{alts.least:g} more: over its cap of {quota:g} GPUs, no borrowing, {windowed}")))
                 continue
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
-                Cause.WAIT_QUOTA, f"queue {item.queue} is at its quota of {q.quota_gpus:g} GPUs and does not borrow")))
+                Cause.WAIT_QUOTA, f"queue {item.queue} is at its quota of {quota:g} GPUs and does not borrow")))
             continue
-        asked = memo.setdefault((item.request, item.priority, item.queue, item.demand), _Asked())
-        if asked.res is None:
-            asked.res = place(work, item.request, policy)
+        if asked.res is None:  # a queue that borrows may take any alternative that fits idle, else those within
+            asked.res = place(work, item.request, policy,
+                              resolved=alts.within if q is not None and not q.borrowing else alts.all)
         res = asked.res
         if isinstance(res, Placement):
             memo.clear()
             work = work.apply(res.allocation)
-            usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
-            why = res.reason if not over_quota else Reason(
+            got = res.allocation.gpu_demand  # what was granted counts, not what the first choice asks
+            usage[item.queue] = used + got
+            beyond = quota is not None and used + got > quota + _EPS
+            why = res.reason if not beyond else Reason(
                 Cause.PLACED_BORROWING, f"{res.reason.text} (borrowing beyond queue {item.queue}'s quota)")
             grants.append(Grant(item.item_id, res, why))
             continue
@@ -234,12 +254,13 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             continue
         if item.nominated:
             memo.clear()
-            usage[item.queue] = usage.get(item.queue, 0.0) + item.demand  # what is being freed for it counts
+            # what is being freed for it counts: its cheapest choice within the quota (the plan's is not kept)
+            usage[item.queue] = used + (alts.least_within if alts.within.alternatives else item.demand)
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_VICTIMS, "waiting for the leases being preempted for it to be released"), res))
             continue
         if over_quota:
-            cause, why = (Cause.WAIT_WINDOW, f" of {q.quota_gpus:g} GPUs, {windowed}") if windowed and q else (
+            cause, why = (Cause.WAIT_WINDOW, f" of {quota:g} GPUs, {windowed}") if windowed and q else (
                 Cause.WAIT_BORROW_ONLY, "")
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 cause, f"{res.message}; queue {item.queue} is over its quota{why}, "
@@ -247,13 +268,13 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             continue
         if asked.plan is None:
             candidates = [lease for lease in holding if lease.lease_id not in taken]
-            asked.plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
-                                         config=config, now=now, policy=policy, in_flight=frozenset(taken),
-                                         demand=item.demand)
+            asked.plan = _plan_in_order(work, item, alts, candidates, config=config, now=now, policy=policy,
+                                        in_flight=frozenset(taken), hopeless=hopeless)
         plan = asked.plan
         if isinstance(plan, PreemptionPlan):
             memo.clear()
-            usage[item.queue] = usage.get(item.queue, 0.0) + item.demand
+            assert isinstance(plan.placement, Placement)
+            usage[item.queue] = used + plan.placement.allocation.gpu_demand
             for v in plan.victims:
                 taken.add(v.lease_id)
                 preemptions.append(Preemption(v, item.item_id, v.reason))
@@ -296,9 +317,82 @@ class _Asked:
     """What ``schedule`` learnt about one request shape since the state last changed (None / ``_UNASKED``: not
     asked yet)."""
 
+    alts: "_QuotaAlternatives | None" = None
     res: Placement | Unschedulable | None = None
     never: Any = _UNASKED
     plan: PreemptionPlan | NoPreemption | None = None
+
+
+#: Quota sums compare with this slack: seven 1g slices (1/7 GPU each) are one GPU, not one and a rounding error.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class _QuotaAlternatives:
+    """A request's alternatives (``all``) and those its queue may take within its quota now (``within``, in the
+    same order); ``least``: the least any alternative adds to the queue's usage, ``least_within`` of those within;
+    ``beyond``: what the quota rules out, for the reason when nothing is planned."""
+
+    all: ResolvedRequest
+    within: ResolvedRequest
+    least: float
+    least_within: float
+    beyond: str
+
+
+def _alternatives(request: GpuRequest, resolved_of: dict[GpuRequest, ResolvedRequest], used: float,
+                  quota: float | None) -> _QuotaAlternatives:
+    """Which of ``request``'s alternatives keep its queue (holding ``used`` GPUs) within ``quota`` (None: all)."""
+    res = resolved_of.get(request)
+    if res is None:
+        res = resolved_of[request] = resolve(request)
+    demands = [alternative_demand(a) for a in res.alternatives]
+    if quota is None:
+        within = res
+    else:
+        within = replace(res, alternatives=tuple(a for a, d in zip(res.alternatives, demands) if used + d <= quota + _EPS))
+    beyond = "" if quota is None else ", ".join(
+        f"{a.reason.split(':', 1)[0] if request.fallback else a.kind.value} ({d:.3g} GPUs)"
+        for a, d in zip(res.alternatives, demands) if used + d > quota + _EPS)
+    least_within = min((alternative_demand(a) for a in within.alternatives), default=0.0)
+    return _QuotaAlternatives(res, within, min(demands, default=0.0), least_within, beyond)
+
+
+def _plan_in_order(work: ClusterSnapshot, item: PendingItem, alts: _QuotaAlternatives, candidates: Sequence[Lease], *,
+                   config: SchedulerConfig, now: float, policy: PlacementPolicy, in_flight: frozenset[str],
+                   hopeless: set[tuple[Any, ...]]) -> PreemptionPlan | NoPreemption:
+    """Step 2c for a request: a preemption for its first choice that can be made to fit within its queue's quota,
+    then its next, in the order the request gives them (a request without fallback is one choice: all its
+    alternatives within the quota at once). Each plan's fit test is that choice's alternatives alone, and its
+    reclaim rule reads the most that choice adds to the queue (:func:`~.preemption.ineligibility`)."""
+    groups: dict[int, list[Alternative]] = {}
+    for a in alts.within.alternatives:
+        groups.setdefault(a.choice, []).append(a)
+    last: NoPreemption | None = None
+    for n, group in enumerate(groups.values()):
+        demand = max(alternative_demand(a) for a in group)
+        key = (tuple(alt_key(a) for a in group), item.priority, item.queue, demand)
+        if key in hopeless:
+            continue
+        one = replace(alts.all, alternatives=tuple(group)) if len(groups) > 1 else alts.within
+        plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
+                               config=config, now=now, policy=policy, in_flight=in_flight, demand=demand,
+                               resolved=one, give_up_early=n + 1 < len(groups))
+        if isinstance(plan, PreemptionPlan):
+            if n:  # its text names the choice (preemption's ``what``); say why not an earlier one
+                plan = replace(plan, reason=Reason(plan.reason.cause, f"{plan.reason.text}; no preemption within "
+                                                   "the quota makes room for an earlier choice"))
+            return plan
+        if plan.reason.cause is Cause.NO_PREEMPTION_NOT_ENOUGH:
+            hopeless.add(key)
+        last = plan
+    if last is None:
+        last = NoPreemption(Reason(Cause.NO_PREEMPTION_NOT_ENOUGH, "even preempting every eligible lease would "
+                                   "not make room for any of its choices"))
+    if alts.beyond:
+        last = replace(last, reason=Reason(last.reason.cause, f"{last.reason.text}; beyond its queue's quota, "
+                                           f"so not preempted for: {alts.beyond}"))
+    return last
 
 
 def _window_text(window: WindowStatus | None, queue: str) -> str:

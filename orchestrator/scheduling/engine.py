@@ -132,7 +132,8 @@ def place(snapshot: ClusterSnapshot, request: GpuRequest, policy: PlacementPolic
         out = _place_alternative(snapshot, request, alt, policy, rng)
         if isinstance(out, Placement):
             if i > 0:
-                tried = "; ".join(f"{a.kind.value} did not fit" for a in resolved.alternatives[:i])
+                label = _alt_label if request.fallback else (lambda a: a.kind.value)
+                tried = "; ".join(f"{label(a)} did not fit" for a in resolved.alternatives[:i])
                 out = replace(out, reason=replace(out.reason, text=f"{out.reason.text} ({tried})"))
             return out
         for reason, count in out.items():

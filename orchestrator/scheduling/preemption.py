@@ -24,6 +24,11 @@ The algorithm (Kueue's, ``pkg/scheduler/preemption``):
    places. What remains is minimal: removing any one victim less makes the
    request not fit (under the engine's deterministic choice).
 
+**Fallbacks.** The fit test is the engine's placement over the alternatives it is given (all of a request's,
+or those of one of its choices, as the cycle asks in the order the request gives them, within its queue's
+quota: :mod:`.cycle`), so a request whose every alternative is full may preempt for a later one -- a whole
+card held by training when its MIG slices are all taken.
+
 **Gangs.** The workers of a gang (leases with the same ``gang`` id) are one victim: released
 together in step 3, added back together in step 4, ordered by :func:`unit_order_key` (for a
 lease on its own, exactly :func:`victim_order_key`); a gang with one ineligible worker is
@@ -52,7 +57,7 @@ from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core import codec
 from orchestrator.core.reasons import Cause, Reason, ReasonFields
-from orchestrator.core.request import GangRequest, GpuRequest
+from orchestrator.core.request import GangRequest, GpuRequest, ResolvedRequest
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.gang import GangPlacement, place_gang
 from orchestrator.scheduling.policy import PlacementPolicy
@@ -170,13 +175,21 @@ Fits = Callable[[ClusterSnapshot], "Placement | GangPlacement | None"]
 
 def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Sequence[Lease], *, priority: int,
                     queue: str, config: SchedulerConfig, now: float, policy: PlacementPolicy,
-                    in_flight: frozenset[str] = frozenset(), demand: float = 0.0) -> PreemptionPlan | NoPreemption:
-    """Plan the minimal preemption that admits ``request``; see the module docstring."""
+                    in_flight: frozenset[str] = frozenset(), demand: float = 0.0,
+                    resolved: ResolvedRequest | None = None, give_up_early: bool = False) -> PreemptionPlan | NoPreemption:
+    """Plan the minimal preemption that admits ``request``; see the module docstring. ``resolved``: the
+    alternatives it may land on (default: all of the request's; the cycle passes one choice's, within its
+    queue's quota); ``give_up_early``: first check that releasing every eligible victim would make room (one
+    placement instead of one per victim when nothing would: for a choice that is likely not to fit)."""
     def fits(sim: ClusterSnapshot) -> Placement | None:
-        res = place(sim, request, policy)
+        res = place(sim, request, policy, resolved=resolved)
         return res if isinstance(res, Placement) else None
-    return _plan(snapshot, fits, request.describe(), holding, priority=priority, queue=queue, config=config, now=now,
-                 in_flight=in_flight, demand=demand)
+    what = request.describe()
+    if resolved is not None and request.fallback and len({a.choice for a in resolved.alternatives}) == 1:
+        alt = resolved.alternatives[0]  # one choice of a chain: name it, and which it is
+        what = f"{request.choices[alt.choice].describe()} ({alt.reason.split(':', 1)[0]})"
+    return _plan(snapshot, fits, what, holding, priority=priority, queue=queue, config=config, now=now,
+                 in_flight=in_flight, demand=demand, give_up_early=give_up_early)
 
 
 def plan_gang_preemption(snapshot: ClusterSnapshot, gang: GangRequest, holding: Sequence[Lease], *, priority: int,
@@ -235,7 +248,7 @@ def unit_order_key(unit: Sequence[Lease], now: float) -> tuple:
 
 def _plan(snapshot: ClusterSnapshot, fits: Fits, what: str, holding: Sequence[Lease], *, priority: int,
           queue: str, config: SchedulerConfig, now: float, in_flight: frozenset[str],
-          demand: float) -> PreemptionPlan | NoPreemption:
+          demand: float, give_up_early: bool = False) -> PreemptionPlan | NoPreemption:
     """Steps 1-4 of the module docstring over victims of one or more leases (:func:`victim_units`)."""
     usage = queue_usage(holding)
     eligible: list[Lease] = []
@@ -263,6 +276,18 @@ def _plan(snapshot: ClusterSnapshot, fits: Fits, what: str, holding: Sequence[Le
             sim = sim.apply(m.allocation)  # type: ignore[arg-type]
         return sim
 
+    def not_enough() -> NoPreemption:
+        n = sum(len(u) for u in units)
+        return NoPreemption(Reason(Cause.NO_PREEMPTION_NOT_ENOUGH,
+                                   f"even preempting all {n} eligible leases would not make room"),
+                            tuple(ineligible))
+
+    if give_up_early:  # fits is monotone in what is released: if all of it does not make room, no part does
+        everything = snapshot
+        for unit in units:
+            everything = release(everything, unit)
+        if fits(everything) is None:
+            return not_enough()
     sim = snapshot
     chosen: list[tuple[Lease, ...]] = []
     placed = None
@@ -273,10 +298,7 @@ def _plan(snapshot: ClusterSnapshot, fits: Fits, what: str, holding: Sequence[Le
         if placed is not None:
             break
     if placed is None:
-        n = sum(len(u) for u in units)
-        return NoPreemption(Reason(Cause.NO_PREEMPTION_NOT_ENOUGH,
-                                   f"even preempting all {n} eligible leases would not make room"),
-                            tuple(ineligible))
+        return not_enough()
     # Add back, last chosen first, every victim the request does not need.
     for unit in reversed(chosen[:-1]):
         trial = reapply(sim, unit)
