@@ -16,11 +16,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,sim,train,serve,k8s,dashboard]'
 	@touch $(STAMP)
 
-# Two workers, one test module each at a time (a module shares one Ray cluster between its tests): the
-# integration tier mostly waits on Ray, so two modules side by side keep both cores busy.
+# Two workers, one test module each at a time; each worker starts one Ray cluster, which its integration modules
+# share (tests/integration/conftest.py): the tier mostly waits on Ray, so two modules side by side keep both cores
+# busy. The 25 slowest tests are listed at the end, so a run says where its time went.
 test: install
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 # Everything that starts no Ray cluster (about a minute).
 test-fast: install
