@@ -71,6 +71,11 @@ acting; and its bounds are applied after the delay
   here 0 is reached only with ``min_replicas: 0``, after ``downscale_delay_s``;
 * ``floor`` / ``ceiling`` are ours: the time windows' guarantee and cap.
 
+**The ceiling a loop passes.** :func:`reachable_replicas` is what the cards could hold of the replicas'
+request, its whole fallback chain counted (1g slices, then larger slices, MPS shares, whole cards): a loop
+that passes it as ``ceiling`` never asks for a lease that cannot exist, and is not capped at the first
+choice's slices when later choices reach more.
+
 Invariants: ``decide`` is a pure function of its arguments; the returned
 ``replicas`` is always within ``[lo, hi]`` and differs from the target by at
 most ``max_step_up`` / ``max_step_down`` except when a bound (rule 1) moves it.
@@ -80,9 +85,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterable
 
+from orchestrator.core.catalogue import MIG_COMPUTE_SLICES, gpu_model, is_known, mig_compute_slices
 from orchestrator.core.colocation import AutoscaleConfig
+from orchestrator.core.inventory import GpuDevice
 from orchestrator.core.reasons import Cause, Reason
+from orchestrator.core.request import GpuRequest, ShareKind
 
 #: Tolerance of the delay comparison (Ray Serve's ``_DELAY_ELAPSED_EPS_S``): 3.0 - 0.0 may read 2.9999999.
 DELAY_EPS_S = 1e-6
@@ -216,3 +225,41 @@ def decide(cfg: AutoscaleConfig, state: ScalerState, sample: LoadSample, *, floo
     n = min(wanted, current + cfg.max_step_up) if up else max(wanted, current - cfg.max_step_down)
     step = f" (step limit {cfg.max_step_up if up else cfg.max_step_down}, {wanted} wanted)" if n != wanted else ""
     return moved(n, cause, f"{why} for {waited:.1f} s >= {name} {delay:g} s: {current} -> {n} replicas{step}", wanted)
+
+
+def reachable_replicas(request: GpuRequest, gpus: Iterable[GpuDevice]) -> int | None:
+    """The most replicas asking ``request`` that the cards ``gpus`` could hold at once: a ceiling for the scaling
+    loop ("a lease that cannot be had is not asked for") that follows the request's whole fallback chain.
+
+    Each card counts the choice of the chain that puts the most replicas on it as it is laid out now: a MIG card
+    the instances of the chain's profiles in its layout (on one without a fixed layout, the smallest profile's
+    per card); another card its MPS shares (``100 // sm_percent``, models with MPS), time-slices (``1 //
+    fraction``) or whole cards (``1 / count`` a card). Whatever holds the cards now counts as freeable (the
+    head preempts within the queue's quota, or the request waits): this is what exists, not what is free.
+    None when a choice only states what it needs (the engine picks its share): no ceiling. Pure."""
+    choices = request.choices
+    if any(c.kind is None for c in choices):
+        return None
+    profiles = {c.profile for c in choices if c.kind is ShareKind.MIG}
+    total = 0.0
+    for g in gpus:
+        if g.mig_enabled:
+            if g.mig_devices:
+                total += sum(1 for d in g.mig_devices if d.profile in profiles)
+            elif profiles:
+                total += max(MIG_COMPUTE_SLICES // max(1, mig_compute_slices(p)) for p in profiles)
+            continue
+        best = 0.0
+        for c in choices:
+            if c.kind is ShareKind.WHOLE and c.count:
+                best = max(best, 1 / c.count)
+            elif c.kind is ShareKind.MPS and c.sm_percent and _mps_ok(g.model):
+                best = max(best, 100 // c.sm_percent)
+            elif c.kind is ShareKind.TIMESLICE and c.fraction:
+                best = max(best, math.floor(1 / c.fraction + _CEIL_EPS))
+        total += best
+    return math.floor(total + _CEIL_EPS)
+
+
+def _mps_ok(model: str) -> bool:
+    return is_known(model) and gpu_model(model).mps  # a model the catalogue does not know: no MPS, as the engine

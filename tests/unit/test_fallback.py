@@ -9,11 +9,13 @@ from typing import Sequence
 import pytest
 
 from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.inventory import GpuDevice, MigDevice
 from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import PriorityClass, QueueConfig, SchedulerConfig
 from orchestrator.core.reasons import Cause
 from orchestrator.core.request import MAX_FALLBACK, GangRequest, GpuRequest, ShareKind
 from orchestrator.scheduling.alternatives import alternative_demand, resolve
+from orchestrator.scheduling.autoscale import reachable_replicas
 from orchestrator.scheduling.cycle import PendingItem, schedule
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
 from orchestrator.scheduling.policies import get_policy
@@ -195,3 +197,19 @@ def test_a_grant_counts_what_it_holds_against_the_quota_not_its_first_choice() -
     assert [(g.item_id, g.placement.allocation.kind) for g in plan.grants] == [("a", ShareKind.WHOLE)]
     (w,) = plan.waiting
     assert w.item_id == "b" and w.reason.cause is Cause.WAIT_QUOTA  # 1/7 + 1 + 1 > 2: a counted as a whole card
+
+
+# ---- the scaling loop's ceiling ----------------------------------------------------------------------------------
+def test_the_scaling_loops_ceiling_counts_what_the_whole_chain_reaches() -> None:
+    night = (MigDevice(uuid="MIG-a", profile="4g.40gb", start=0), MigDevice(uuid="MIG-b", profile="2g.20gb", start=4),
+             MigDevice(uuid="MIG-c", profile="1g.10gb", start=6))
+    cards = [GpuDevice(index=0, uuid="GPU-m", model="A100-80GB", mig_enabled=True, mig_devices=night),
+             *(GpuDevice(index=i, uuid=f"GPU-h{i}", model="H100-80GB") for i in (1, 2))]
+    assert reachable_replicas(GpuRequest.parse("mig:1g.10gb"), cards) == 1  # the 1g slices alone
+    assert reachable_replicas(GpuRequest.parse("mig:1g.10gb|mig:2g.20gb"), cards) == 2
+    assert reachable_replicas(GpuRequest.parse("mig:1g.10gb|mig:2g.20gb|mps:25|1"), cards) == 2 + 2 * 4
+    assert reachable_replicas(GpuRequest.parse("mig:1g.10gb|1"), cards) == 1 + 2
+    assert reachable_replicas(GpuRequest.parse("mig:1g.10gb|2"), cards) == 1 + 1  # two cards a replica
+    on_demand = GpuDevice(index=0, uuid="GPU-d", model="A100-80GB", mig_enabled=True)
+    assert reachable_replicas(GpuRequest.parse("mig:2g.20gb|mig:1g.10gb"), [on_demand]) == 7
+    assert reachable_replicas(GpuRequest.parse("mem=10GiB,compute=0.1,isolation=hard"), cards) is None
