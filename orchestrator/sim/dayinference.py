@@ -1,0 +1,183 @@
+"""The inference services' side of the simulated day: replicas as leases, the scaling loop, the queue.
+
+:class:`InferenceSide` is a part of :class:`~orchestrator.sim.dayrun.DayRun` and holds no state of its own:
+it reads and writes the day's (set by ``DayRun.__init__``, annotated below) and asks the head through the
+day's ``head``. What it models is described in :mod:`orchestrator.sim.dayrun` (**inference replicas**, **the
+scaling loop**).
+
+Invariants:
+
+* every replica is one lease asked with the scheme's request in the service's class and queue, under the day's
+  :data:`~orchestrator.sim.dayrecords.KEY`; it is in ``replicas`` and in its service's ``mine`` from its request
+  until the autoscaler removes it (``_remove`` is the only place that drops one);
+* ``serving[svc]`` counts the service's serving replicas by kind, with no zero entries; ``n_serving`` is their
+  sum over the services and ``starting`` the replicas granted and not yet serving; ``replica_timeline`` gets
+  an entry at every change of ``n_serving``;
+* a scale-down withdraws pending requests first, then replicas starting, then the newest serving;
+* a step's inference busy time is each replica's busy time from :func:`orchestrator.sim.queueing.step` times
+  its card share, so it never exceeds ``replicas x share x dt``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from orchestrator.control.service import HeadService
+from orchestrator.core.allocation import Allocation
+from orchestrator.core.clock import ManualClock
+from orchestrator.core.colocation import ServiceConfig
+from orchestrator.core.lease import LeaseState
+from orchestrator.core.request import GpuRequest, ShareKind
+from orchestrator.scheduling.autoscale import LoadSample, ScalerState, decide
+from orchestrator.sim.curves import FastCurve
+from orchestrator.sim.dayrecords import KEY, Replica, SchemeLike, SimParams, Tally, share_of
+from orchestrator.sim.queueing import ReplicaKind, StepOut, step as queue_step
+
+
+class InferenceSide:
+    """The inference services' part of :class:`~orchestrator.sim.dayrun.DayRun`; see the module docstring."""
+
+    # all set by DayRun.__init__
+    head: HeadService
+    clock: ManualClock
+    scheme: SchemeLike
+    cfg: ServiceConfig
+    p: SimParams
+    curve: FastCurve
+    services: int
+    digest: str
+    seq: int
+    changed: bool
+    replicas: dict[str, Replica]
+    mine: list[dict[str, Replica]]
+    serving: list[dict[ReplicaKind, int]]
+    starting: int
+    n_serving: int
+    replica_timeline: list[tuple[float, int]]
+    scalers: list[ScalerState]
+    backlog: list[float]
+    ongoing: list[float]
+    last_p99: list[float | None]
+    last_sample: float
+    ceiling: int | None
+    tally: Tally
+    per_rep: float
+    rep_acc: float
+    _timer: Callable[..., None]  # DayRun's: (at, what, ident[, version])
+
+    # ---- replicas -----------------------------------------------------------------------------------
+    def _add(self, svc: int, n: int) -> None:
+        for _ in range(n):
+            self.seq += 1
+            lid = f"svc{svc}-r{self.seq}"
+            self.head.request_lease({"lease_id": lid, "request": self.scheme.inference_request, "owner": f"svc{svc}",
+                                     "priority_class": self.cfg.priority_class, "queue": self.cfg.queue,
+                                     "requester_digest": self.digest})
+            self.replicas[lid] = self.mine[svc][lid] = Replica(lid, svc, self.seq)
+        self.changed = self.changed or n > 0
+
+    def _remove(self, svc: int, n: int) -> None:
+        """Withdraw pending requests first, then the replicas starting, then the newest serving."""
+        order = {"pending": 0, "starting": 1, "serving": 2}
+        for r in sorted(self.mine[svc].values(), key=lambda r: (order[r.state], -r.seq))[:n]:
+            e = self.head.ctl.ledger.get(r.lease_id)
+            token = None if e.lease.state is LeaseState.PENDING else e.lease.fencing_token
+            self.head.release(r.lease_id, token, "the autoscaler removed the replica", key=KEY)
+            if r.state == "serving":
+                assert r.kind is not None
+                self.serving[svc][r.kind] -= 1
+                if not self.serving[svc][r.kind]:
+                    del self.serving[svc][r.kind]
+                self.n_serving -= 1
+                self.replica_timeline.append((self.clock.monotonic(), self.n_serving))
+            elif r.state == "starting":
+                self.starting -= 1
+            del self.replicas[r.lease_id], self.mine[svc][r.lease_id]
+        self.changed = True
+
+    def _replica_granted(self, r: Replica, a: Allocation, now: float) -> None:
+        """``r``'s lease was granted (and activated) on ``a``: it starts, and serves ``replica_start_s`` later."""
+        r.state, r.kind = "starting", ReplicaKind(share_of(a), self.p.inference, self.cfg.max_batch_size)
+        self.starting += 1
+        self._timer(now + self.p.replica_start_s, "replica", r.lease_id)
+
+    def _replica_serving(self, r: Replica, now: float) -> None:
+        r.state = "serving"
+        self.starting -= 1
+        assert r.kind is not None
+        self.serving[r.service][r.kind] = self.serving[r.service].get(r.kind, 0) + 1
+        self.n_serving += 1
+        self.replica_timeline.append((now, self.n_serving))
+
+    # ---- the scaling loop ---------------------------------------------------------------------------
+    def _scale(self, now: float) -> None:
+        span = max(1e-9, now - self.last_sample) if self.last_sample > -math.inf else 1.0
+        ceiling = None if self.ceiling is None else math.ceil(self.ceiling / self.services)
+        for svc in range(self.services):
+            have = len(self.mine[svc])
+            p99 = self.last_p99[svc]
+            sample = LoadSample(now, sum(self.serving[svc].values()), self.ongoing[svc] / span,
+                                None if p99 is None else 1000.0 * p99)
+            d = decide(self.cfg.autoscale, self.scalers[svc], sample, ceiling=ceiling)
+            self.scalers[svc] = d.state
+            if d.replicas > have:
+                self._add(svc, d.replicas - have)
+            elif d.replicas < have:
+                self._remove(svc, have - d.replicas)
+            self.ongoing[svc] = 0.0
+        self.last_sample = now
+
+    def _ceiling(self) -> None:
+        """How many replicas of the service's request the cluster's layout holds now (None: not a MIG slice):
+        the scaling loop's ceiling, so it never asks for replicas that cannot exist."""
+        req = GpuRequest.parse(self.scheme.inference_request)
+        if req.kind is not ShareKind.MIG:
+            return
+        self.ceiling = sum(1 for r in self.head.ctl.nodes.registered() for g in r.inventory.gpus
+                           for d in g.mig_devices if d.profile == req.profile)
+
+    # ---- the queue ----------------------------------------------------------------------------------
+    def _serve(self, lam: float, dt: float, count: bool) -> tuple[float, float, float | None, float, float]:
+        """Every service's queue over a step of ``dt`` at ``lam`` requests/s each. Returns the replicas' busy
+        card-seconds, their SM-seconds, the worst service's p99 (inf where requests failed; None: nothing
+        answered; counted steps only), the replicas serving and the cards they hold."""
+        inf_busy = inf_sm = 0.0
+        worst: float | None = None
+        live = cards = 0.0
+        for svc in range(self.services):
+            kinds = self.serving[svc]
+            c = sum(kinds.values())
+            kind = max(kinds, key=kinds.__getitem__) if kinds else None  # one kind a service in these schemes
+            if kind is None:
+                out = StepOut(arrived=lam * dt, dropped=lam * dt)
+            else:
+                out = queue_step(kind, c, lam, dt, self.backlog[svc], self.p.timeout_s)
+                inf_busy += out.busy_replica_s * kind.card_share
+                live += c
+                cards += c * kind.card_share
+            self.backlog[svc] = out.backlog
+            self.ongoing[svc] += out.ongoing_s
+            p99 = out.quantile(0.99)
+            self.last_p99[svc] = p99
+            inf_sm += out.sm_s
+            if count:
+                self._count_requests(out)
+                if out.dropped > 0:
+                    p99 = math.inf  # requests failed: the service is not absorbing its load
+                if p99 is not None:
+                    worst = p99 if worst is None else max(worst, p99)
+        return inf_busy, inf_sm, worst, live, cards
+
+    def _count_requests(self, out: StepOut) -> None:
+        slo_s = self.cfg.slo_p99_ms / 1000.0
+        tl = self.tally
+        tl.arrived += out.arrived
+        tl.dropped += out.dropped
+        tl.within += out.within(slo_s)
+        for g in out.segments:
+            self.rep_acc += g.answered / self.per_rep
+            m = int(self.rep_acc)
+            self.rep_acc -= m
+            tl.reps.extend(g.quantile((j + 0.5) / m) for j in range(m))
+
