@@ -42,16 +42,14 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from orchestrator.control.agent import AgentCore
-from orchestrator.control.discovery.simulated import SimulatedBackend
-from orchestrator.control.nodes import RayNodeInfo
 from orchestrator.control.service import HeadService
 from orchestrator.control.store import MemoryStore
 from orchestrator.core.config import ClusterConfig, RuntimeSettings, SimNode
 from orchestrator.core.lease import LeaseState, key_digest
 from orchestrator.core.stats import quantile
+from orchestrator.sim.port import SimPort
 
 #: The request mix: (--gpu form, weight). Every node has 8 cards; one in ten has two on-demand MIG cards.
 MIX = (("1", 50), ("2", 10), ("4", 3), ("mps:25%,10GiB", 14), ("timeslice:0.5", 15), ("mig:1g.10gb", 8))
@@ -90,10 +88,6 @@ class SimClock:
         return self.now
 
 
-def ray_node_id(i: int) -> str:
-    return f"{i:056x}"
-
-
 def cluster(nodes: int) -> ClusterConfig:
     """``nodes`` 8-card nodes: mostly A100s and H100s on NVLink, one in ten with MIG on demand on cards 0 and 1."""
     out = []
@@ -105,23 +99,9 @@ def cluster(nodes: int) -> ClusterConfig:
     return ClusterConfig(nodes=tuple(out))
 
 
-class BenchPort:
-    """The :class:`~orchestrator.control.service.ClusterPort`: every node alive, every holder alive, real agent cores."""
-
-    def __init__(self, config: ClusterConfig, settings: RuntimeSettings) -> None:
-        self.settings = settings
-        self.alive = [RayNodeInfo(ray_node_id(i), n.name) for i, n in enumerate(config.nodes)]
-        self.agents: dict[str, AgentCore] = {}
-
-    def alive_nodes(self) -> list[RayNodeInfo]:
-        return self.alive
-
-    def holders_alive(self, holders: Sequence[str]) -> Mapping[str, bool]:
-        return dict.fromkeys(holders, True)
-
-    def start_agent(self, node_name: str, ray_node_id: str, sim_node: SimNode | None, agent_key: str) -> None:
-        self.agents[node_name] = AgentCore(node_name, ray_node_id, SimulatedBackend(sim_node, node_name=node_name),
-                                           self.settings)
+#: The head's :class:`~orchestrator.control.service.ClusterPort` here: every node alive, every holder alive, real
+#: agent cores on simulated GPUs -- the simulated day's own port (node ``i``'s Ray id is ``f"{i:056x}"``).
+BenchPort = SimPort
 
 
 @dataclass
