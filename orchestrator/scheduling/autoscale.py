@@ -72,9 +72,9 @@ acting; and its bounds are applied after the delay
 * ``floor`` / ``ceiling`` are ours: the time windows' guarantee and cap.
 
 **The ceiling a loop passes.** :func:`reachable_replicas` is what the cards could hold of the replicas'
-request, its whole fallback chain counted (1g slices, then larger slices, MPS shares, whole cards): a loop
-that passes it as ``ceiling`` never asks for a lease that cannot exist, and is not capped at the first
-choice's slices when later choices reach more.
+request, its whole fallback chain counted in order (1g slices, then larger slices, MPS shares, whole
+cards) within the queue's quota in force: a loop that passes it as ``ceiling`` never asks for a lease that
+cannot be had, and is not capped at the first choice's slices when later choices reach more.
 
 Invariants: ``decide`` is a pure function of its arguments; the returned
 ``replicas`` is always within ``[lo, hi]`` and differs from the target by at
@@ -227,38 +227,61 @@ def decide(cfg: AutoscaleConfig, state: ScalerState, sample: LoadSample, *, floo
     return moved(n, cause, f"{why} for {waited:.1f} s >= {name} {delay:g} s: {current} -> {n} replicas{step}", wanted)
 
 
-def reachable_replicas(request: GpuRequest, gpus: Iterable[GpuDevice]) -> int | None:
-    """The most replicas asking ``request`` that the cards ``gpus`` could hold at once: a ceiling for the scaling
-    loop ("a lease that cannot be had is not asked for") that follows the request's whole fallback chain.
+def reachable_replicas(request: GpuRequest, gpus: Iterable[GpuDevice], quota_gpus: float | None = None) -> int | None:
+    """The most replicas asking ``request`` that the cards ``gpus`` could hold at once, within a queue quota of
+    ``quota_gpus`` (None: none): a ceiling for the scaling loop ("a lease that cannot be had is not asked
+    for") that follows the request's whole fallback chain, as the engine tries it.
 
-    Each card counts the choice of the chain that puts the most replicas on it as it is laid out now: a MIG card
-    the instances of the chain's profiles in its layout (on one without a fixed layout, the smallest profile's
-    per card); another card its MPS shares (``100 // sm_percent``, models with MPS), time-slices (``1 //
-    fraction``) or whole cards (``1 / count`` a card). Whatever holds the cards now counts as freeable (the
-    head preempts within the queue's quota, or the request waits): this is what exists, not what is free.
-    None when a choice only states what it needs (the engine picks its share): no ceiling. Pure."""
+    Each MIG instance of the layouts now counts for the first choice naming its profile (a MIG card without
+    a fixed layout: the instances of the chain's smallest profile a card); each card without MIG for the first choice
+    that fits one (MPS shares ``100 // sm_percent`` on models with MPS, time-slices ``1 // fraction``,
+    whole cards ``1 / count`` a card). Whatever holds them now counts as freeable: this is what exists, not
+    what is free. Then the choices in order, each with what it adds to the queue (its ``gpu_demand``), while
+    the queue is within ``quota_gpus`` when a choice begins (the last one counted may pass it: what the
+    queue then holds beyond its quota it can only borrow, as the cycle lets it). None when a choice only
+    states what it needs (the engine picks its share): no ceiling. Pure."""
     choices = request.choices
     if any(c.kind is None for c in choices):
         return None
-    profiles = {c.profile for c in choices if c.kind is ShareKind.MIG}
-    total = 0.0
+    first_mig = {}
+    for k, c in enumerate(choices):
+        if c.kind is ShareKind.MIG:
+            first_mig.setdefault(c.profile, k)
+    counts = [0.0] * len(choices)
     for g in gpus:
         if g.mig_enabled:
             if g.mig_devices:
-                total += sum(1 for d in g.mig_devices if d.profile in profiles)
-            elif profiles:
-                total += max(MIG_COMPUTE_SLICES // max(1, mig_compute_slices(p)) for p in profiles)
+                for d in g.mig_devices:
+                    if d.profile in first_mig:
+                        counts[first_mig[d.profile]] += 1
+            elif first_mig:  # instances made on demand: as many as the chain's smallest profile makes
+                per, k = max((MIG_COMPUTE_SLICES // max(1, mig_compute_slices(p or "")), k) for p, k in first_mig.items())
+                counts[k] += per
             continue
-        best = 0.0
-        for c in choices:
-            if c.kind is ShareKind.WHOLE and c.count:
-                best = max(best, 1 / c.count)
-            elif c.kind is ShareKind.MPS and c.sm_percent and _mps_ok(g.model):
-                best = max(best, 100 // c.sm_percent)
-            elif c.kind is ShareKind.TIMESLICE and c.fraction:
-                best = max(best, math.floor(1 / c.fraction + _CEIL_EPS))
-        total += best
-    return math.floor(total + _CEIL_EPS)
+        for k, c in enumerate(choices):
+            per_card = _per_plain_card(c, g.model)
+            if per_card:
+                counts[k] += per_card
+                break
+    total, used = 0, 0.0
+    for c, n in zip(choices, counts):
+        if quota_gpus is not None and used >= quota_gpus - _CEIL_EPS:
+            break
+        got = math.floor(n + _CEIL_EPS)
+        total += got
+        used += got * c.gpu_demand
+    return total
+
+
+def _per_plain_card(c: GpuRequest, model: str) -> float:
+    """Replicas of choice ``c`` one card without MIG holds (0: it takes none there)."""
+    if c.kind is ShareKind.WHOLE and c.count:
+        return 1 / c.count
+    if c.kind is ShareKind.MPS and c.sm_percent and _mps_ok(model):
+        return 100 // c.sm_percent
+    if c.kind is ShareKind.TIMESLICE and c.fraction:
+        return math.floor(1 / c.fraction + _CEIL_EPS)
+    return 0.0
 
 
 def _mps_ok(model: str) -> bool:

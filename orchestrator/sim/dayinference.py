@@ -28,11 +28,11 @@ from orchestrator.core.allocation import Allocation
 from orchestrator.core.clock import ManualClock
 from orchestrator.core.colocation import ServiceConfig
 from orchestrator.core.lease import LeaseState
-from orchestrator.core.request import GpuRequest, ShareKind
-from orchestrator.scheduling.autoscale import LoadSample, ScalerState, decide
+from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.autoscale import LoadSample, ScalerState, decide, reachable_replicas
 from orchestrator.sim.curves import FastCurve
 from orchestrator.sim.dayrecords import KEY, Replica, SchemeLike, SimParams, Tally, share_of
-from orchestrator.sim.queueing import ReplicaKind, StepOut, step as queue_step
+from orchestrator.sim.queueing import ReplicaKind, StepOut, step_mixed as queue_step_mixed
 
 
 class InferenceSide:
@@ -129,13 +129,15 @@ class InferenceSide:
         self.last_sample = now
 
     def _ceiling(self) -> None:
-        """How many replicas of the service's request the cluster's layout holds now (None: not a MIG slice):
-        the scaling loop's ceiling, so it never asks for replicas that cannot exist."""
-        req = GpuRequest.parse(self.scheme.inference_request)
-        if req.kind is not ShareKind.MIG:
-            return
-        self.ceiling = sum(1 for r in self.head.ctl.nodes.registered() for g in r.inventory.gpus
-                           for d in g.mig_devices if d.profile == req.profile)
+        """How many replicas of the service's request -- its whole fallback chain, in order -- the cluster's
+        cards hold as laid out now, within the quota the time window in force gives the service's queue
+        (:func:`~orchestrator.scheduling.autoscale.reachable_replicas`; None: a request the engine resolves):
+        the scaling loop's ceiling, so it never asks for replicas that cannot be had. Made again at every
+        relayout and window start."""
+        quota, _ = self.head.ctl.window().quotas.get(self.cfg.queue, (None, True))
+        self.ceiling = reachable_replicas(GpuRequest.parse(self.scheme.inference_request),
+                                          [g for r in self.head.ctl.nodes.registered() for g in r.inventory.gpus],
+                                          quota_gpus=quota)
 
     # ---- the queue ----------------------------------------------------------------------------------
     def _serve(self, lam: float, dt: float, count: bool) -> tuple[float, float, float | None, float, float]:
@@ -146,16 +148,11 @@ class InferenceSide:
         worst: float | None = None
         live = cards = 0.0
         for svc in range(self.services):
-            kinds = self.serving[svc]
-            c = sum(kinds.values())
-            kind = max(kinds, key=kinds.__getitem__) if kinds else None  # one kind a service in these schemes
-            if kind is None:
-                out = StepOut(arrived=lam * dt, dropped=lam * dt)
-            else:
-                out = queue_step(kind, c, lam, dt, self.backlog[svc], self.p.timeout_s)
-                inf_busy += out.busy_replica_s * kind.card_share
-                live += c
-                cards += c * kind.card_share
+            kinds = self.serving[svc]  # several kinds when replicas fell back (1g slices, MPS shares, cards)
+            out, busy_card_s = queue_step_mixed(kinds, lam, dt, self.backlog[svc], self.p.timeout_s)
+            inf_busy += busy_card_s
+            live += sum(kinds.values())
+            cards += sum(c * k.card_share for k, c in kinds.items())
             self.backlog[svc] = out.backlog
             self.ongoing[svc] += out.ongoing_s
             p99 = out.quantile(0.99)

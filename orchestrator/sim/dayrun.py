@@ -16,9 +16,11 @@ the ``simulated`` discovery backend, and the autoscaler's rules
   time-averaged ongoing requests since the last sample, the last step's p99), ``decide``, then as many
   lease requests as the decision adds, at once (a scale-down withdraws requests still pending first,
   then the newest replicas); no warm spares. Its ``ceiling`` (the autoscaler's own input: "a lease that
-  cannot be had is not asked for") is, for a MIG request, the slices of that profile the cluster's layout
-  has now, shared over the services; the scenario's loop passes none, which on 10 cards costs nothing but
-  here would fill the queue with thousands of requests no layout can hold;
+  cannot be had is not asked for") is what the request's whole fallback chain reaches on the cards as laid
+  out now, in order, within the quota the window in force gives the service's queue
+  (:func:`~orchestrator.scheduling.autoscale.reachable_replicas`), shared over the services; the
+  scenario's loop passes none, which on 10 cards costs nothing but here would fill the queue with
+  thousands of requests no layout can hold;
 * **training runs** -- preemptible leases (``training`` class, requeued on preemption) that train at
   their share's speed after ``resume_s`` of start-up, checkpoint every ``checkpoint_every_s`` (taking
   ``checkpoint_s``, no progress meanwhile), and, asked to checkpoint by a preemption or a MIG drain,
@@ -181,6 +183,7 @@ class DayRun(InferenceSide, TrainingSide):
         tod = self.clock.time_of_day_s()
         if any(abs(tod - at) < 1e-6 for at, _ in self.window_starts):
             self.changed = True  # a window starts: the head schedules with its quotas at once
+            self._ceiling()  # and the scaling loop asks within them
         if self.scheme.load_driven and now - self.last_sample >= self.control_s - 1e-9:
             self._scale(now)
         if self.scheme.mig == "live":

@@ -254,3 +254,33 @@ def rate_at_target(kind: ReplicaKind, target_ongoing: float) -> float:
         else:
             hi = mid
     return lo
+
+
+def step_mixed(kinds: "dict[ReplicaKind, int]", lam: float, dt: float, backlog: float,
+               timeout_s: float) -> tuple[StepOut, float]:
+    """:func:`step` for a service whose replicas are of several kinds (a fallback chain's 1g slices, MPS shares
+    and whole cards), and the replicas' busy card-seconds (each kind's busy replica-seconds times its card
+    share). The load and the backlog split over the kinds in proportion to their capacity (``c x mu``: a
+    router that balances by queue length gives each replica work in proportion to its speed), each kind an
+    M/M/c pool of its own, the parts summed. With one kind it is exactly :func:`step`. Busy time stays per
+    kind, so every replica's busy fraction stays within 1 whatever the mix."""
+    live = {k: c for k, c in kinds.items() if c > 0}
+    if not live:
+        return StepOut(arrived=lam * dt, dropped=lam * dt), 0.0
+    if len(live) == 1:
+        ((kind, c),) = live.items()
+        one = step(kind, c, lam, dt, backlog, timeout_s)
+        return one, one.busy_replica_s * kind.card_share
+    cap = sum(c * k.mu for k, c in live.items())
+    out, card_s = StepOut(), 0.0
+    for k, c in live.items():
+        part = step(k, c, lam * c * k.mu / cap, dt, backlog * c * k.mu / cap, timeout_s)
+        out.arrived += part.arrived
+        out.dropped += part.dropped
+        out.segments += part.segments
+        out.busy_replica_s += part.busy_replica_s
+        out.sm_s += part.sm_s
+        out.ongoing_s += part.ongoing_s
+        out.backlog += part.backlog
+        card_s += part.busy_replica_s * k.card_share
+    return out, card_s

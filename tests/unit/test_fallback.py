@@ -20,6 +20,8 @@ from orchestrator.scheduling.cycle import PendingItem, schedule
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
+from orchestrator.sim.perfmodel import InferenceModel, ShareSpeed
+from orchestrator.sim.queueing import ReplicaKind, step as queue_step, step_mixed
 
 POLICY = get_policy("bestfit")
 CHAIN = "mig:1g.10gb|mig:2g.20gb|mps:30|1"
@@ -210,6 +212,27 @@ def test_the_scaling_loops_ceiling_counts_what_the_whole_chain_reaches() -> None
     assert reachable_replicas(GpuRequest.parse("mig:1g.10gb|mig:2g.20gb|mps:25|1"), cards) == 2 + 2 * 4
     assert reachable_replicas(GpuRequest.parse("mig:1g.10gb|1"), cards) == 1 + 2
     assert reachable_replicas(GpuRequest.parse("mig:1g.10gb|2"), cards) == 1 + 1  # two cards a replica
+    # within a quota: the choices in order while the queue is within it (the last may pass it, borrowing)
+    chain = GpuRequest.parse("mig:1g.10gb|mig:2g.20gb|mps:25|1")
+    assert [reachable_replicas(chain, cards, quota_gpus=q) for q in (0.1, 0.2, 0.5, 3.0, None)] == [1, 2, 10, 10, 10]
+    assert reachable_replicas(chain, cards, quota_gpus=0.0) == 0
     on_demand = GpuDevice(index=0, uuid="GPU-d", model="A100-80GB", mig_enabled=True)
     assert reachable_replicas(GpuRequest.parse("mig:2g.20gb|mig:1g.10gb"), [on_demand]) == 7
     assert reachable_replicas(GpuRequest.parse("mem=10GiB,compute=0.1,isolation=hard"), cards) is None
+
+
+# ---- the simulated day's queue when replicas fell back to several kinds ----------------------------------------
+def test_a_service_of_several_kinds_counts_each_kinds_busy_time_at_its_own_share() -> None:
+    model = InferenceModel(100, 25, 0.04)
+    one_g, mps = ReplicaKind(ShareSpeed.mig("1g.10gb"), model, 8), ReplicaKind(ShareSpeed.mps(25), model, 8)
+    kinds = {one_g: 24, mps: 25}
+    for lam in (10.0, 1e5):  # keeping up, and far beyond (every replica busy all the step)
+        out, card_s = step_mixed(kinds, lam, 0.5, 0.0, 30.0)
+        assert card_s <= (24 / 7 + 25 * 0.25) * 0.5 + 1e-9
+        assert out.arrived == pytest.approx(lam * 0.5) and out.answered + out.dropped == pytest.approx(out.arrived)
+    # far beyond, each kind is busy all the step at its own share: not all 49 replicas at the commonest kind's
+    assert card_s == pytest.approx((24 / 7 + 25 * 0.25) * 0.5)
+    single, card = step_mixed({one_g: 24}, 50.0, 0.5, 3.0, 30.0)
+    assert single == queue_step(one_g, 24, 50.0, 0.5, 3.0, 30.0) and card == pytest.approx(single.busy_replica_s / 7)
+    nobody, card = step_mixed({}, 5.0, 0.5, 0.0, 30.0)
+    assert nobody.dropped == nobody.arrived == 2.5 and card == 0
