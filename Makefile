@@ -23,9 +23,10 @@ test: install
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
-# Everything that starts no Ray cluster (about a minute).
+# The quick tier (under two minutes): everything that starts no Ray cluster and is not marked slow (the whole
+# simulated days and the openb replays, seconds to a minute each). `make test` runs every test of both marks.
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not ray" --ignore=tests/integration
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not ray and not slow" --ignore=tests/integration
 
 unit: install
 	$(BIN)/python -m pytest -q tests/unit
