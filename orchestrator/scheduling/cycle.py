@@ -195,10 +195,10 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
     for item in ordered:
         if item.gang is not None:
             gangs.setdefault(item.gang.gang_id, []).append(item)
-    # What place / never_fits / plan_preemption said for a request, by (request, priority, queue, demand), since
-    # ``work``, ``usage`` or ``taken`` last changed (each change clears it): an equal request asked again with
-    # nothing changed gets the same answers without asking (a queue of a thousand equal requests costs one
-    # plan, not a thousand).
+    # Which alternatives the quota leaves a request and what place / never_fits / plan_preemption said for it, by
+    # (request, priority, queue), since ``work``, ``usage`` or ``taken`` last changed (each change clears it): an
+    # equal request asked again with nothing changed gets the same answers without asking (a queue of a thousand
+    # equal requests costs one plan, not a thousand).
     memo: dict[tuple[Any, ...], _Asked] = {}
     # Requests resolved once a cycle; and the (choice, priority, queue, demand)s that even preempting every
     # eligible lease would not fit: this cycle only adds grants and victims, so such a choice stays hopeless.
