@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import gang_worker_id
-from orchestrator.core.request import MAX_GANG_WORKERS, GangRequest, GpuRequest, fields_of
+from orchestrator.core.request import GpuRequest, fields_of
+from orchestrator.core.gang_request import MAX_GANG_WORKERS, GangRequest
 from orchestrator.core.statemachine import Transition, TransitionTable
 from orchestrator.core.validation import typed_error
 

@@ -43,7 +43,8 @@ from orchestrator.core.allocation import Allocation
 from orchestrator.core.credentials import digest, matches
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN
-from orchestrator.core.request import GangMember, GpuRequest, fields_of
+from orchestrator.core.request import GpuRequest, fields_of
+from orchestrator.core.gang_request import GangMember
 from orchestrator.core.statemachine import Transition, TransitionTable
 from orchestrator.core.validation import typed_error
 

@@ -54,7 +54,8 @@ from orchestrator.core.clock import format_hhmm
 from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause, Reason, ReasonFields
-from orchestrator.core.request import Alternative, GangMember, GpuRequest, ResolvedRequest
+from orchestrator.core.request import Alternative, GpuRequest, ResolvedRequest
+from orchestrator.core.gang_request import GangMember
 from orchestrator.scheduling.admission import never_fits
 from orchestrator.scheduling.alternatives import alternative_demand, resolve
 from orchestrator.scheduling.candidates import alt_key

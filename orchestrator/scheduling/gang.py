@@ -1,6 +1,6 @@
 """Gang placement: ``place_gang(snapshot, gang, policy) -> GangPlacement | GangUnschedulable``.
 
-A gang (:class:`~orchestrator.core.request.GangRequest`) is ``workers`` identical workers that run
+A gang (:class:`~orchestrator.core.gang_request.GangRequest`) is ``workers`` identical workers that run
 together or not at all -- a Ray Train run over a placement group. Pure, like the engine it builds on:
 it imports no Ray, does no I/O and never changes the snapshot.
 
@@ -40,7 +40,8 @@ from typing import Any
 
 from orchestrator.core import codec
 from orchestrator.core.reasons import Cause, Reason
-from orchestrator.core.request import GangRequest, GpuRequest
+from orchestrator.core.request import GpuRequest
+from orchestrator.core.gang_request import GangRequest
 from orchestrator.scheduling.engine import Placement, Unschedulable, feasible_nodes, place
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot

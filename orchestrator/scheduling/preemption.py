@@ -57,7 +57,8 @@ from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core import codec
 from orchestrator.core.reasons import Cause, Reason, ReasonFields
-from orchestrator.core.request import GangRequest, GpuRequest, ResolvedRequest
+from orchestrator.core.request import GpuRequest, ResolvedRequest
+from orchestrator.core.gang_request import GangRequest
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.gang import GangPlacement, place_gang
 from orchestrator.scheduling.policy import PlacementPolicy

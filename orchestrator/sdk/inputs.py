@@ -15,7 +15,8 @@ from typing import Any, Mapping
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.ids import job_slug
 from orchestrator.core.job import JobSpec
-from orchestrator.core.request import GangRequest, GpuRequest, is_gang_text
+from orchestrator.core.request import GpuRequest
+from orchestrator.core.gang_request import GangRequest, is_gang_text
 
 
 def as_request(gpu: GpuRequest | str | int | Mapping[str, Any]) -> GpuRequest:

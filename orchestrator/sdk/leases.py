@@ -60,7 +60,8 @@ from orchestrator.core.api import HeadApi
 from orchestrator.core.errors import LeaseTimeoutError, OrchestratorError
 from orchestrator.core.ids import gang_worker_id
 from orchestrator.core.lease import key_digest
-from orchestrator.core.request import GangMember, GangRequest, GpuRequest
+from orchestrator.core.request import GpuRequest
+from orchestrator.core.gang_request import GangMember, GangRequest
 from orchestrator.sdk.connect import Connection, open_connection
 from orchestrator.sdk.context import Poll
 from orchestrator.sdk.inputs import as_request, new_lease_id

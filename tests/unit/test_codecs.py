@@ -25,7 +25,8 @@ from orchestrator.core.inventory import GpuDevice, MigDevice, NodeInventory
 from orchestrator.core.lease import Lease, LeaseRequest, LeaseState, make_token
 from orchestrator.core.priorities import DEFAULT_CLASSES
 from orchestrator.core.reasons import Cause, Reason
-from orchestrator.core.request import Alternative, GangRequest, GpuRequest, ShareKind
+from orchestrator.core.request import Alternative, GpuRequest, ShareKind
+from orchestrator.core.gang_request import GangRequest
 from orchestrator.core.statemachine import Transition
 from orchestrator.rayport.channel import Endpoint
 from orchestrator.scheduling.autoscale import ScaleDecision, ScalerState

@@ -13,7 +13,8 @@ from orchestrator.core.inventory import GpuDevice, MigDevice
 from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import PriorityClass, QueueConfig, SchedulerConfig
 from orchestrator.core.reasons import Cause
-from orchestrator.core.request import MAX_FALLBACK, GangRequest, GpuRequest, ShareKind
+from orchestrator.core.request import MAX_FALLBACK, GpuRequest, ShareKind
+from orchestrator.core.gang_request import GangRequest
 from orchestrator.scheduling.alternatives import alternative_demand, resolve
 from orchestrator.scheduling.autoscale import reachable_replicas
 from orchestrator.scheduling.cycle import PendingItem, schedule

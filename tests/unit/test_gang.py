@@ -11,7 +11,8 @@ from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
 from orchestrator.core.priorities import PriorityClass, QueueConfig, SchedulerConfig
 from orchestrator.core.reasons import Cause
-from orchestrator.core.request import GangMember, GangRequest, GpuRequest, is_gang_text
+from orchestrator.core.request import GpuRequest
+from orchestrator.core.gang_request import GangMember, GangRequest, is_gang_text
 from orchestrator.scheduling.cycle import PendingItem, schedule
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.gang import GangPlacement, GangUnschedulable, place_gang

@@ -190,7 +190,7 @@ _SHAPES = [GpuRequest.whole(1), GpuRequest.whole(2), GpuRequest.timeslice(0.25),
 def test_a_plans_end_state_is_its_grants_applied_in_order(asks: list[tuple[int, str]], with_gang: bool) -> None:
     """``Plan.after`` (what the controller takes instead of applying every grant again) is the snapshot the plan
     was made on with each grant's allocation applied, in plan order, gang workers included."""
-    from orchestrator.core.request import GangMember, GangRequest
+    from orchestrator.core.gang_request import GangMember, GangRequest
 
     base = ClusterSnapshot.build([NodeSpec("n0", "A100-80GB", 2), NodeSpec("n1", "H100-80GB", 4)])
     pending = [item(f"r{k}", _SHAPES[s], cls, t=float(k)) for k, (s, cls) in enumerate(asks)]

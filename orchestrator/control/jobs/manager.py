@@ -86,7 +86,7 @@ from orchestrator.core.errors import InvalidRequestError, PermissionDeniedError,
 from orchestrator.core.ids import ID_ALLOWED, ID_PATTERN, attempt_id, job_slug
 from orchestrator.core.job import Job, JobSpec, JobState, Preempted
 from orchestrator.core.lease import LeaseRequest, LeaseState
-from orchestrator.core.request import GangMember
+from orchestrator.core.gang_request import GangMember
 from orchestrator.scheduling.admission import check_submission
 
 log = logging.getLogger(__name__)
