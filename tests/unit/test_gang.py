@@ -51,6 +51,7 @@ def test_parse_gang_forms() -> None:
     assert (g.workers, g.worker.count, g.gpu_demand) == (2, 4, 8.0)
     assert GangRequest.parse("4xmps:30%").worker.sm_percent == 30
     assert is_gang_text("2x4") and not is_gang_text("4") and not is_gang_text("mig:1g.10gb")
+    assert not is_gang_text("٣x1")  # ASCII digits only: int() reads "٣" as 3, so \d made this a gang of three
     with pytest.raises(InvalidRequestError) as e:
         GangRequest.parse("0x4")
     assert e.value.field == "gpu.workers"
