@@ -40,7 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: would leave one worker running it alone at the end. The others keep their order.
 _LONG_FIRST = ("tests/integration/test_native.py", "tests/integration/test_gang_train.py",
                "tests/integration/test_chaos.py", "tests/integration/test_preemption_scenario.py",
-               "tests/integration/test_signals.py")
+               "tests/runtime/test_colocation_sim_days.py", "tests/integration/test_signals.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

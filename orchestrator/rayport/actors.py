@@ -20,7 +20,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.rayport.agent import AgentActor
 from orchestrator.rayport.head import HeadActor
 from orchestrator.control.holds import HOLD_PREFIX, LEASE_PREFIX
-from orchestrator.rayport.ray_api import agent_name, kill_named, pin, remove_named_groups
+from orchestrator.rayport.ray_api import agent_name, kill_named, named_actor_alive, pin, remove_named_groups
 
 
 def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: str | None = None,
@@ -79,13 +79,29 @@ def start_agent(node_name: str, ray_node_id: str, settings: RuntimeSettings, sim
             time.sleep(0.2)
 
 
-def stop_orchestrator(namespace: str, head_name: str, node_names: Sequence[str]) -> list[str]:
+def stop_orchestrator(namespace: str, head_name: str, node_names: Sequence[str], *,
+                      timeout_s: float = 15.0) -> list[str]:
     """Remove what an orchestrator made in Ray, on a driver connected to its cluster: its head, its agents and
     their detached holds and lease groups (which outlive an agent so that its successor adopts them, so a stop
     for good must remove them, or the cluster's cards stay held with nobody to lend them); the names removed.
     Only its own: the actors named in ``namespace`` and the groups named for ``node_names`` (the user's own
-    groups are left alone). Its journal (GCS KV) stays, for a later ``up`` over it."""
+    groups are left alone). Its journal (GCS KV) stays, for a later ``up`` over it.
+
+    Order: the actors are killed and seen dead (``ray.kill`` only asks; an agent still running could make a new
+    hold after the groups were listed) before the groups are removed, and the groups are listed again until a
+    pass finds none (a group asked for just before its agent died may reach the GCS a moment later); each bounded
+    by ``timeout_s``."""
     names = [head_name] + [agent_name(n) for n in node_names]
     gone = [n for n in names if kill_named(n, namespace)]
+    deadline = time.monotonic() + timeout_s
+    while any(named_actor_alive(n, namespace) for n in gone) and time.monotonic() < deadline:
+        time.sleep(0.1)
     prefixes = [f"{p}{n}/" for p in (HOLD_PREFIX, LEASE_PREFIX) for n in node_names]
-    return gone + remove_named_groups(prefixes)
+    removed = remove_named_groups(prefixes)
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        again = remove_named_groups(prefixes)
+        if not again:
+            break
+        removed += again
+    return gone + removed
