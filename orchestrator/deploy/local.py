@@ -120,19 +120,25 @@ def up_local(config: ClusterConfig, state_dir: Path, *, progress: Progress, time
         _WATCHDOGS[state_dir.resolve()] = dog
         st = _stat(dog.pid)
         state.watchdog = Proc("watchdog", dog.pid, st[0], st[1]) if st is not None else None
-        head = plan.nodes[0]
-        progress(f"starting raylet {head.name} (Ray head node) at {plan.address}")
-        state.processes.append(_spawn(head, {**env, **config.node(head.name).ray_env()},
-                                      ray_root(state_dir) / "tmp"))
-        state.save(state_dir)
-        _wait_started(state.processes[-1], head, deadline)
-        # One at a time: raylets starting together on one host race for ports and log file names.
-        for node in plan.nodes[1:]:
-            progress(f"starting raylet {node.name}")
-            state.processes.append(_spawn(node, {**env, **config.node(node.name).ray_env()},
-                                          ray_root(state_dir) / "tmp"))
-            state.save(state_dir)
-            _wait_started(state.processes[-1], node, deadline)
+        # One at a time, the head first: raylets starting together on one host race for ports and log file names.
+        for i, node in enumerate(plan.nodes):
+            for attempt in range(1 + REGISTER_RETRIES):
+                progress(f"starting raylet {node.name}" + (f" (Ray head node) at {plan.address}" if i == 0 else "")
+                         + (" again" if attempt else ""))
+                offset = Path(node.log).stat().st_size if Path(node.log).exists() else 0
+                state.processes.append(_spawn(node, {**env, **config.node(node.name).ray_env()},
+                                              ray_root(state_dir) / "tmp"))
+                state.save(state_dir)
+                try:
+                    _wait_started(state.processes[-1], node, deadline, offset)
+                    break
+                except OrchestratorError as e:
+                    if attempt == REGISTER_RETRIES or _REGISTER_TIMEOUT not in str(e):
+                        raise
+                    progress(f"raylet {node.name} did not register with the GCS within Ray's fixed 30 s (a busy "
+                             "host); stopping what its `ray start` left and starting it again")
+                    _stop_session(state.processes.pop())
+                    state.save(state_dir)
         _apply_env(state.env)
         _start_orchestrator(config, plan.address, progress, timeout_s - (time.monotonic() - t0),
                             expect_nodes=len(plan.nodes), admin_key=admin_key_for(state_dir),
@@ -187,6 +193,27 @@ def attach(config: ClusterConfig, address: str, state_dir: Path, *, progress: Pr
 
 #: What ``ray start --block`` prints once its node is up.
 _STARTED = b"Ray runtime started"
+#: What ``ray start`` of a node says when its raylet did not register with the GCS within the 30 s Ray waits
+#: (a constant in ``ray._private.node``, not a setting): on a busy host a transient failure, so ``up`` starts that
+#: node again, at most :data:`REGISTER_RETRIES` times, within its own deadline.
+_REGISTER_TIMEOUT = "The current node timed out during startup"
+REGISTER_RETRIES = 1
+
+
+def _stop_session(proc: Proc, grace_s: float = 5.0) -> None:
+    """Stop whatever the failed ``ray start`` ``proc`` left in its session (its raylet may still be registering):
+    SIGTERM, then SIGKILL what is left after ``grace_s``; only that session's processes."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in session_members(proc.sid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while session_members(proc.sid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not session_members(proc.sid):
+            return
 
 
 def _wait_started(proc: Proc, node: NodeLaunch, deadline: float, offset: int = 0) -> None:
