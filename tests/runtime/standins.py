@@ -22,8 +22,13 @@ def standin_raylet(name: str = "n", *, marker: str | None = None, stops_child_on
                   "signal.signal(signal.SIGTERM, lambda *a: (c.kill(), c.wait(), sys.exit(0))); time.sleep(300)")
     else:
         script = "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"
-    env = dict(os.environ, **({launcher.RUN_MARKER: marker} if marker else {}))
-    p = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, env=env)
+    return session_leader(name, script, dict(os.environ, **({launcher.RUN_MARKER: marker} if marker else {})))
+
+
+def session_leader(name: str, script: str, env: dict[str, str]) -> Proc:
+    """``python -c script`` as the leader of a new session, once it has made its one child (as the stand-ins'
+    scripts do first)."""
+    p = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, env=env, stdin=subprocess.DEVNULL)
     for _ in range(100):
         if len(session_members(p.pid)) == 2:
             break

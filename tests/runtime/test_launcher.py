@@ -16,7 +16,7 @@ from orchestrator.core.statefile import Proc, State
 from orchestrator.deploy.local import (RAY_SESSION_TAIL, UNIX_SOCKET_MAX, auth_env, down, plan_local_cluster, ray_root, session_members,
                                        with_metrics_port)
 
-from .standins import standin_raylet
+from .standins import session_leader, standin_raylet
 
 
 def _opt(argv: tuple[str, ...], flag: str) -> str:
@@ -144,10 +144,6 @@ def test_a_raylet_that_timed_out_registering_is_started_again_and_its_leftovers_
     """Ray gives a worker's raylet a fixed 30 s to register with the GCS; on a busy host `ray start` gives up with
     "The current node timed out during startup" (twice in the suite's full runs). `up` starts that node again,
     once, after stopping what the failed `ray start` left in its session; any other failure still fails `up`."""
-    import subprocess
-    import sys
-    import time
-
     from orchestrator.deploy import local
 
     said: list[str] = []
@@ -166,15 +162,7 @@ def test_a_raylet_that_timed_out_registering_is_started_again_and_its_leftovers_
                   + f"open({node.log!r}, 'a').write({(msg or 'Ray runtime started.') + chr(10)!r}); "
                   + ("sys.exit(1)" if msg else "time.sleep(300)"))
         Path(node.log).parent.mkdir(parents=True, exist_ok=True)
-        p = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
-                             env={**os.environ, **env}, stdin=subprocess.DEVNULL)
-        for _ in range(100):
-            if len(session_members(p.pid)) == 2:
-                break
-            time.sleep(0.05)
-        st = local._stat(p.pid)
-        assert st is not None
-        proc = Proc(node.name, p.pid, st[0], st[1])
+        proc = session_leader(node.name, script, {**os.environ, **env})
         spawned.append((node.name, proc))
         return proc
 
