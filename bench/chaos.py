@@ -377,9 +377,17 @@ def _loop(c: Chaos, a: argparse.Namespace) -> None:
     t0 = time.monotonic()
     c.t0 = t0
     end = t0 + a.minutes * 60
+    # --min-kills: a busy host settles each kill slower, so fewer fit in the minutes; the run goes on (each kill
+    # still a kill interval after the last one settled) until that many happened, bounded by one settle each
+    last = end + (a.min_kills or 0) * (a.kill_settle_s + a.kill_every_s)
     next_kill = t0 + a.kill_every_s
     kinds, weights = zip(*KILLS)
-    while time.monotonic() < end:
+
+    def going() -> bool:
+        now = time.monotonic()
+        return now < end or (now < last and sum(c.kills.values()) < (a.min_kills or 0))
+
+    while going():
         kill = None
         if time.monotonic() >= next_kill and (a.max_kills is None or sum(c.kills.values()) < a.max_kills):
             n = sum(c.ops[f"kill_{k}"] for k in kinds)
@@ -387,7 +395,7 @@ def _loop(c: Chaos, a: argparse.Namespace) -> None:
         c.ops[c.step(kill)] += 1
         if kill is not None:  # the next one a kill interval after this one settled
             next_kill = time.monotonic() + a.kill_every_s
-        time.sleep(max(0.0, min(60.0 / a.steps_per_minute, end - time.monotonic())) * c.rng.random())
+        time.sleep(max(0.0, min(60.0 / a.steps_per_minute, max(end, next_kill) - time.monotonic())) * c.rng.random())
     c.check()
 
 
@@ -419,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-cycle", action="store_true",
                    help="kill head, agent, raylet in turn (default: drawn from the seed, weights 2:2:1)")
     p.add_argument("--max-kills", type=int, default=None, help="stop killing after this many")
+    p.add_argument("--min-kills", type=int, default=None,
+                   help="go on past --minutes until this many kills happened (each kill's settle bounds the wait)")
     p.add_argument("--steps-per-minute", type=float, default=30.0, help="operations drawn per minute (at most)")
     p.add_argument("--settle-s", type=float, default=10.0, help="how long ledger and agents may disagree after a step")
     p.add_argument("--kill-settle-s", type=float, default=90.0, help="the same after a kill (and for nodes to return)")
