@@ -52,7 +52,8 @@ class HeadMetrics(MetricFamilies):
     """See the module docstring."""
 
     def __init__(self, gauges_every_s: float = 0.0, *, priority_classes: Iterable[str] = (),
-                 queues: Iterable[str] = ("default",), inference_services: Iterable[str] = ()) -> None:
+                 queues: Iterable[str] = ("default",), inference_services: Iterable[str] = (),
+                 curves: CurveHistory | None = None) -> None:
         """``gauges_every_s``: the GPU gauges (totals, per GPU, per node and class) are refreshed at most this
         often (head clock seconds). They are worked out from every lease holding a card of a changed node: under
         load, when a cycle runs after nearly every call, refreshing them each cycle was most of the cycle's
@@ -73,7 +74,7 @@ class HeadMetrics(MetricFamilies):
         self._capacity_mark: _CapacityMark | None = None  # where _capacity last looked
         self._node_util: dict[str, float] = {}  # node -> mean utilisation of its cards (the curves' util)
         #: The live page's curves (:mod:`.curves`): a point every ``curves.every_s``, from the first update on.
-        self.curves = CurveHistory(origin=None)
+        self.curves = curves if curves is not None else CurveHistory(origin=None)
 
     # ---- from the controller, once per cycle ----------------------------------------------------------
     def update(self, ctl: HeadController, report: ReconcileReport | None = None,

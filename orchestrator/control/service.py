@@ -123,10 +123,9 @@ class HeadService(JobMethods, ClusterMethods):
         if metrics is None:
             metrics = HeadMetrics(gauges_every_s=settings.metrics_gauges_every_s,
                                   priority_classes=cluster.scheduler.classes, queues=cluster.scheduler.queues,
-                                  inference_services=settings.inference_services)
-            # Its curves as the settings tune them (no point recorded yet: nothing is lost by the swap).
-            metrics.curves = CurveHistory(origin=None, every_s=tuning.curves_every_s, rate_s=tuning.curves_rate_s,
-                                          window_s=tuning.curves_window_s)
+                                  inference_services=settings.inference_services,
+                                  curves=CurveHistory(origin=None, every_s=tuning.curves_every_s,
+                                                      rate_s=tuning.curves_rate_s, window_s=tuning.curves_window_s))
         self.metrics = metrics
         self.metrics_port: int | None = None
         self.inventory_check: InventoryCheck | None = None  # soft state: the Kubernetes side sends it again
