@@ -217,15 +217,24 @@ def test_a_head_that_stalled_does_not_blame_the_agents_it_could_not_hear(
     assert lost == [quiet]
 
 
-def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSettings, store: MemoryStore,
-                                                            clock: FakeClock, demo: Any) -> None:
-    dead: set[str] = set()
+def _with_an_active_lease(settings: RuntimeSettings, store: MemoryStore, clock: FakeClock, demo: Any,
+                          dead: set[str]) -> tuple[HeadController, int]:
+    """A controller whose holder probe says the holders in ``dead`` are dead, every demo agent registered, and
+    lease "w" active under holder "actor-w"; the controller and w's token."""
     ctl = HeadController(settings, store, clock=clock, holder_probe=lambda hs: {h: h not in dead for h in hs})
     for n in demo.nodes:
         SimAgent(ctl, demo, n.name).register()
     ctl.request_lease(_req("w", "1"))
     ctl.reconcile()
-    ctl.activate("w", ctl.get_lease("w", KEY)["fencing_token"], "actor-w")
+    token = ctl.get_lease("w", KEY)["fencing_token"]
+    ctl.activate("w", token, "actor-w")
+    return ctl, token
+
+
+def test_a_lease_whose_holder_died_is_lost_and_not_requeued(settings: RuntimeSettings, store: MemoryStore,
+                                                            clock: FakeClock, demo: Any) -> None:
+    dead: set[str] = set()
+    ctl, _ = _with_an_active_lease(settings, store, clock, demo, dead)
     ctl.reconcile()
     assert ctl.get_lease("w", KEY)["state"] == "active"
     dead.add("actor-w")
@@ -243,13 +252,7 @@ def test_a_lease_released_when_its_holder_is_gone_keeps_its_card_until_then_and_
     # A Serve replica being stopped: its release is asked while it drains, and the head's holder probe, not a
     # watcher of the holder racing it, decides when the card goes on (the race made the lease "lost" under load).
     dead: set[str] = set()
-    ctl = HeadController(settings, store, clock=clock, holder_probe=lambda hs: {h: h not in dead for h in hs})
-    for n in demo.nodes:
-        SimAgent(ctl, demo, n.name).register()
-    ctl.request_lease(_req("w", "1"))
-    ctl.reconcile()
-    token = ctl.get_lease("w", KEY)["fencing_token"]
-    ctl.activate("w", token, "actor-w")
+    ctl, token = _with_an_active_lease(settings, store, clock, demo, dead)
     with pytest.raises(StaleFencingTokenError):
         ctl.release("w", token + 1, "its Serve replica stopped", True)
     d = ctl.release("w", token, "its Serve replica stopped", True)
