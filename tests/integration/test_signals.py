@@ -26,6 +26,7 @@ from typing import Iterator
 import pytest
 
 from orchestrator.deploy.local import RUN_MARKER, _stat, session_members
+from runtime.standins import default_signals
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -97,7 +98,7 @@ class Run:
     def __init__(self, argv: list[str], work: Path, state_dir: Path) -> None:
         self.state_dir, self.log = state_dir, work / "stderr.log"
         self.proc = subprocess.Popen(argv, env=_env(work), cwd=REPO, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.log, "wb"))
+                                     stderr=open(self.log, "wb"), preexec_fn=default_signals)
         self.run_id, self.sids, self.watchdog = "", set(), 0
 
     def _read_state(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,3 +37,11 @@ def session_leader(name: str, script: str, env: dict[str, str]) -> Proc:
     st = launcher._stat(p.pid)
     assert st is not None
     return Proc(name, p.pid, st[0], st[1])
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a child a test signals: SIGINT, SIGTERM and SIGHUP at their defaults. A suite run
+    from a non-interactive shell's background job inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler, so a test sending SIGINT would wait on a child that never heard it."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

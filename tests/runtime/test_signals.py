@@ -19,7 +19,7 @@ from orchestrator.core.statefile import Proc, State
 from orchestrator.deploy import local as launcher
 from orchestrator.deploy.local import ProcInfo, leftovers, session_members
 
-from .standins import standin_raylet
+from .standins import default_signals, standin_raylet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,8 @@ time.sleep(300)
 
 def _owner(sd: Path, then: str) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.Popen([sys.executable, "-c", _OWNER, str(sd), then], stdout=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen([sys.executable, "-c", _OWNER, str(sd), then], stdout=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=default_signals)
     assert p.stdout is not None
     return p, int(p.stdout.readline())
 
@@ -149,7 +150,8 @@ def test_a_child_started_with_die_with_parent_ends_with_its_sigkilled_parent(tmp
               "c = subprocess.Popen(['sleep', '300'], preexec_fn=die_with_parent)\nprint(c.pid, flush=True)\n"
               "time.sleep(300)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=default_signals)
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     try:
