@@ -55,10 +55,47 @@ class PriorityClass(_Frozen):
 
 
 class QueueConfig(_Frozen):
-    """A queue and its guaranteed share."""
+    """A queue of the tree: its guaranteed share, its weight, its limit, its parent and who may submit to it.
 
-    quota_gpus: Annotated[float, Field(ge=0, description="Guaranteed GPUs (fractions count); None = unlimited")] | None = None
+    Invariants (checked by :class:`SchedulerConfig`): ``parent`` names another queue and the parents form no
+    circle; ``limit_gpus`` is not below ``quota_gpus``; jobs go to leaves (a queue no other names as parent)."""
+
+    quota_gpus: Annotated[float, Field(ge=0, description="Guaranteed GPUs (fractions count); None = no guarantee "
+                                       "(and, without fairness, no cap)")] | None = None
     borrowing: bool = Field(default=True, description="May use idle capacity beyond the quota (reclaimable)")
+    parent: str | None = Field(default=None, min_length=1, max_length=63,
+                               description="The queue above this one (an organisation above its teams, a team above "
+                               "its users); None: a top-level queue")
+    weight: Annotated[float, Field(gt=0, le=1000, description="Share of what its siblings contend for beyond their "
+                                   "guarantees, relative to theirs (fairness)")] = 1.0
+    limit_gpus: Annotated[float, Field(ge=0, description="GPUs its subtree may never hold more of, borrowing or "
+                                       "not; None: no limit")] | None = None
+    submitters: tuple[str, ...] = Field(default=(), description="User ids (u-..., as `orchestrator whoami` prints) "
+                                        "who may submit to this queue; empty: anyone. Administrators always may")
+
+    @model_validator(mode="after")
+    def _limit_above_quota(self) -> "QueueConfig":
+        if self.limit_gpus is not None and self.quota_gpus is not None and self.limit_gpus < self.quota_gpus:
+            raise ConfigError("limit_gpus", self.limit_gpus, f">= quota_gpus ({self.quota_gpus:g})",
+                              detail="a queue cannot be guaranteed more than it may hold")
+        return self
+
+
+class Fairness(_Frozen):
+    """Hierarchical weighted fair share (:mod:`orchestrator.scheduling.fairshare`); off by default, when the
+    queues behave as flat quotas with borrowing."""
+
+    enabled: bool = Field(default=False, description="Compute every queue's fair share each cycle, serve queues "
+                          "below theirs first and let them reclaim from queues above theirs")
+    half_life_s: Annotated[float, Field(gt=0, le=30 * 86400, description="Half-life of the usage history that "
+                                        "orders queues standing alike (Slurm's PriorityDecayHalfLife)")] = 3600.0
+    reclaim: bool = Field(default=True, description="A queue below its fair share may preempt (checkpoint, stop, "
+                          "requeue) leases of queues above theirs, even of equal priority")
+    max_reclaims_per_cycle: Annotated[int, Field(ge=0, le=1000, description="At most this many leases preempted "
+                                                 "for fair share in one cycle (shares converge without "
+                                                 "thrashing)")] = 4
+    starvation_bound_s: Annotated[float, Field(gt=0, description="A request waiting longer than this reserves "
+                                               "the nodes where it fits soonest; None: no reservations")] | None = None
 
 
 class QueueOverride(_Frozen):
@@ -146,6 +183,8 @@ class SchedulerConfig(_Frozen):
                         "place the head's policy is set (cluster config `scheduler.policy` or priorities.yaml)")
     windows: tuple[Window, ...] = Field(default=(), description="Time windows overriding queue quotas by time "
                                         "of day (none: the queues always stand as configured)")
+    fairness: Fairness = Field(default_factory=Fairness, description="Hierarchical weighted fair share, reclaim "
+                               "and reservations (off: flat quotas with borrowing)")
 
     @field_validator("policy")
     @classmethod
@@ -167,8 +206,26 @@ class SchedulerConfig(_Frozen):
             raise ValueError(f"default_class {self.default_class!r} is not one of {sorted(self.classes)}")
         if "default" not in self.queues:
             raise ValueError(f"queues must include 'default' (have {sorted(self.queues)})")
+        self._check_tree()
         self._check_windows()
         return self
+
+    def _check_tree(self) -> None:
+        """Every parent a known queue, no circle; ``default`` stays a leaf (jobs that name no queue go there)."""
+        for name, q in self.queues.items():
+            if q.parent is not None and q.parent not in self.queues:
+                raise ConfigError(f"queues.{name}.parent", q.parent, sorted(set(self.queues) - {name}),
+                                  detail="unknown parent queue")
+            seen, up = {name}, q.parent
+            while up is not None:
+                if up in seen:
+                    raise ConfigError(f"queues.{name}.parent", q.parent, "a queue that is not below this one",
+                                      detail=f"the parents form a circle through {up}")
+                seen.add(up)
+                up = self.queues[up].parent
+        if any(q.parent == "default" for q in self.queues.values()):
+            raise ConfigError("queues.default", "default", "a leaf queue", detail="jobs that name no queue go to "
+                              "'default', so no queue may hang below it")
 
     def _check_windows(self) -> None:
         """Window names unique, their queues known, and no two in force at the same minute."""
@@ -201,6 +258,28 @@ class SchedulerConfig(_Frozen):
             return key, self.queues[key]
         except KeyError:
             raise ConfigError("queue", name, sorted(self.queues), detail="unknown queue") from None
+
+    def leaf_queue(self, name: str | None) -> tuple[str, QueueConfig]:
+        """:meth:`queue`, refusing a queue with queues below it: work is submitted to leaves."""
+        key, q = self.queue(name)
+        below = sorted(n for n, c in self.queues.items() if c.parent == key)
+        if below:
+            raise ConfigError("queue", name, below, detail=f"queue {key} has queues below it: submit to one of them")
+        return key, q
+
+    def may_submit(self, queue: str, user: str | None, trusted: bool) -> bool:
+        """Whether a caller (user id ``user``; ``trusted``: an administrator or the head itself) may submit to
+        ``queue``: anyone when the queue names no submitters and none of its ancestors does, else only those
+        named by the queue or one of its ancestors (a team's list admits its users' queues too)."""
+        if trusted:
+            return True
+        named: list[tuple[str, ...]] = []
+        q: str | None = queue
+        while q is not None and q in self.queues:
+            if self.queues[q].submitters:
+                named.append(self.queues[q].submitters)
+            q = self.queues[q].parent
+        return not named or any(user is not None and user in names for names in named)
 
     def aging_cap(self, priority: int) -> float:
         """The highest effective priority a job of ``priority`` can age to: just below the next class."""

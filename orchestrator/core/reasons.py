@@ -70,18 +70,28 @@ class Cause(str, Enum):
     WAIT_PREEMPTING = "wait.preempting"              # this cycle chose victims for it
     WAIT_WINDOW = "wait.window"                      # over the quota the time window in force sets its queue (capped, or borrow-only)
     WAIT_GANG_MEMBERS = "wait.gang_members"          # some workers of its gang are not queued (yet, or again)
+    WAIT_LIMIT = "wait.limit"                        # it would take its queue (or one above) beyond its limit
+    WAIT_RESERVED = "wait.reserved"                  # it waited past the starvation bound: nodes are reserved for it
+    WAIT_RESERVATION = "wait.reservation"            # it fits only on nodes reserved for a request that starves
     # ---- victim: why a lease is preempted ------------------------------------------------------
     VICTIM_PRIORITY = "victim.priority"              # a lower priority than the requester
     VICTIM_RECLAIM = "victim.reclaim"                # capacity borrowed beyond its queue's quota is reclaimed
+    VICTIM_FAIRSHARE = "victim.fairshare"            # its queue is above its fair share, the requester's below
     # ---- ineligible: why a lease may not be preempted ------------------------------------------
     INELIGIBLE_IN_FLIGHT = "ineligible.in_flight"    # already being preempted
     INELIGIBLE_NOT_HOLDING = "ineligible.not_holding"
     INELIGIBLE_CLASS = "ineligible.class"            # its class is not preemptible
     INELIGIBLE_PRIORITY = "ineligible.priority"      # not lower priority, and not borrowing
     INELIGIBLE_MIN_RUNTIME = "ineligible.min_runtime"
+    INELIGIBLE_FAIR_SHARE = "ineligible.fair_share"  # fair share does not allow taking it (see scheduling.fairshare)
     # ---- no preemption -------------------------------------------------------------------------
     NO_PREEMPTION_NONE_ELIGIBLE = "no_preemption.none_eligible"
     NO_PREEMPTION_NOT_ENOUGH = "no_preemption.not_enough"  # even all eligible victims would not make room
+    # ---- fair: where a queue stands against its fair share (scheduling.fairshare) ----------------------
+    FAIR_ABOVE = "fair.above"                        # holds more than its fair share: the excess may be reclaimed
+    FAIR_BELOW = "fair.below"                        # holds less than its fair share: goes first, may reclaim
+    FAIR_AT = "fair.at"                              # holds its fair share
+    FAIR_IDLE = "fair.idle"                          # asks for nothing: its share goes to its siblings
     # ---- lease lifecycle -----------------------------------------------------------------------
     LEASE_REQUESTED = "lease.requested"
     LEASE_REQUEUED = "lease.requeued"
