@@ -33,6 +33,10 @@ It reads as a numbered script (Kueue's scheduling cycle):
       cluster shrank after it was queued), with cause ``wait.never_fits``
       and no preemption tried.
 
+The queue tree adds fair share, limits and reservations to steps 1 and 2 (:mod:`.fair_cycle`: the
+fair-share order, ``max(guarantee, fair share)`` as the quota, reclaim at equal priority, ``wait.limit``,
+``wait.reserved`` and backfill); without them configured the cycle is the one above.
+
 The plan is the whole output; the head applies it (store first, then act).
 Every grant, preemption and waiting item carries a
 :class:`~orchestrator.core.reasons.Reason` (``placed*``, ``victim.*``,
@@ -44,28 +48,26 @@ was applied to the working copy before the next was placed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from pydantic import ConfigDict, Field
-
-from orchestrator.core import codec
 from orchestrator.core.clock import format_hhmm
 from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import SchedulerConfig
-from orchestrator.core.reasons import Cause, Reason, ReasonFields
+from orchestrator.core.reasons import Cause, Reason
 from orchestrator.core.request import Alternative, GpuRequest, ResolvedRequest
-from orchestrator.core.gang_request import GangMember
 from orchestrator.scheduling.admission import never_fits
 from orchestrator.scheduling.alternatives import alternative_demand, resolve
 from orchestrator.scheduling.candidates import alt_key
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
+from orchestrator.scheduling.plan import Grant, PendingItem, Plan, Preemption, Waiting
+from orchestrator.scheduling.fair_cycle import FairCycle
+from orchestrator.scheduling.fairshare import FairShares
 from orchestrator.scheduling.gang import GangPlacement, place_gang
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.preemption import (
     NoPreemption,
     PreemptionPlan,
-    Victim,
     plan_gang_preemption,
     plan_preemption,
     queue_usage,
@@ -74,124 +76,42 @@ from orchestrator.scheduling.snapshot import ClusterSnapshot
 from orchestrator.scheduling.windows import WindowStatus
 
 
-@dataclass(frozen=True, slots=True)
-class PendingItem:
-    """A request waiting for a lease."""
-
-    item_id: str
-    request: GpuRequest
-    priority: int
-    priority_class: str
-    submitted_at: float
-    queue: str = "default"
-    nominated: bool = False  # victims are already being preempted for it
-    gang: GangMember | None = None  # one worker of a gang: scheduled with the others, all or nothing
-
-    @property
-    def demand(self) -> float:
-        """GPUs asked for, fractions counted: :attr:`GpuRequest.gpu_demand`, the definition held leases count too."""
-        return self.request.gpu_demand
-
-
-@dataclass(frozen=True, slots=True)
-class Grant(ReasonFields):
-    """Grant ``item_id`` its placement (cause ``placed``, or ``placed.borrowing`` beyond its queue's quota)."""
-
-    item_id: str
-    placement: Placement
-    reason: Reason
-
-    def to_json(self) -> dict[str, Any]:
-        return codec.dump(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Preemption(ReasonFields):
-    """Stop ``victim`` so that ``for_item`` can run."""
-
-    victim: Victim
-    for_item: str
-    reason: Reason
-
-    def to_json(self) -> dict[str, Any]:
-        return codec.dump(self)
-
-
-@codec.by_hand
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    """Why an item is still pending (a ``wait.*`` cause); ``preemption_blocked``: why no preemption
-    helps it (a ``no_preemption.*`` cause), None when none was tried or one was planned."""
-
-    item_id: str
-    position: int
-    effective_priority: float
-    reason: Reason
-    unschedulable: Unschedulable | None = None
-    would_preempt: tuple[str, ...] = ()
-    preemption_blocked: Reason | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        # By hand: the blocking reason split in two keys, the unschedulable details last (API views keep this).
-        blocked = self.preemption_blocked
-        return {"item_id": self.item_id, "position": self.position, "effective_priority": self.effective_priority,
-                **self.reason.fields(),
-                "would_preempt": list(self.would_preempt),
-                "preemption_blocked": blocked.text if blocked else "",
-                "preemption_blocked_cause": blocked.cause.value if blocked else None,
-                "unschedulable": self.unschedulable.to_json() if self.unschedulable else None}
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What one cycle decided. ``after``: the snapshot the plan was made on with every grant applied, in
-    plan order (the cycle's working snapshot at its end). Every grant fits the snapshot as the grants before
-    it left it (the cycle took each in turn; a gang's workers all or none), so the caller granting them takes
-    ``after`` as the cluster's snapshot instead of applying them again."""
-
-    grants: tuple[Grant, ...] = ()
-    preemptions: tuple[Preemption, ...] = ()
-    waiting: tuple[Waiting, ...] = field(default=())
-    after: Annotated[ClusterSnapshot, Field(exclude=True)] = field(kw_only=True, compare=False, repr=False)
-
-    #: The snapshot is no JSON value (the plan's JSON leaves it out): pydantic takes it as an opaque instance.
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(arbitrary_types_allowed=True)
-
-    def waiting_for(self, item_id: str) -> Waiting | None:
-        return next((w for w in self.waiting if w.item_id == item_id), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return codec.dump(self)
-
-
 def effective_priority(item: PendingItem, config: SchedulerConfig, now: float) -> float:
     aged = item.priority + config.aging_per_minute * max(0.0, now - item.submitted_at) / 60.0
     return min(aged, config.aging_cap(item.priority))
 
 
-def order(pending: Sequence[PendingItem], config: SchedulerConfig, now: float) -> list[PendingItem]:
-    return sorted(pending, key=lambda i: (-effective_priority(i, config, now), i.submitted_at, i.item_id))
+def order(pending: Sequence[PendingItem], config: SchedulerConfig, now: float,
+          shares: FairShares | None = None) -> list[PendingItem]:
+    """Step 1: effective priority, then (with ``shares``) the queue's standing against its fair share, then
+    submission time and id."""
+    if shares is None:
+        return sorted(pending, key=lambda i: (-effective_priority(i, config, now), i.submitted_at, i.item_id))
+    return sorted(pending, key=lambda i: (-effective_priority(i, config, now), shares.order_key(i.queue),
+                                          i.submitted_at, i.item_id))
 
 
 def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
              holding: Sequence[Lease] | Callable[[], Sequence[Lease]], config: SchedulerConfig, now: float,
              policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset(), window: WindowStatus | None = None,
-             usage: Mapping[str, float] | None = None) -> Plan:
+             usage: Mapping[str, float] | None = None, decayed: Mapping[str, float] | None = None) -> Plan:
     """Run one cycle; see the module docstring. ``holding``: the holding leases, or a function returning them
     (called only if a preemption is planned); ``in_flight``: lease ids already being preempted; ``window``: the
     time window whose quotas ``config`` carries (its waits name it), None for none; ``usage``: what
-    :func:`~.preemption.queue_usage` gives over ``holding``, when the caller keeps it up already."""
+    :func:`~.preemption.queue_usage` gives over ``holding``, when the caller keeps it up already; ``decayed``: each
+    queue's decayed usage (:class:`~.fairshare.DecayedUsage`), for the fair-share order."""
     work = snapshot
     if callable(holding):
         holding = _Later(holding)
     # Only a quota reads what queues hold: without one, skip the pass over every holding lease.
-    quotas = any(q.quota_gpus is not None for q in config.queues.values())
+    fc = FairCycle.start(config, snapshot, pending, holding, decayed)
+    quotas = any(q.quota_gpus is not None for q in config.queues.values()) or fc.limited
     usage = (dict(usage) if usage is not None else queue_usage(holding)) if quotas else {}
     grants: list[Grant] = []
     preemptions: list[Preemption] = []
     waiting: list[Waiting] = []
     taken = set(in_flight)
-    ordered = order(pending, config, now)
+    ordered = order(pending, config, now, fc.shares)
     gangs: dict[str, list[PendingItem]] = {}
     for item in ordered:
         if item.gang is not None:
@@ -210,18 +130,25 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             members = gangs.pop(item.gang.gang_id, None)
             if members is not None:
                 work = _gang_step(work, members, pos, holding, config, now, policy, usage, taken,
-                                  grants, preemptions, waiting)
+                                  grants, preemptions, waiting, fc)
                 memo.clear()
             continue
         eff = effective_priority(item, config, now)
         _, q = config.queue(item.queue) if item.queue in config.queues else ("", None)
-        quota = q.quota_gpus if q is not None else None
+        quota = fc.quota(item.queue, q)
         used = usage.get(item.queue, 0.0)
         windowed = _window_text(window, item.queue)
-        asked = memo.setdefault((item.request, item.priority, item.queue), _Asked())
+        view = fc.view(work, item)
+        asked = memo.setdefault((item.request, item.priority, item.queue, view is work), _Asked())
         if asked.alts is None:
-            asked.alts = _alternatives(item.request, resolved_of, used, quota)
+            asked.alts = _alternatives(item.request, resolved_of, used, quota, fc.headroom(item.queue, usage)[0])
         alts = asked.alts
+        if not alts.all.alternatives:  # every alternative would break a limit: nothing to place or preempt for
+            room, which = fc.headroom(item.queue, usage)
+            waiting.append(Waiting(item.item_id, pos, eff, Reason(
+                Cause.WAIT_LIMIT, f"queue {which}'s limit of {config.queues[which].limit_gpus:g} GPUs leaves "
+                f"{max(room, 0.0):g} for queue {item.queue}, and it asks at least {alts.least:g}")))
+            continue
         over_quota = not alts.within.alternatives  # every alternative would take the queue beyond its quota
         if over_quota and q is not None and not q.borrowing:
             if windowed:
@@ -233,7 +160,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
                 Cause.WAIT_QUOTA, f"queue {item.queue} is at its quota of {quota:g} GPUs and does not borrow")))
             continue
         if asked.res is None:  # a queue that borrows may take any alternative that fits idle, else those within
-            asked.res = place(work, item.request, policy,
+            asked.res = place(view, item.request, policy,
                               resolved=alts.within if q is not None and not q.borrowing else alts.all)
         res = asked.res
         if isinstance(res, Placement):
@@ -241,13 +168,14 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             work = work.apply(res.allocation)
             got = res.allocation.gpu_demand  # what was granted counts, not what the first choice asks
             usage[item.queue] = used + got
+            fc.granted(item.queue, got)
             beyond = quota is not None and used + got > quota + _EPS
             why = res.reason if not beyond else Reason(
                 Cause.PLACED_BORROWING, f"{res.reason.text} (borrowing beyond queue {item.queue}'s quota)")
             grants.append(Grant(item.item_id, res, why))
             continue
         if asked.never is _UNASKED:
-            asked.never = never_fits(item.request, work)
+            asked.never = never_fits(item.request, work)  # the whole cluster: a reservation is not a shrink
         never = asked.never
         if never is not None:  # no preemption could help either: say so rather than "not enough free"
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
@@ -257,20 +185,23 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             memo.clear()
             # what is being freed for it counts: its cheapest choice within the quota (the plan's is not kept)
             usage[item.queue] = used + (alts.least_within if alts.within.alternatives else item.demand)
+            fc.granted(item.queue, usage[item.queue] - used)
             waiting.append(Waiting(item.item_id, pos, eff, Reason(
                 Cause.WAIT_VICTIMS, "waiting for the leases being preempted for it to be released"), res))
             continue
         if over_quota:
             cause, why = (Cause.WAIT_WINDOW, f" of {quota:g} GPUs, {windowed}") if windowed and q else (
                 Cause.WAIT_BORROW_ONLY, "")
-            waiting.append(Waiting(item.item_id, pos, eff, Reason(
+            waiting.append(_reserving(fc, work, holding, item, policy, now, alts, Waiting(item.item_id, pos, eff, Reason(
                 cause, f"{res.message}; queue {item.queue} is over its quota{why}, "
-                "so it only borrows idle capacity and preempts nothing"), res))
+                "so it only borrows idle capacity and preempts nothing"), res)))
+            if fc.reserver is item:
+                memo.clear()
             continue
         if asked.plan is None:
             candidates = [lease for lease in holding if lease.lease_id not in taken]
-            asked.plan = _plan_in_order(work, item, alts, candidates, config=config, now=now, policy=policy,
-                                        in_flight=frozenset(taken), hopeless=hopeless)
+            asked.plan = _plan_in_order(view, item, alts, candidates, config=config, now=now, policy=policy,
+                                        in_flight=frozenset(taken), hopeless=hopeless, fair=fc.plans_fair())
         plan = asked.plan
         if isinstance(plan, PreemptionPlan):
             memo.clear()
@@ -279,13 +210,41 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             for v in plan.victims:
                 taken.add(v.lease_id)
                 preemptions.append(Preemption(v, item.item_id, v.reason))
+            fc.planned(item.queue, plan.placement.allocation.gpu_demand, plan.victims)
             waiting.append(Waiting(item.item_id, pos, eff, plan.reason, res,
                                    would_preempt=tuple(v.lease_id for v in plan.victims)))
         else:
             assert isinstance(plan, NoPreemption)
-            waiting.append(Waiting(item.item_id, pos, eff, Reason(Cause.WAIT_NO_FIT, res.message), res,
-                                   preemption_blocked=plan.reason))
-    return Plan(tuple(grants), tuple(preemptions), tuple(waiting), after=work)
+            waiting.append(_reserving(fc, work, holding, item, policy, now, alts, Waiting(
+                item.item_id, pos, eff, Reason(Cause.WAIT_NO_FIT, res.message), res, preemption_blocked=plan.reason)))
+            if fc.reserver is item:
+                memo.clear()
+    return Plan(tuple(grants), tuple(preemptions), tuple(waiting), after=work, shares=fc.shares,
+                reserved=fc.reserved)
+
+
+def _reserving(fc: FairCycle, work: ClusterSnapshot, holding: Sequence[Lease], item: PendingItem,
+               policy: PlacementPolicy, now: float, alts: "_QuotaAlternatives", waiting: Waiting) -> Waiting:
+    """``waiting``, or -- when ``item`` starves and nodes can be reserved for it -- the same wait saying so
+    (cause ``wait.reserved``), the nodes reserved in ``fc`` for the rest of the cycle."""
+    why = _reserved(fc, work, holding, item, now, waiting.reason,
+                    lambda sim: isinstance(place(sim, item.request, policy, resolved=alts.all), Placement))
+    return waiting if why is None else replace(waiting, reason=why)
+
+
+def _reserved(fc: FairCycle, work: ClusterSnapshot, holding: Sequence[Lease], item: PendingItem, now: float,
+              why: Reason, fits: Callable[[ClusterSnapshot], bool]) -> Reason | None:
+    """The ``wait.reserved`` reason when ``item`` (a request, or a gang's first worker) starves and
+    :meth:`FairCycle.reserve` found nodes for it; None otherwise."""
+    if not fc.starving(item, now):
+        return None
+    nodes = fc.reserve(work, holding, item, fits)
+    if not nodes:
+        return None
+    bound = fc.config.fairness.starvation_bound_s
+    return Reason(Cause.WAIT_RESERVED, f"waited {now - item.submitted_at:.0f}s, over the {bound:g}s bound: node(s) "
+                  f"{','.join(nodes)} reserved for it (only preemptible lower-priority work backfills there); "
+                  f"{why.text}")
 
 
 _UNASKED: Any = object()
@@ -342,12 +301,18 @@ class _QuotaAlternatives:
 
 
 def _alternatives(request: GpuRequest, resolved_of: dict[GpuRequest, ResolvedRequest], used: float,
-                  quota: float | None) -> _QuotaAlternatives:
-    """Which of ``request``'s alternatives keep its queue (holding ``used`` GPUs) within ``quota`` (None: all)."""
+                  quota: float | None, headroom: float = float("inf")) -> _QuotaAlternatives:
+    """Which of ``request``'s alternatives keep its queue (holding ``used`` GPUs) within ``quota`` (None: all);
+    those that would take more than ``headroom`` (what the queue tree's limits leave it) are not alternatives."""
     res = resolved_of.get(request)
     if res is None:
         res = resolved_of[request] = resolve(request)
     demands = [alternative_demand(a) for a in res.alternatives]
+    least = min(demands, default=0.0)
+    if headroom != float("inf"):
+        kept = [(a, d) for a, d in zip(res.alternatives, demands) if d <= headroom + _EPS]
+        res = replace(res, alternatives=tuple(a for a, _ in kept))
+        demands = [d for _, d in kept]
     if quota is None:
         within = res
     else:
@@ -356,12 +321,12 @@ def _alternatives(request: GpuRequest, resolved_of: dict[GpuRequest, ResolvedReq
         f"{a.reason.split(':', 1)[0] if request.fallback else a.kind.value} ({d:.3g} GPUs)"
         for a, d in zip(res.alternatives, demands) if used + d > quota + _EPS)
     least_within = min((alternative_demand(a) for a in within.alternatives), default=0.0)
-    return _QuotaAlternatives(res, within, min(demands, default=0.0), least_within, beyond)
+    return _QuotaAlternatives(res, within, least, least_within, beyond)
 
 
 def _plan_in_order(work: ClusterSnapshot, item: PendingItem, alts: _QuotaAlternatives, candidates: Sequence[Lease], *,
                    config: SchedulerConfig, now: float, policy: PlacementPolicy, in_flight: frozenset[str],
-                   hopeless: set[tuple[Any, ...]]) -> PreemptionPlan | NoPreemption:
+                   hopeless: set[tuple[Any, ...]], fair: FairShares | None = None) -> PreemptionPlan | NoPreemption:
     """Step 2c for a request: a preemption for its first choice that can be made to fit within its queue's quota,
     then its next, in the order the request gives them (a request without fallback is one choice: all its
     alternatives within the quota at once). Each plan's fit test is that choice's alternatives alone, and its
@@ -372,13 +337,13 @@ def _plan_in_order(work: ClusterSnapshot, item: PendingItem, alts: _QuotaAlterna
     last: NoPreemption | None = None
     for n, group in enumerate(groups.values()):
         demand = max(alternative_demand(a) for a in group)
-        key = (tuple(alt_key(a) for a in group), item.priority, item.queue, demand)
+        key = (tuple(alt_key(a) for a in group), item.priority, item.queue, demand, fair is not None)
         if key in hopeless:
             continue
         one = replace(alts.all, alternatives=tuple(group)) if len(groups) > 1 else alts.within
         plan = plan_preemption(work, item.request, candidates, priority=item.priority, queue=item.queue,
                                config=config, now=now, policy=policy, in_flight=in_flight, demand=demand,
-                               resolved=one, give_up_early=n + 1 < len(groups))
+                               resolved=one, give_up_early=n + 1 < len(groups), fair=fair)
         if isinstance(plan, PreemptionPlan):
             if n:  # its text names the choice (preemption's ``what``); say why not an earlier one
                 plan = replace(plan, reason=Reason(plan.reason.cause, f"{plan.reason.text}; no preemption within "
@@ -406,7 +371,8 @@ def _window_text(window: WindowStatus | None, queue: str) -> str:
     return f"set by time window {window.window.describe()}{until}"
 def _gang_step(work: ClusterSnapshot, members: list[PendingItem], pos: int, holding: Sequence[Lease],
                config: SchedulerConfig, now: float, policy: PlacementPolicy, usage: dict[str, float], taken: set[str],
-               grants: list[Grant], preemptions: list[Preemption], waiting: list[Waiting]) -> ClusterSnapshot:
+               grants: list[Grant], preemptions: list[Preemption], waiting: list[Waiting],
+               fc: FairCycle) -> ClusterSnapshot:
     """Step 2 for a gang's pending workers, all at once: every worker granted (cause ``placed.gang``) or
     none; a preemption planned for the whole gang; else each worker waits, saying on what. Returns the
     working snapshot with what was granted."""
@@ -436,15 +402,23 @@ def _gang_step(work: ClusterSnapshot, members: list[PendingItem], pos: int, hold
         return work
     demand = sum(m.demand for m in members)
     _, q = config.queue(first.queue) if first.queue in config.queues else ("", None)
-    over_quota = q is not None and q.quota_gpus is not None and usage.get(first.queue, 0.0) + demand > q.quota_gpus
+    quota = fc.quota(first.queue, q)
+    over_quota = quota is not None and usage.get(first.queue, 0.0) + demand > quota + _EPS
+    room, which = fc.headroom(first.queue, usage)
+    if demand > room + _EPS:
+        wait_all(Reason(Cause.WAIT_LIMIT, f"queue {which}'s limit of {config.queues[which].limit_gpus:g} GPUs leaves "
+                        f"{max(room, 0.0):g} for queue {first.queue}, and the gang asks {demand:g}"))
+        return work
     if over_quota and q is not None and not q.borrowing:
-        wait_all(Reason(Cause.WAIT_QUOTA, f"queue {first.queue} is at its quota of {q.quota_gpus:g} GPUs and does not borrow"))
+        wait_all(Reason(Cause.WAIT_QUOTA, f"queue {first.queue} is at its quota of {quota:g} GPUs and does not borrow"))
         return work
     gang = spec.gang(first.request)
-    res = place_gang(work, gang, policy)
+    view = fc.view(work, first)
+    res = place_gang(view, gang, policy)
     if isinstance(res, GangPlacement):
         work = res.apply(work)
         usage[first.queue] = usage.get(first.queue, 0.0) + demand
+        fc.granted(first.queue, demand)
         cause = Cause.PLACED_GANG if not over_quota else Cause.PLACED_BORROWING
         for m, p in zip(members, res.placements):
             text = f"worker {m.gang.index} of {label}: {p.reason.text}; {res.reason.text}"  # type: ignore[union-attr]
@@ -459,24 +433,32 @@ def _gang_step(work: ClusterSnapshot, members: list[PendingItem], pos: int, hold
         return work
     if any(m.nominated for m in members):
         usage[first.queue] = usage.get(first.queue, 0.0) + demand  # what is being freed for it counts
+        fc.granted(first.queue, demand)
         wait_all(Reason(Cause.WAIT_VICTIMS, "waiting for the leases being preempted for its gang to be released"),
                  res.unschedulable, res.worker_reason)
         return work
+    def fits(sim: ClusterSnapshot) -> bool:
+        return isinstance(place_gang(sim, gang, policy), GangPlacement)
     if over_quota:
-        wait_all(Reason(Cause.WAIT_BORROW_ONLY, f"{res.message}; queue {first.queue} is over its quota, "
-                        "so it only borrows idle capacity and preempts nothing"), res.unschedulable, res.worker_reason)
+        why = Reason(Cause.WAIT_BORROW_ONLY, f"{res.message}; queue {first.queue} is over its quota, "
+                     "so it only borrows idle capacity and preempts nothing")
+        wait_all(_reserved(fc, work, holding, first, now, why, fits) or why, res.unschedulable, res.worker_reason)
         return work
     candidates = [lease for lease in holding if lease.lease_id not in taken]
-    plan = plan_gang_preemption(work, gang, candidates, priority=first.priority, queue=first.queue, config=config,
-                                now=now, policy=policy, in_flight=frozenset(taken), demand=demand)
+    plan = plan_gang_preemption(view, gang, candidates, priority=first.priority, queue=first.queue, config=config,
+                                now=now, policy=policy, in_flight=frozenset(taken), demand=demand,
+                                fair=fc.plans_fair())
     if isinstance(plan, PreemptionPlan):
         usage[first.queue] = usage.get(first.queue, 0.0) + demand
         for v in plan.victims:
             taken.add(v.lease_id)
             # One preemption per victim, for the gang's first worker: the head asks it once.
             preemptions.append(Preemption(v, first.item_id, v.reason))
+        fc.planned(first.queue, demand, plan.victims)
         wait_all(plan.reason, res.unschedulable, res.worker_reason, would=tuple(v.lease_id for v in plan.victims))
     else:
         assert isinstance(plan, NoPreemption)
-        wait_all(Reason(Cause.WAIT_NO_FIT, res.message), res.unschedulable, res.worker_reason, blocked=plan.reason)
+        why = Reason(Cause.WAIT_NO_FIT, res.message)
+        wait_all(_reserved(fc, work, holding, first, now, why, fits) or why, res.unschedulable, res.worker_reason,
+                 blocked=plan.reason)
     return work

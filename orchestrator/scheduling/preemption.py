@@ -60,6 +60,7 @@ from orchestrator.core.reasons import Cause, Reason, ReasonFields
 from orchestrator.core.request import GpuRequest, ResolvedRequest
 from orchestrator.core.gang_request import GangRequest
 from orchestrator.scheduling.engine import Placement, place
+from orchestrator.scheduling.fairshare import FairShares, Resources, lease_resources, reclaim_block
 from orchestrator.scheduling.gang import GangPlacement, place_gang
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot
@@ -150,8 +151,11 @@ def _borrowed(lease: Lease, queue: str, config: SchedulerConfig, usage: dict[str
 
 
 def ineligibility(lease: Lease, *, priority: int, queue: str, config: SchedulerConfig, now: float,
-                  in_flight: frozenset[str], usage: dict[str, float], demand: float) -> Reason | None:
-    """Why ``lease`` may not be preempted for this requester (an ``ineligible.*`` cause); None when it may."""
+                  in_flight: frozenset[str], usage: dict[str, float], demand: float,
+                  fair: FairShares | None = None, asks: Resources | None = None) -> Reason | None:
+    """Why ``lease`` may not be preempted for this requester (an ``ineligible.*`` cause); None when it may.
+    ``fair``: the cycle's fair shares when fairness reclaims: a lease of the requester's priority is then
+    eligible when :func:`~.fairshare.reclaim_block` allows taking it for a request asking ``asks``."""
     if lease.state is LeaseState.CHECKPOINTING or lease.lease_id in in_flight:
         return Reason(Cause.INELIGIBLE_IN_FLIGHT, "already being preempted")
     if not lease.holding or lease.allocation is None:
@@ -162,7 +166,15 @@ def ineligibility(lease: Lease, *, priority: int, queue: str, config: SchedulerC
     _, own_q = config.queue(queue) if queue in config.queues else ("", None)
     within_own = own_q is None or own_q.quota_gpus is None or usage.get(queue, 0.0) + demand <= own_q.quota_gpus
     if lease.priority >= priority and not (_borrowed(lease, queue, config, usage) and within_own):
-        return Reason(Cause.INELIGIBLE_PRIORITY, f"priority {lease.priority} is not lower than {priority}")
+        if fair is None:
+            return Reason(Cause.INELIGIBLE_PRIORITY, f"priority {lease.priority} is not lower than {priority}")
+        if lease.priority > priority:
+            return Reason(Cause.INELIGIBLE_PRIORITY, f"priority {lease.priority} is higher than {priority}: fair "
+                          "share moves capacity between work of one priority only")
+        block = reclaim_block(fair, victim_queue=lease.queue, victim=lease_resources(lease), requester_queue=queue,
+                              asks=asks or Resources(demand))
+        if block is not None:
+            return Reason(block.cause, f"priority {lease.priority} is not lower than {priority}, and {block.text}")
     if cls is not None and cls.min_runtime_s:
         ran = now - (lease.started_at if lease.started_at is not None else now)
         if ran < cls.min_runtime_s:
@@ -177,11 +189,13 @@ Fits = Callable[[ClusterSnapshot], "Placement | GangPlacement | None"]
 def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Sequence[Lease], *, priority: int,
                     queue: str, config: SchedulerConfig, now: float, policy: PlacementPolicy,
                     in_flight: frozenset[str] = frozenset(), demand: float = 0.0,
-                    resolved: ResolvedRequest | None = None, give_up_early: bool = False) -> PreemptionPlan | NoPreemption:
+                    resolved: ResolvedRequest | None = None, give_up_early: bool = False,
+                    fair: FairShares | None = None) -> PreemptionPlan | NoPreemption:
     """Plan the minimal preemption that admits ``request``; see the module docstring. ``resolved``: the
     alternatives it may land on (default: all of the request's; the cycle passes one choice's, within its
     queue's quota); ``give_up_early``: first check that releasing every eligible victim would make room (one
-    placement instead of one per victim when nothing would: for a choice that is likely not to fit)."""
+    placement instead of one per victim when nothing would: for a choice that is likely not to fit); ``fair``:
+    the cycle's fair shares when fairness reclaims (:func:`ineligibility`)."""
     def fits(sim: ClusterSnapshot) -> Placement | None:
         res = place(sim, request, policy, resolved=resolved)
         return res if isinstance(res, Placement) else None
@@ -189,20 +203,22 @@ def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Seq
     if resolved is not None and request.fallback and len({a.choice for a in resolved.alternatives}) == 1:
         alt = resolved.alternatives[0]  # one choice of a chain: name it, and which it is
         what = f"{request.choices[alt.choice].describe()} ({alt.reason.split(':', 1)[0]})"
+    asks = Resources(demand, float(request.cpu_milli), float(request.host_memory_mib))
     return _plan(snapshot, fits, what, holding, priority=priority, queue=queue, config=config, now=now,
-                 in_flight=in_flight, demand=demand, give_up_early=give_up_early)
+                 in_flight=in_flight, demand=demand, give_up_early=give_up_early, fair=fair, asks=asks)
 
 
 def plan_gang_preemption(snapshot: ClusterSnapshot, gang: GangRequest, holding: Sequence[Lease], *, priority: int,
                          queue: str, config: SchedulerConfig, now: float, policy: PlacementPolicy,
-                         in_flight: frozenset[str] = frozenset(), demand: float = 0.0) -> PreemptionPlan | NoPreemption:
+                         in_flight: frozenset[str] = frozenset(), demand: float = 0.0,
+                         fair: FairShares | None = None) -> PreemptionPlan | NoPreemption:
     """The minimal preemption that admits every worker of ``gang`` at once (:func:`~.gang.place_gang` on the
     simulated snapshot is the fit test): the same algorithm, the same victim order."""
     def fits(sim: ClusterSnapshot) -> GangPlacement | None:
         res = place_gang(sim, gang, policy)
         return res if isinstance(res, GangPlacement) else None
     return _plan(snapshot, fits, gang.describe(), holding, priority=priority, queue=queue, config=config, now=now,
-                 in_flight=in_flight, demand=demand)
+                 in_flight=in_flight, demand=demand, fair=fair, asks=Resources(demand))
 
 
 def victim_units(eligible: Sequence[Lease], ineligible: list[tuple[str, Reason]],
@@ -249,14 +265,15 @@ def unit_order_key(unit: Sequence[Lease], now: float) -> tuple:
 
 def _plan(snapshot: ClusterSnapshot, fits: Fits, what: str, holding: Sequence[Lease], *, priority: int,
           queue: str, config: SchedulerConfig, now: float, in_flight: frozenset[str],
-          demand: float, give_up_early: bool = False) -> PreemptionPlan | NoPreemption:
+          demand: float, give_up_early: bool = False, fair: FairShares | None = None,
+          asks: Resources | None = None) -> PreemptionPlan | NoPreemption:
     """Steps 1-4 of the module docstring over victims of one or more leases (:func:`victim_units`)."""
     usage = queue_usage(holding)
     eligible: list[Lease] = []
     ineligible: list[tuple[str, Reason]] = []
     for lease in holding:
         why = ineligibility(lease, priority=priority, queue=queue, config=config, now=now, in_flight=in_flight,
-                            usage=usage, demand=demand)
+                            usage=usage, demand=demand, fair=fair, asks=asks)
         if why is None:
             eligible.append(lease)
         else:
@@ -312,7 +329,7 @@ def _plan(snapshot: ClusterSnapshot, fits: Fits, what: str, holding: Sequence[Le
         Victim(lease.lease_id, lease.owner, lease.priority, lease.priority_class, lease.queue, lease.gpus_held,
                work_lost_gpu_s(lease, now), lease.restore_estimate_s,
                lease.started_at if lease.started_at is not None else 0.0,
-               reason=_victim_reason(lease, what, priority, now, landing, config, usage))
+               reason=_victim_reason(lease, what, priority, now, landing, config, usage, queue, fair))
         for unit in chosen for lease in unit
     )
     n_eligible = sum(len(u) for u in units)
@@ -336,7 +353,8 @@ def _grouped(ineligible: Sequence[tuple[str, Reason]]) -> str:
 
 
 def _victim_reason(lease: Lease, what: str, priority: int, now: float, landing: str,
-                   config: SchedulerConfig, usage: dict[str, float]) -> Reason:
+                   config: SchedulerConfig, usage: dict[str, float], queue: str = "",
+                   fair: FairShares | None = None) -> Reason:
     """Why an eligible lease is a victim: a lower priority, or else (it was eligible only so) capacity
     its queue borrowed beyond its quota, taken back for a requester within its own."""
     a = lease.allocation
@@ -347,6 +365,12 @@ def _victim_reason(lease: Lease, what: str, priority: int, now: float, landing: 
     if lease.priority < priority:
         return Reason(Cause.VICTIM_PRIORITY, f"{lease.priority_class or 'priority'} {lease.priority} < {priority}: {need}")
     quota = config.queues[lease.queue].quota_gpus
+    mine, theirs = (fair.line(lease.queue), fair.line(queue)) if fair is not None else (None, None)
+    if mine is not None and theirs is not None and not (quota is not None and usage.get(lease.queue, 0.0) > quota):
+        return Reason(Cause.VICTIM_FAIRSHARE,
+                      f"fair share: queue {lease.queue} holds {mine.used_gpus:g} GPUs, above its fair share of "
+                      f"{mine.fair_share_gpus:.3g}; queue {queue} holds {theirs.used_gpus:g}, below its "
+                      f"{theirs.fair_share_gpus:.3g} (it checkpoints and resumes later): {need}")
     return Reason(Cause.VICTIM_RECLAIM,
                   f"reclaimed: queue {lease.queue} holds {usage.get(lease.queue, 0.0):g} GPUs, beyond its quota of "
                   f"{quota:g}, and the requester's queue is within its own (priority {lease.priority} is not lower "
