@@ -74,6 +74,8 @@ from orchestrator.core.lease import LeaseState, key_matches
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
 from orchestrator.scheduling.engine import warm
+from orchestrator.scheduling.fair_cycle import capacity_of
+from orchestrator.scheduling.fairshare import DecayedUsage, FairShares, Resources, compute, usage_by_queue
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 from orchestrator.scheduling.windows import WindowStatus, effective_config, window_status
@@ -117,6 +119,8 @@ class HeadController:
         self._last_reconcile = float("inf")  # no cycle yet: nothing to forgive
         self._last_prune = float("-inf")
         self._last_holder_check = float("-inf")
+        self._decayed = DecayedUsage()  # each queue's usage history, for the fair-share order (fairness on)
+        self.last_shares: FairShares | None = None  # the last cycle's fair shares (fairness on)
 
     # ---- persistence ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -269,8 +273,30 @@ class HeadController:
                  for e in pending]
         in_flight = frozenset(e.lease_id for e in checkpointing)
         window = self.window() if self.sched_config.windows else None
-        return schedule(self._snapshot, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
-                        now, self.policy, in_flight=in_flight, window=window, usage=self.ledger.queue_usage())
+        fairness = self.sched_config.fairness
+        if fairness.enabled:  # usage since the last cycle, as dominant shares of the cluster's GPUs
+            cap = max(self.capacity_gpus(), 1e-9)
+            self._decayed = self._decayed.advance(now, {q: g / cap for q, g in self.ledger.queue_usage().items()},
+                                                  fairness.half_life_s)
+        plan = schedule(self._snapshot, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
+                        now, self.policy, in_flight=in_flight, window=window, usage=self.ledger.queue_usage(),
+                        decayed=self._decayed.usage if fairness.enabled else None)
+        if plan.shares is not None:
+            self.last_shares = plan.shares
+        return plan
+
+    def queue_tree(self) -> list[dict[str, Any]]:
+        """Every queue of the tree with its guarantee, weight, limit, what it holds and asks, its fair share and
+        why it stands where it does (fairness off: the same rows, the fair share computed as if it were on)."""
+        holding = [e.lease for e in self.ledger.holding()]
+        used = usage_by_queue(holding)
+        asked = dict(used)
+        for e in self.ledger.in_state(LeaseState.PENDING):
+            r = e.spec.request
+            asked[e.spec.queue] = asked.get(e.spec.queue, Resources()) + Resources(r.gpu_demand, float(r.cpu_milli),
+                                                                                    float(r.host_memory_mib))
+        shares = compute(self._window_cfg, capacity_of(self._snapshot), used, asked, self._decayed.usage)
+        return [line.to_json() for line in shares.lines.values()]
 
     # ---- time windows ----------------------------------------------------------------------------
     def capacity_gpus(self) -> float:
@@ -314,6 +340,8 @@ class HeadController:
                           now=self.clock())
         if self.sched_config.windows:
             st["head"]["window"] = self.window().to_json()
+        st["queues"] = self.queue_tree()
+        st["head"]["fairness"] = self.sched_config.fairness.enabled
         return st
 
     def snapshot(self) -> ClusterSnapshot:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from orchestrator.control import preempting, revocation
 from orchestrator.control.ledger import LedgerEntry
 from orchestrator.control.reconcile_report import ReconcileReport
+from orchestrator.core import credentials
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
 
@@ -50,7 +51,9 @@ def request_lease(ctl: HeadController, data: LeaseRequest | Mapping[str, Any]) -
                                       detail="that id already names a different request")
         return spec.lease_id
     class_name, pclass = ctl.sched_config.priority_class(spec.priority_class or None)
-    ctl.sched_config.queue(spec.queue)
+    ctl.sched_config.leaf_queue(spec.queue)
+    who = credentials.current()
+    ctl.sched_config.check_submitter("request_lease", spec.queue, who.user, who.trusted)
     return ctl.enqueue(spec, class_name, pclass.priority)
 
 

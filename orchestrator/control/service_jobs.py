@@ -25,7 +25,7 @@ import dataclasses
 import logging
 from typing import Any, Callable, Mapping
 
-from orchestrator.control.controller import ReconcileReport
+from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.control.jobs import Chore, JobManager, RaySubmission
 from orchestrator.core import credentials
 from orchestrator.core.api import Caller, Json
@@ -50,13 +50,16 @@ class JobMethods:
     """The job-facing methods of :class:`~orchestrator.control.service.HeadService`; see the module docstring."""
 
     jobs: JobManager  # set by HeadService.__init__
+    ctl: HeadController  # set by HeadService.__init__
     _planned: Callable[[Begun], Json]  # HeadService's: begun, planned by the fast grant path, finished
 
     def submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Json:
         return self._planned(self._begin_submit_job(spec, job_id))
 
     def _begin_submit_job(self, spec: Mapping[str, Any], job_id: str | None = None) -> Begun:
-        d = self.jobs.submit(JobSpec.parse(spec), job_id, owner=credentials.current().user)
+        parsed, who = JobSpec.parse(spec), credentials.current()
+        self.ctl.sched_config.check_submitter("submit_job", parsed.queue, who.user, who.trusted)
+        d = self.jobs.submit(parsed, job_id, owner=who.user)
 
         def finish(report: ReconcileReport) -> Json:
             if not report.granted:

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from orchestrator.core import validation
 from orchestrator.core.clock import DAY_S, format_hhmm, parse_hhmm
-from orchestrator.core.errors import ConfigError
+from orchestrator.core.errors import ConfigError, PermissionDeniedError
 from orchestrator.core.yamlfile import read_yaml
 
 
@@ -280,6 +280,13 @@ class SchedulerConfig(_Frozen):
                 named.append(self.queues[q].submitters)
             q = self.queues[q].parent
         return not named or any(user is not None and user in names for names in named)
+
+    def check_submitter(self, method: str, queue: str | None, user: str | None, trusted: bool) -> None:
+        """Refuse (:class:`PermissionDeniedError`) a submission to ``queue`` the caller may not make
+        (:meth:`may_submit`); the error names the queue, never whose key would do."""
+        key = queue or "default"
+        if key in self.queues and not self.may_submit(key, user, trusted):
+            raise PermissionDeniedError(method, f"the submitters of queue {key} or an administrator", target=key)
 
     def aging_cap(self, priority: int) -> float:
         """The highest effective priority a job of ``priority`` can age to: just below the next class."""

@@ -174,6 +174,6 @@ def check_submission(request: GpuRequest, priority: str | None, queue: str | Non
                      snapshot: ClusterSnapshot) -> tuple[str, PriorityClass]:
     """All refusals for a submission; returns the resolved (class name, class)."""
     name, cls = config.priority_class(priority)
-    config.queue(queue)
+    config.leaf_queue(queue)
     check_request(request, snapshot)
     return name, cls
