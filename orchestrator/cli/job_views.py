@@ -189,6 +189,18 @@ def queue_table(queue: list[dict[str, Any]]) -> Any:
     return t
 
 
+def queues_table(queues: list[dict[str, Any]]) -> Any:
+    """The queue tree, indented by depth: guarantee, weight, limit, used, asked, fair share and why. Pure."""
+    t = _table(f"queues ({len(queues)})", "QUEUE", "GUARANTEE", "WEIGHT", "LIMIT", "USED", "ASKED", "FAIR SHARE",
+               "WHY")
+    for q in queues:
+        limit = q.get("limit_gpus")
+        _row(t, "  " * int(q.get("depth", 0)) + q["queue"], f"{q.get('guarantee_gpus', 0):g}", f"{q.get('weight', 1):g}",
+             "-" if limit is None else f"{limit:g}", f"{q.get('used_gpus', 0):g}", f"{q.get('asked_gpus', 0):g}",
+             f"{q.get('fair_share_gpus', 0):.3g}", q.get("reason") or "")
+    return t
+
+
 def nodes_table(nodes: list[dict[str, Any]]) -> Any:
     """One row per GPU; a "K8S LABELS" column when the head has a Kubernetes cross-check ('' where a node agrees)."""
     from rich.text import Text

@@ -36,7 +36,7 @@ import typer
 
 from orchestrator.cli.job_views import (
     WATCH_POLL_S, _console, _real_stdout, _sleep_between_reads, _stop_signals_interrupt, jobs_table, leases_table,
-    nodes_table, queue_table, render_explain, watch_jobs, watch_line,
+    nodes_table, queue_table, queues_table, render_explain, watch_jobs, watch_line,
 )
 from orchestrator.cli.options import (
     ConnectTimeout, OldNamespace, Output, RayNamespace, connect_timeout, emit, output_format, ray_namespace,
@@ -370,11 +370,27 @@ def leases(as_json: AsJson = False, output: Output = None, address: Address = No
 
 @app.command("queue", epilog=EXIT_CODES)
 def queue_cmd(as_json: AsJson = False, output: Output = None, address: Address = None,
+              tree: bool = typer.Option(False, "--tree", help="Only the queue tree with fair shares"),
               namespace: RayNamespace = None, old_namespace: OldNamespace = None,
               state_dir: StateDir = None, connect_timeout_s: ConnectTimeout = None) -> None:
-    """Pending leases in the order the scheduler considers them, each with why it waits."""
+    """The queue tree (each queue's guarantee, weight, limit, usage, fair share and why), then the pending
+    leases in the order the scheduler considers them, each with why it waits. --tree: the tree alone (its JSON
+    with --json; without --tree the JSON is the pending list, as before)."""
     fmt, namespace = _grammar(output, as_json, namespace, old_namespace)
+    if tree:
+        _show(lambda c: c.queues(), queues_table, address, namespace, state_dir, fmt, connect_timeout_s)
+        return
+    if fmt == "table":
+        _show(lambda c: (c.queues(), c.queue()), lambda d: _both(queues_table(d[0]), queue_table(d[1])), address,
+              namespace, state_dir, fmt, connect_timeout_s)
+        return
     _show(lambda c: c.queue(), queue_table, address, namespace, state_dir, fmt, connect_timeout_s)
+
+
+def _both(*tables: Any) -> Any:
+    from rich.console import Group
+
+    return Group(*tables)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -133,6 +133,11 @@ class Client:
         """Pending leases in the order the scheduler considers them, each with why it waits."""
         return self.head.status()["queue"]
 
+    def queues(self) -> list[dict[str, Any]]:
+        """The queue tree, parents before children: each queue's guarantee, weight, limit, what it holds and
+        asks, its fair share and why it stands where it does (``cause`` ``fair.*``)."""
+        return self.head.status().get("queues", [])
+
 
 class JobHandle:
     """One submitted job. ``info`` is the job dict last seen (``Job.to_dict()`` plus its ``lease``)."""

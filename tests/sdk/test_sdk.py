@@ -195,6 +195,24 @@ def test_jobs_nodes_leases_and_queue(client: Client, head: InProcessHead) -> Non
     assert "l-1" in [le["lease_id"] for le in client.leases()]
     head.wait_for(lambda: any(q["why_pending"] for q in client.queue()), 10, "a reason for the waiting job")
     assert [q["owner"] for q in client.queue()] == [f"job:{a.job_id}"]  # l-1 fits, so it is not queued
+    tree = {q["queue"]: q for q in client.queues()}
+    assert tree["default"]["asked_gpus"] >= 4 and tree["default"]["cause"].startswith("fair.")
+
+
+def test_the_queue_tree_table_indents_children_and_says_why() -> None:
+    from rich.console import Console
+
+    from orchestrator.cli.job_views import queues_table
+
+    rows = [{"queue": "org", "depth": 0, "guarantee_gpus": 2, "weight": 1, "limit_gpus": None, "used_gpus": 6,
+             "asked_gpus": 8, "fair_share_gpus": 4, "reason": "queue org holds 6 GPUs, above its fair share of 4"},
+            {"queue": "team", "depth": 1, "guarantee_gpus": 0, "weight": 3, "limit_gpus": 5, "used_gpus": 6,
+             "asked_gpus": 8, "fair_share_gpus": 4, "reason": "below"}]
+    console = Console(width=200, record=True)
+    console.print(queues_table(rows))
+    text = console.export_text()
+    assert "\norg " in text and "\n  team " in text  # the child indented under its parent
+    assert "above its fair share of 4" in text and " 5 " in text
 
 
 # ---- the lease block -----------------------------------------------------------------------------
