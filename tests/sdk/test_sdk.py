@@ -211,7 +211,7 @@ def test_the_queue_tree_table_indents_children_and_says_why() -> None:
     console = Console(width=200, record=True)
     console.print(queues_table(rows))
     text = console.export_text()
-    assert "\norg " in text and "\n  team " in text  # the child indented under its parent
+    assert "\n org " in text and "\n   team " in text  # the child indented under its parent
     assert "above its fair share of 4" in text and " 5 " in text
 
 
