@@ -60,6 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.control import agent_link, leasing, repartition_hooks, revocation, victims, views
 from orchestrator.control.agent_link import node_gpu_uuids
+from orchestrator.control.demand import demand_of
 from orchestrator.control.handout import lease_handout
 from orchestrator.control.ledger import Ledger, LedgerEntry
 from orchestrator.control.nodes import NodeRegistry
@@ -342,6 +343,7 @@ class HeadController:
             st["head"]["window"] = self.window().to_json()
         st["queues"] = self.queue_tree()
         st["head"]["fairness"] = self.sched_config.fairness.enabled
+        st["autoscaler_demand"] = demand_of(self.ledger, self.settings.tuning.autoscaler_demand_max_bundles).to_json()
         return st
 
     def snapshot(self) -> ClusterSnapshot:

@@ -56,6 +56,7 @@ from pydantic import ValidationError
 from orchestrator.control import edge, revocation
 from orchestrator.control.controller import HeadController, ReconcileReport
 from orchestrator.control.curves import CurveHistory
+from orchestrator.control.demand import Demand, demand_of
 from orchestrator.control.heap import HeapAction, HeapState, decide as decide_heap
 from orchestrator.control.inventory_check import InventoryCheck
 from orchestrator.control.jobs import JobManager, JobRunner
@@ -236,6 +237,11 @@ class HeadService(JobMethods, ClusterMethods):
         for node, items in self.ctl.repartitions.agent_work().items():  # a MIG layout to apply
             work.setdefault(node, set()).update(items)
         return work
+
+    def autoscaler_demand(self) -> Demand:
+        """What the head asks Ray's autoscaler for now (:func:`~orchestrator.control.demand.demand_of`, at most
+        ``settings.tuning.autoscaler_demand_max_bundles`` pending bundles); the head actor sends it."""
+        return demand_of(self.ctl.ledger, self.settings.tuning.autoscaler_demand_max_bundles)
 
     # ---- leases --------------------------------------------------------------------------------
     def request_lease(self, lease_request: Mapping[str, Any]) -> str:

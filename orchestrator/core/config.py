@@ -168,6 +168,16 @@ class Tuning(_Frozen):
         gt=0, le=3600, description="How long a lease's capacity stays lent (its own group removed so that a "
         "placement group its holder makes lands there) before the agent makes the lease's own group again: time "
         "for a holder (Ray Train, Tune, Serve) to make its group, against capacity held by nobody meanwhile")] = 30.0
+    # ---- the cluster's autoscaler (settings.autoscaler_demand) -------------------------------------------
+    autoscaler_demand_every_s: Annotated[float, Field(
+        gt=0, le=3600, description="How often the head looks at the queue's demand for nodes and, if it changed "
+        "since Ray last took it, sends it to Ray's autoscaler (request_resources; a failed send is tried again a "
+        "period later): a grown queue seen by the autoscaler sooner, against a walk of the queue and the held "
+        "leases and a GCS write each time")] = 5.0
+    autoscaler_demand_max_bundles: Annotated[int, Field(
+        gt=0, le=10_000, description="The most bundles the demand asks for pending leases, the front of the queue "
+        "first (the held cards' bundles, one per busy node, come on top): a long queue asked for at once, "
+        "against more nodes launched for work that may find room before they are up")] = 100
 
     @model_validator(mode="after")
     def _first_within_max(self) -> "Tuning":
@@ -200,6 +210,11 @@ class RuntimeSettings(_Frozen):
         default=True, description="The head serves its quick calls (the grant path) over gRPC beside Ray's actor "
         "calls, at its node's address (TLS off loopback) with a per-incarnation token given out through Ray "
         "(docs/load.md); clients that cannot reach it call the actor. false: actor calls only")
+    autoscaler_demand: bool = Field(
+        default=True, description="The head asks Ray's autoscaler (ray.autoscaler.sdk.request_resources, which "
+        "KubeRay's autoscaler reads too) for the nodes its pending leases need, so a cluster that can grow does "
+        "(docs/runtime.md, 'Growing the cluster'); where no autoscaler runs the request is only recorded. It "
+        "replaces any other caller's request: false where something else owns request_resources")
     metrics_gauges_every_s: Annotated[float, Field(
         ge=0, le=60, description="The head's GPU gauges (allocated, per GPU, per lease) are refreshed at most this "
         "often; counters and lease counts every cycle (0: every cycle)")] = 0.25

@@ -34,7 +34,11 @@ loop:
   (:meth:`HeadActor._answer_batches`, then the group commit), at about a tenth of a Ray call's cost each;
 * waking a node's agent when the head has a checkpoint to ask for or a lease to
   revoke there (:meth:`HeadService.agent_work`), so the
-  agent acts within a call's latency instead of a heartbeat interval.
+  agent acts within a call's latency instead of a heartbeat interval;
+* the queue's demand for nodes sent to Ray's autoscaler (``settings.autoscaler_demand``,
+  :meth:`HeadActor._tell_autoscaler`): looked at every ``tuning.autoscaler_demand_every_s``, sent off the loop
+  (one thread) only when it changed since Ray last took it; a failed send is logged and sent again a period
+  later, and never stops the loop.
 
 Its public methods are made from :data:`orchestrator.core.api.HEAD_METHODS`,
 one per method of :class:`~orchestrator.core.api.HeadApi`, each answering
@@ -54,6 +58,7 @@ import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
+from orchestrator.control.demand import DemandPacer
 from orchestrator.control.edge import check_args, check_batch
 from orchestrator.control.journal import Journal
 from orchestrator.control.jobs import AdmissionOnlyRunner, JobApiCall, take_due
@@ -162,6 +167,10 @@ class HeadActor:
         self._home = asyncio.get_event_loop()  # the loop the cycle task runs on
         self._job_api = ThreadPoolExecutor(1, thread_name_prefix="rgo-job-api")  # Ray's job API, off the loop
         self._job_logs = ThreadPoolExecutor(1, thread_name_prefix="rgo-job-logs")  # log reads, off the loop too
+        # the demand for nodes: when it is looked at and sent (None: settings.autoscaler_demand off), and the
+        # thread that sends it (a GCS write: off the loop)
+        self._demand = DemandPacer(tuning.autoscaler_demand_every_s) if s.autoscaler_demand else None
+        self._autoscaler = ThreadPoolExecutor(1, thread_name_prefix="rgo-autoscaler")
         self._task = self._home.create_task(self._loop())
         # The grant path's own door (:mod:`.channel`, gRPC): the same batches as call_many, without Ray's per-call cost.
         self.direct = (HeadChannel(self._answer_batches, self.commit.durable, secrets.token_urlsafe(32),
@@ -214,6 +223,7 @@ class HeadActor:
             self.service.cycle_safely()
             self._wake_agents()
             self._notify()
+            self._tell_autoscaler()
             if idle or self.service.launch_due():
                 await self.commit.durable()  # what the cycle admitted is in the GCS: now start it
                 launch_off_loop(self.service, self._job_api, self._home, self._answered)
@@ -226,6 +236,41 @@ class HeadActor:
             except asyncio.TimeoutError:
                 idle = True
             self._wake.clear()
+
+    def _tell_autoscaler(self) -> None:
+        """Send the queue's demand for nodes to Ray's autoscaler when the pacer says it is time and it changed
+        (:class:`~orchestrator.control.demand.DemandPacer`): computed on the loop, sent on its own thread, the
+        outcome handed back to the pacer on the loop. A failure is logged, never raised: the loop goes on, and
+        the pacer sends the demand again at its next look."""
+        pacer, now = self._demand, time.monotonic()
+        if pacer is None or not pacer.due(now):
+            return
+        try:
+            demand = self.service.autoscaler_demand()
+        except Exception:
+            pacer.last_look = now  # the look is spent: the next one comes a period later
+            log.exception("head: the demand for nodes could not be computed; tried again in %gs", pacer.every_s)
+            return
+        shapes = demand.shapes()
+        if not pacer.look(shapes, now):
+            return
+        if demand.left_out:
+            log.info("head: %d pending bundle(s) over autoscaler_demand_max_bundles left out of the demand",
+                     demand.left_out)
+
+        def sent(fut: asyncio.Future[None]) -> None:
+            try:
+                fut.result()
+            except BaseException as e:
+                log.warning("head: Ray's autoscaler did not take the demand (%d bundles): %s: %s; tried again in %gs",
+                            len(shapes), type(e).__name__, e, pacer.every_s)
+                pacer.done(time.monotonic(), f"{type(e).__name__}: {e}")
+                return
+            pacer.done(time.monotonic())
+            log.info("head: asked Ray's autoscaler for %d bundle(s)", len(shapes))
+
+        bundles = [dict(shape) for shape in shapes]
+        self._home.run_in_executor(self._autoscaler, ray_api.request_resources, bundles).add_done_callback(sent)
 
     def _answered(self) -> None:
         """After the job API's answer was applied: wake the loop only if it has work now

@@ -50,7 +50,7 @@ def test_nothing_answers_a_method_the_declaration_lacks() -> None:
     helpers = {"cycle", "cycle_safely", "lease_settled", "lease_timeout", "agent_work", "grant_now",
                "activate_settled", "take_submissions", "send_submission", "submission_sent", "job_log_source",
                "read_job_log", "take_chores", "send_chore", "chore_done", "request_lease_now", "begin", "plan_begun",
-               "launch_due", "loop_due", "caller", "check_lease_key", "check_job_owner"}
+               "launch_due", "loop_due", "caller", "check_lease_key", "check_job_owner", "autoscaler_demand"}
     # (the service's own, used by the actor and in-process)
     assert public - helpers == set(HEAD_METHODS)
 

@@ -60,7 +60,7 @@ def test_a_tuning_knob_is_set_by_its_variable_over_the_file(tmp_path) -> None:
 
 def test_the_defaults_are_the_module_constants_they_replace() -> None:
     """Default settings change nothing: each knob's default is what its module read before (kept importable)."""
-    from orchestrator.control import controller, curves, heap, service
+    from orchestrator.control import controller, curves, demand, heap, service
     from orchestrator.control.jobs import executor, manager
     from orchestrator.rayport import agent, channel, holds, store
     from orchestrator.rayport.ray_api import job_api
@@ -81,7 +81,9 @@ def test_the_defaults_are_the_module_constants_they_replace() -> None:
              (holds.PLACE_TIMEOUT_S, 10.0, t.hold_place_timeout_s), (holds.RETURN_WAIT_S, 2.0, t.hold_return_wait_s),
              (holds.LEND_TIMEOUT_S, 30.0, t.lend_timeout_s), (job_api.JOB_API_TIMEOUT_S, 30.0, t.job_api_timeout_s),
              (job_api.ID_REUSE_QUIET_S, 10.0, t.id_reuse_quiet_s),
-             (job_api.STATUS_READ_TIMEOUT_S, 5.0, t.status_read_timeout_s)]
+             (job_api.STATUS_READ_TIMEOUT_S, 5.0, t.status_read_timeout_s),
+             (demand.EVERY_S, 5.0, t.autoscaler_demand_every_s),  # new knobs: their constants are their defaults
+             (demand.MAX_BUNDLES, 100, t.autoscaler_demand_max_bundles)]
     assert all(const == before == now for const, before, now in pairs)
     assert len(pairs) == len(Tuning.model_fields)
 

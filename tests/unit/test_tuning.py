@@ -21,7 +21,8 @@ TUNED = Tuning(holder_check_every_s=5.0, tables_every_s=7.0, job_status_poll_s=3
                submit_backoff_first_s=4.0, submit_backoff_max_s=9.0, commit_retry_first_s=0.5, commit_retry_max_s=1.5,
                channel_window_s=0.002, channel_max_wait_s=0.02, channel_call_grace_s=12.0,
                hold_place_timeout_s=3.0, hold_return_wait_s=0.5, lend_timeout_s=8.0, job_api_timeout_s=4.0,
-               id_reuse_quiet_s=20.0, status_read_timeout_s=2.0)
+               id_reuse_quiet_s=20.0, status_read_timeout_s=2.0, autoscaler_demand_every_s=9.0,
+               autoscaler_demand_max_bundles=1)
 
 
 class Clock:
@@ -93,6 +94,21 @@ def test_the_service_tends_its_heap_and_curves_as_its_settings_say(monkeypatch: 
     assert (seen[-1]["freeze_every_s"], seen[-1]["full_every_s"]) == (11.0, 13.0)
     curves = head.metrics.curves
     assert (curves.every_s, curves.rate_s, curves.window_s) == (2.0, 6.0, 40.0)
+
+
+def test_the_demand_for_nodes_is_capped_and_paced_as_its_settings_say() -> None:
+    from orchestrator.control.demand import DemandPacer
+
+    head, _, _ = _service(TUNED)  # no node yet: every request waits with wait.no_fit
+    for i in range(3):
+        head.request_lease({"lease_id": f"w-{i}", "request": "2"})
+    head.cycle()
+    got = head.autoscaler_demand()
+    assert [dict(s) for s in got.shapes()] == [{"GPU": 2}] and got.left_out == 2  # max_bundles=1, not 100
+    assert head.status()["autoscaler_demand"] == got.to_json()
+    assert len(_service(Tuning())[0].autoscaler_demand().bundles) == 0  # nothing pending
+    # the head actor's pacer is built from the knob (rayport.head; the actor itself needs Ray: tests/integration)
+    assert DemandPacer(TUNED.autoscaler_demand_every_s).every_s == 9.0
 
 
 def test_the_job_layer_backs_off_as_its_settings_say() -> None:
