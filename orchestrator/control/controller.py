@@ -121,6 +121,7 @@ class HeadController:
         self._last_prune = float("-inf")
         self._last_holder_check = float("-inf")
         self._decayed = DecayedUsage()  # each queue's usage history, for the fair-share order (fairness on)
+        self.restore_seen: dict[str, float] = {}  # per priority class: measured resume seconds (leasing.note_restore)
         self.last_shares: FairShares | None = None  # the last cycle's fair shares (fairness on)
 
     # ---- persistence ---------------------------------------------------------------------------

@@ -101,11 +101,30 @@ def activated(ctl: HeadController, lease_id: str, token: int, holder: str | None
         if (holder and e.holder != holder) or (workload and e.workload != workload):
             ctl.ledger.commit([replace(e, holder=holder or e.holder, workload=workload or e.workload)])
         return ctl.ledger.get(lease_id)
-    new = replace(e, lease=e.lease.transition(LeaseState.ACTIVE, now=ctl.clock(),
-                                              reason=f"activated by {holder or workload or 'its holder'}"),
+    now = ctl.clock()
+    cls = e.lease.priority_class
+    if e.spec.resume_from is not None:  # a resumed attempt: granted -> active is what resuming cost it
+        granted = next((t.at for t in reversed(e.lease.history) if t.state is LeaseState.GRANTED), None)
+        if granted is not None:
+            note_restore(ctl.restore_seen, cls, max(0.0, now - granted))
+    new = replace(e, lease=e.lease.transition(LeaseState.ACTIVE, now=now,
+                                              reason=f"activated by {holder or workload or 'its holder'}",
+                                              restore_estimate_s=ctl.restore_seen.get(cls, 0.0)),
                   holder=holder, workload=workload or e.workload)
     ctl.ledger.commit([new])
     return new
+
+
+#: Weight of the newest resume in a class's running estimate (an exponential moving average).
+RESTORE_EWMA = 0.5
+
+
+def note_restore(seen: dict[str, float], priority_class: str, seconds: float) -> None:
+    """Fold one measured resume (grant to activation of a resumed attempt) into its class's estimate, which every
+    lease of that class then carries as ``restore_estimate_s`` from its activation on: what preempting it would
+    cost besides the work since its checkpoint (the victim order counts both)."""
+    old = seen.get(priority_class)
+    seen[priority_class] = seconds if old is None else RESTORE_EWMA * seconds + (1 - RESTORE_EWMA) * old
 
 
 def release(ctl: HeadController, lease_id: str, token: int | None = None,

@@ -10,13 +10,16 @@ The algorithm (Kueue's, ``pkg/scheduler/preemption``):
 
 1. **Eligible victims**: holding leases of a preemptible class, strictly lower
    priority than the requester -- or *borrowed* capacity (the victim's queue
-   is over its quota) when the requester's queue is within its own; never a
+   is over its quota) when the requester's queue is within its own, or, with
+   fairness on, equal-priority work of a queue above its fair share when
+   :func:`~.fairshare.reclaim_block` allows it (``victim.fairshare``); never a
    lease younger than its class's ``min_runtime_s``; never one already being
    preempted (CHECKPOINTING, or named in ``in_flight``).
 2. **Order** them by :func:`victim_order_key`: lower priority first, then
-   least work lost (seconds since the last checkpoint x GPUs held), then
-   shortest restore time, then most recently started, then lease id -- a
-   total order, so plans are deterministic.
+   least cost (:func:`preemption_cost_gpu_s`: seconds since the last
+   checkpoint plus the measured restore time, x GPUs held), then shortest
+   restore time, then most recently started, then lease id -- a total
+   order, so plans are deterministic.
 3. **Remove until it fits**: release victims in that order on a copy of the
    snapshot until the request places.
 4. **Add back what was not needed**: walk the chosen victims from the last
@@ -117,10 +120,16 @@ def work_lost_gpu_s(lease: Lease, now: float) -> float:
     return max(0.0, now - since) * lease.gpus_held
 
 
+def preemption_cost_gpu_s(lease: Lease, now: float) -> float:
+    """What preempting ``lease`` now costs in GPU-seconds: the work since its checkpoint plus the time its resume
+    is measured to take (``restore_estimate_s``, set by the head from its class's resumes) on the GPUs it holds."""
+    return work_lost_gpu_s(lease, now) + lease.restore_estimate_s * lease.gpus_held
+
+
 def victim_order_key(lease: Lease, now: float) -> tuple:
     """The documented victim order; ends in the lease id, so it is total."""
     started = lease.started_at
-    return (lease.priority, round(work_lost_gpu_s(lease, now), 6), lease.restore_estimate_s,
+    return (lease.priority, round(preemption_cost_gpu_s(lease, now), 6), lease.restore_estimate_s,
             -(started if started is not None else 0.0), lease.lease_id)
 
 
@@ -259,7 +268,7 @@ def unit_order_key(unit: Sequence[Lease], now: float) -> tuple:
     if len(unit) == 1:
         return victim_order_key(unit[0], now)
     started = max((m.started_at if m.started_at is not None else 0.0) for m in unit)
-    return (min(m.priority for m in unit), round(sum(work_lost_gpu_s(m, now) for m in unit), 6),
+    return (min(m.priority for m in unit), round(sum(preemption_cost_gpu_s(m, now) for m in unit), 6),
             max(m.restore_estimate_s for m in unit), -started, min(m.lease_id for m in unit))
 
 

@@ -216,3 +216,23 @@ def test_order_key_is_total_and_documented() -> None:
     snap, leases = holding(four_a100(), [("a", GpuRequest.whole(1), "training", 10, 500), ("b", GpuRequest.whole(1), "training", 10, 500)])
     keys = [victim_order_key(lease, NOW) for lease in leases]
     assert keys[0] != keys[1] and keys[0][-1] == "a"  # identical but for the id: the id breaks the tie
+
+
+def test_a_measured_restore_time_counts_as_cost_in_the_victim_order() -> None:
+    """Equal work since the checkpoint: the lease whose class resumes slowly (restore_estimate_s, set by the head
+    from measured resumes) costs more to preempt, so the other goes first -- even when it lost a little more."""
+    snap, leases = holding(four_a100(), [("slow", GpuRequest.whole(1), "training", 10, 500),
+                                         ("quick", GpuRequest.whole(1), "training", 10, 490)])
+    slow, quick = replace(leases[0], restore_estimate_s=120.0), leases[1]
+    assert victim_order_key(quick, NOW) < victim_order_key(slow, NOW)
+    assert victim_order_key(leases[0], NOW) < victim_order_key(quick, NOW)  # with no estimate: least work lost
+
+
+def test_the_head_folds_measured_resumes_into_each_class_estimate() -> None:
+    from orchestrator.control.leasing import RESTORE_EWMA, note_restore
+
+    seen: dict[str, float] = {}
+    note_restore(seen, "training", 20.0)
+    assert seen == {"training": 20.0}
+    note_restore(seen, "training", 40.0)
+    assert seen["training"] == RESTORE_EWMA * 40.0 + (1 - RESTORE_EWMA) * 20.0
