@@ -273,7 +273,15 @@ def test_page_and_metrics_follow_a_preemption_scenario(head: Any, dashboard: Any
                         out.append(title)
                 return out
 
-            until(lambda: not empty_panels(), 60, "data in every Grafana panel", every=1.0)
+            last: list[list[str]] = [[]]
+
+            def every_panel_has_data() -> bool:
+                last[0] = empty_panels()
+                return not last[0]
+            try:
+                until(every_panel_has_data, 60, "data in every Grafana panel", every=1.0)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; still empty: {last[0]}") from None
         finally:
             browser.close()
     for j in trainings:
