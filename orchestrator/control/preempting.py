@@ -59,8 +59,8 @@ def retry_of(e: LedgerEntry, reason: str, now: float, *, resume_from: str | None
     new_id = next_attempt(e.lease_id)
     spec = e.spec.model_copy(update={"lease_id": new_id, "resume_from": resume_from or e.spec.resume_from})
     return LedgerEntry(Lease.new(new_id, spec.request, now=now, owner=spec.owner, priority=e.lease.priority,
-                                 priority_class=e.lease.priority_class, reason=f"requeued: {reason}",
-                                 gang=e.lease.gang),
+                                 priority_class=e.lease.priority_class, queue=e.lease.queue,
+                                 reason=f"requeued: {reason}", gang=e.lease.gang),
                        spec, e.seq, e.enqueued_at, attempt_of=e.lease_id)
 
 

@@ -83,11 +83,13 @@ def effective_priority(item: PendingItem, config: SchedulerConfig, now: float) -
 
 def order(pending: Sequence[PendingItem], config: SchedulerConfig, now: float,
           shares: FairShares | None = None) -> list[PendingItem]:
-    """Step 1: effective priority, then (with ``shares``) the queue's standing against its fair share, then
-    submission time and id."""
+    """Step 1: effective priority, then submission time and id. With ``shares`` (fairness on), within one
+    priority the queue's standing against its fair share comes before aging: a queue above its share must not
+    take back, by having waited longer, the card a queue below its share is reclaiming (aging still orders
+    items of one queue, and never lifts one class above the next)."""
     if shares is None:
         return sorted(pending, key=lambda i: (-effective_priority(i, config, now), i.submitted_at, i.item_id))
-    return sorted(pending, key=lambda i: (-effective_priority(i, config, now), shares.order_key(i.queue),
+    return sorted(pending, key=lambda i: (-i.priority, shares.order_key(i.queue), -effective_priority(i, config, now),
                                           i.submitted_at, i.item_id))
 
 
@@ -104,7 +106,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
     if callable(holding):
         holding = _Later(holding)
     # Only a quota reads what queues hold: without one, skip the pass over every holding lease.
-    fc = FairCycle.start(config, snapshot, pending, holding, decayed)
+    fc = FairCycle.start(config, snapshot, pending, holding, decayed, in_flight)
     quotas = any(q.quota_gpus is not None for q in config.queues.values()) or fc.limited
     usage = (dict(usage) if usage is not None else queue_usage(holding)) if quotas else {}
     grants: list[Grant] = []

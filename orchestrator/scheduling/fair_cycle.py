@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from orchestrator.core.errors import CapacityError, InvalidRequestError
-from orchestrator.core.lease import Lease
+from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import QueueConfig, SchedulerConfig
 from orchestrator.core.reasons import Cause
 from orchestrator.scheduling.fairshare import (
@@ -72,12 +72,19 @@ class FairCycle:
 
     @classmethod
     def start(cls, config: SchedulerConfig, snapshot: ClusterSnapshot, pending: Sequence["PendingItem"],
-              holding: Sequence[Lease], decayed: Mapping[str, float] | None) -> "FairCycle":
-        """The cycle's state; fair shares only when fairness is on (reading ``holding`` only then)."""
+              holding: Sequence[Lease], decayed: Mapping[str, float] | None,
+              in_flight: frozenset[str] = frozenset()) -> "FairCycle":
+        """The cycle's state; fair shares only when fairness is on (reading ``holding`` only then). A lease
+        being preempted (``in_flight``, or checkpointing) still asks for what it holds but no longer counts as
+        its queue's: it is leaving, and the item it leaves for counts when the cycle reaches it (nominated) --
+        else every cycle of a grace period would see the victim's queue still above its share and reclaim
+        again, and the shares would swing past fair and back."""
         fc = cls(config, QueueTree.of(config), limited=any(q.limit_gpus is not None for q in config.queues.values()))
         if config.fairness.enabled:
-            used = usage_by_queue(holding)
-            asked = dict(used)
+            staying = [lease for lease in holding
+                       if lease.lease_id not in in_flight and lease.state is not LeaseState.CHECKPOINTING]
+            used = usage_by_queue(staying)
+            asked = usage_by_queue(holding)
             for item in pending:
                 asked[item.queue] = asked.get(item.queue, ZERO) + item_resources(item)
             fc.shares = compute(config, capacity_of(snapshot), used, asked, decayed)

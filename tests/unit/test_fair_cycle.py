@@ -20,7 +20,8 @@ NOW = 10_000.0
 ONE = GpuRequest(kind="whole", count=1)
 CLASSES = {"training": {"priority": 100, "min_runtime_s": 0, "grace_period_s": 30},
            "batch": {"priority": 10, "min_runtime_s": 0, "checkpoint": False},
-           "service": {"priority": 100, "preemptible": False}}
+           "service": {"priority": 100, "preemptible": False},
+           "inference": {"priority": 1000, "preemptible": False}}  # above training: training ages (capped below it)
 
 
 def cfg(queues: dict[str, Any], **fairness: Any) -> SchedulerConfig:
@@ -152,3 +153,15 @@ def test_who_may_submit_to_a_queue() -> None:
     assert not config.may_submit("t1", None, trusted=False)
     assert config.may_submit("t1", None, trusted=True)
     assert config.may_submit("open", "u-bob", trusted=False)
+
+
+def test_a_queue_above_its_share_does_not_age_past_one_below_it() -> None:
+    """Fairness on: the older request of the queue above its share waits behind the queue below its share
+    (else a requeued victim, keeping its old position, takes back the very card reclaimed from it)."""
+    on = cfg({"a": {}, "b": {}}, enabled=True, reclaim=False)
+    snap, leases = hold(cluster(1, 4), on, [("a0", "a", "training"), ("a1", "a", "training"),
+                                            ("a2", "a", "training")])
+    old_a = pending("a-requeued", "a", at=NOW - 3600)  # aged an hour: 60 points at 1 a minute
+    plan = schedule(snap, [old_a, pending("b-new", "b", at=NOW - 1)], leases, on, NOW, POLICY)
+    assert [g.item_id for g in plan.grants] == ["b-new"]
+

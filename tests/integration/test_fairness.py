@@ -1,0 +1,120 @@
+"""Two teams on a real local Ray cluster converge to their weighted fair shares (issue #37), a training actor
+among the leases reclaimed checkpoints through its agent and resumes, bit-identical, when the cards come back.
+
+One cluster for the module (``ray_cluster``); a head with fairness on and two top-level queues of weight 1.
+Team a first takes every whole card (plain leases activated by this driver, and the example training actor of
+jobs/train.py, started last so that preempting it loses the least work); team b then asks for as many cards at
+the same priority. Nothing is of lower priority, so only fair share can move cards: with it, b reclaims until
+the two hold the same, and the reclaim rule stops there (one more would only move the unfairness).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from orchestrator.core.config import RuntimeSettings
+from orchestrator.core.lease import key_digest
+from orchestrator.core.request import GpuRequest
+
+from tests.integration.heads import running_head, until as _until
+from tests.integration.test_revocation import _reference_digest, _train_in_thread, _training_stepped
+
+pytestmark = pytest.mark.ray
+
+SETTINGS = RuntimeSettings(namespace="rgo-fair", heartbeat_interval_s=0.5, agent_ttl_s=6.0, reconcile_interval_s=0.1)
+KEY = "fair-key"
+ONE = GpuRequest.whole(1).model_dump(mode="json")
+
+
+@pytest.fixture(scope="module")
+def head(ray_cluster: Any) -> Iterator[Any]:
+    from orchestrator.rayport.client import HeadClient
+
+    cfg = ray_cluster.config
+    sched = cfg.scheduler
+    training = sched.classes["training"].model_copy(update={"min_runtime_s": 0.0, "grace_period_s": 3.0})
+    sched = sched.model_validate({**sched.model_dump(mode="json"),
+                                  "classes": {**sched.model_dump(mode="json")["classes"],
+                                              "training": training.model_dump(mode="json")},
+                                  "queues": {"default": {}, "team-a": {"weight": 1}, "team-b": {"weight": 1}},
+                                  "fairness": {"enabled": True, "max_reclaims_per_cycle": 1}})
+    with running_head(SETTINGS, cfg.model_copy(update={"scheduler": sched})) as handle:
+        yield HeadClient(handle=handle)
+
+
+def _held(head: Any, queue: str) -> float:
+    rows = {q["queue"]: q for q in head.status()["queues"]}
+    return rows[queue]["used_gpus"] if queue in rows else 0.0
+
+
+def _give_back(head: Any, lid: str) -> None:
+    """Release a lease this driver asked for (withdraw it while pending), with its token once it has one."""
+    head.release(lid, head.get_lease(lid, KEY).get("fencing_token"), key=KEY)
+
+
+def _ask(head: Any, lid: str, queue: str) -> None:
+    """One card for ``queue``, queued again when preempted (a team's demand stays while it is reclaimed)."""
+    head.request_lease({"lease_id": lid, "request": ONE, "owner": "it", "priority_class": "training",
+                        "queue": queue, "requester_digest": key_digest(KEY), "requeue_on_preempt": True})
+
+
+def test_two_teams_converge_to_equal_shares_and_the_reclaimed_training_actor_resumes(head: Any,
+                                                                                     tmp_path: Path) -> None:
+    # Team a: every whole card but one, as plain leases this driver activates (started before the trainer).
+    plain: list[str] = []
+    for i in range(16):
+        _ask(head, f"a-{i}", "team-a")
+        time.sleep(0.2)
+        if head.get_lease(f"a-{i}")["state"] == "pending":
+            _give_back(head, f"a-{i}")  # no card left for it: withdrawn
+            break
+        plain.append(f"a-{i}")
+    cards = len(plain)
+    assert cards >= 4, "the demo cluster has whole cards for the test"
+    _give_back(head, plain.pop())  # one card for the trainer
+    for lid in plain:
+        token = head.wait_lease(lid, 30, KEY)["fencing_token"]
+        head.activate(lid, token, None, None, KEY)
+    steps, seed = 500, 5
+    t, out = _train_in_thread(steps=steps, seed=seed, checkpoint_dir=str(tmp_path), gpu=GpuRequest.whole(1),
+                              step_delay_s=0.03, head=head, namespace=SETTINGS.namespace, lease_id="a-train",
+                              queue="team-a")
+    _until("the training actor at work", lambda: "error" in out or (
+        _training_stepped(head, "a-train") and any("training on" in s for s in out.get("log", []))), 120)
+    time.sleep(1.0)  # some steps done
+    assert _held(head, "team-a") == cards
+    # Team b asks for as many cards, at the same priority: only fair share can give it any.
+    for i in range(cards):
+        _ask(head, f"b-{i}", "team-b")
+    half = cards // 2
+    _until(f"team b reclaiming {half} of {cards} cards", lambda: _held(head, "team-b") >= half, 120)
+    time.sleep(3.0)  # a few more cycles: the reclaim rule must stop at equal shares, not swing past them
+    a, b = _held(head, "team-a"), _held(head, "team-b")
+    assert (a, b) == (cards - half, half), (a, b, [(le["lease_id"], le["state"], le["history"][-1]["reason"])
+                                             for le in head.status()["ended_leases"]],
+                                            [(le["lease_id"], le["state"], le.get("why_pending"))
+                                             for le in head.status()["leases"]])
+    rows = {q["queue"]: q for q in head.status()["queues"]}
+    # Equal weights, equal asks: equal fair shares. The demo cluster's MIG cards count in its capacity but hold
+    # no whole card, so each team ends a card below its share -- and neither may take one from the other.
+    assert rows["team-a"]["fair_share_gpus"] == rows["team-b"]["fair_share_gpus"]
+    assert {rows["team-a"]["cause"], rows["team-b"]["cause"]} <= {"fair.below", "fair.at"}
+    preempted = [le for le in head.status()["ended_leases"] if le["state"] == "preempted"]
+    assert preempted and all(any("fair share" in h["reason"] for h in le["history"]) for le in preempted), \
+        [le["history"] for le in preempted]
+    assert any(le["lease_id"] == "a-train" for le in preempted), "the trainer, least work lost, went first"
+    # Team b is done: its cards go back, the trainer resumes from its checkpoint and ends as an undisturbed run.
+    for i in range(cards):
+        _give_back(head, f"b-{i}")
+    t.join(timeout=240)
+    assert "error" not in out, out.get("error")
+    res = out["result"]
+    assert len(res["attempts"]) >= 2 and res["attempts"][1]["resumed_at"] > 0  # resumed where it stopped
+    assert res["step"] == steps and res["digest"] == _reference_digest(steps, seed)
+    for lid in plain:
+        if head.get_lease(lid)["state"] in ("granted", "active"):
+            _give_back(head, lid)
