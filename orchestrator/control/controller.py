@@ -280,9 +280,11 @@ class HeadController:
             cap = max(self.capacity_gpus(), 1e-9)
             self._decayed = self._decayed.advance(now, {q: g / cap for q, g in self.ledger.queue_usage().items()},
                                                   fairness.half_life_s)
+        movable = ({e.lease_id: e.enqueued_at for e in self.ledger.holding() if e.spec.requeue_on_preempt}
+                   if self.sched_config.consolidation.enabled else None)
         plan = schedule(self._snapshot, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
                         now, self.policy, in_flight=in_flight, window=window, usage=self.ledger.queue_usage(),
-                        decayed=self._decayed.usage if fairness.enabled else None)
+                        decayed=self._decayed.usage if fairness.enabled else None, movable=movable)
         if plan.shares is not None:
             self.last_shares = plan.shares
         return plan

@@ -81,6 +81,17 @@ class QueueConfig(_Frozen):
         return self
 
 
+class Consolidation(_Frozen):
+    """Moving running work to make room (:mod:`orchestrator.scheduling.consolidate`); off by default."""
+
+    enabled: bool = Field(default=False, description="When a request fits nowhere and no preemption helps, move "
+                          "one or two running shares that requeue on preemption (checkpoint, stop, land "
+                          "elsewhere) if that makes room for it")
+    max_moves: Annotated[int, Field(ge=1, le=2, description="Running shares moved for one request, at most")] = 2
+    max_cost_gpu_s: Annotated[float, Field(ge=0, description="The most a move may cost: work since the checkpoint "
+                                           "plus the measured restore time, x GPUs, summed over the moves")] = 600.0
+
+
 class Fairness(_Frozen):
     """Hierarchical weighted fair share (:mod:`orchestrator.scheduling.fairshare`); off by default, when the
     queues behave as flat quotas with borrowing."""
@@ -185,6 +196,8 @@ class SchedulerConfig(_Frozen):
                                         "of day (none: the queues always stand as configured)")
     fairness: Fairness = Field(default_factory=Fairness, description="Hierarchical weighted fair share, reclaim "
                                "and reservations (off: flat quotas with borrowing)")
+    consolidation: Consolidation = Field(default_factory=Consolidation, description="Moving running shares "
+                                         "through checkpoint and resume to make room (off by default)")
 
     @field_validator("policy")
     @classmethod

@@ -77,6 +77,7 @@ class Cause(str, Enum):
     VICTIM_PRIORITY = "victim.priority"              # a lower priority than the requester
     VICTIM_RECLAIM = "victim.reclaim"                # capacity borrowed beyond its queue's quota is reclaimed
     VICTIM_FAIRSHARE = "victim.fairshare"            # its queue is above its fair share, the requester's below
+    VICTIM_CONSOLIDATE = "victim.consolidate"        # moved (checkpoint, requeue, elsewhere) to make room; nothing lost
     # ---- ineligible: why a lease may not be preempted ------------------------------------------
     INELIGIBLE_IN_FLIGHT = "ineligible.in_flight"    # already being preempted
     INELIGIBLE_NOT_HOLDING = "ineligible.not_holding"

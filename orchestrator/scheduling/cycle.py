@@ -61,6 +61,7 @@ from orchestrator.scheduling.alternatives import alternative_demand, resolve
 from orchestrator.scheduling.candidates import alt_key
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
 from orchestrator.scheduling.plan import Grant, PendingItem, Plan, Preemption, Waiting
+from orchestrator.scheduling.consolidate import movable_leases, plan_move
 from orchestrator.scheduling.fair_cycle import FairCycle
 from orchestrator.scheduling.fairshare import FairShares
 from orchestrator.scheduling.gang import GangPlacement, place_gang
@@ -96,12 +97,15 @@ def order(pending: Sequence[PendingItem], config: SchedulerConfig, now: float,
 def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
              holding: Sequence[Lease] | Callable[[], Sequence[Lease]], config: SchedulerConfig, now: float,
              policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset(), window: WindowStatus | None = None,
-             usage: Mapping[str, float] | None = None, decayed: Mapping[str, float] | None = None) -> Plan:
+             usage: Mapping[str, float] | None = None, decayed: Mapping[str, float] | None = None,
+             movable: Mapping[str, float] | None = None) -> Plan:
     """Run one cycle; see the module docstring. ``holding``: the holding leases, or a function returning them
     (called only if a preemption is planned); ``in_flight``: lease ids already being preempted; ``window``: the
     time window whose quotas ``config`` carries (its waits name it), None for none; ``usage``: what
     :func:`~.preemption.queue_usage` gives over ``holding``, when the caller keeps it up already; ``decayed``: each
-    queue's decayed usage (:class:`~.fairshare.DecayedUsage`), for the fair-share order."""
+    queue's decayed usage (:class:`~.fairshare.DecayedUsage`), for the fair-share order; ``movable``: the leases
+    whose holders requeue on preemption, each with the submission time its retry keeps, which consolidation
+    may move (:mod:`.consolidate`)."""
     work = snapshot
     if callable(holding):
         holding = _Later(holding)
@@ -205,6 +209,11 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
             asked.plan = _plan_in_order(view, item, alts, candidates, config=config, now=now, policy=policy,
                                         in_flight=frozenset(taken), hopeless=hopeless, fair=fc.plans_fair())
         plan = asked.plan
+        if isinstance(plan, NoPreemption) and config.consolidation.enabled and movable:
+            moved = plan_move(view, item.request, item.request.describe(),
+                              movable_leases(holding, movable, config, now, taken, item, fc.shares is not None),
+                              policy=policy, now=now, config=config, resolved=alts.within)
+            plan = moved if moved is not None else plan
         if isinstance(plan, PreemptionPlan):
             memo.clear()
             assert isinstance(plan.placement, Placement)

@@ -165,3 +165,46 @@ def test_a_queue_above_its_share_does_not_age_past_one_below_it() -> None:
     plan = schedule(snap, [old_a, pending("b-new", "b", at=NOW - 1)], leases, on, NOW, POLICY)
     assert [g.item_id for g in plan.grants] == ["b-new"]
 
+
+
+# ---- consolidation (issue #37 item 6) ----------------------------------------------------------------
+def test_a_request_blocked_by_scattered_shares_gets_them_moved_when_consolidation_is_on() -> None:
+    """Two nodes of two cards, one card taken on each by equal-priority training that requeues: a 2-card
+    request fits nowhere and may preempt nothing. With consolidation one share moves (it lands on the other
+    node's free card) and the request takes the node it left; without it, the request waits."""
+    two = GpuRequest(kind="whole", count=2)
+    base = {"classes": CLASSES, "default_class": "training", "queues": {"default": {}}}
+    off = SchedulerConfig.model_validate(base)
+    on = SchedulerConfig.model_validate({**base, "consolidation": {"enabled": True, "max_cost_gpu_s": 1e9}})
+    snap, leases = hold(cluster(2, 2), on, [("x0", "default", "training"), ("x1", "default", "training")],
+                        nodes=["n0", "n1"])
+    big = pending("big", "default", request=two, at=NOW - 100)
+    movable = {"x0": NOW - 50, "x1": NOW - 40}  # both queued after big: their retries come after it
+    plan = schedule(snap, [big], leases, on, NOW, POLICY, movable=movable)
+    assert len(plan.preemptions) == 1 and plan.preemptions[0].reason.cause is Cause.VICTIM_CONSOLIDATE
+    assert "resumes on n" in plan.preemptions[0].reason.text
+    assert not schedule(snap, [big], leases, off, NOW, POLICY, movable=movable).preemptions
+    # a share queued before the request is not moved: its retry would take the room straight back
+    assert not schedule(snap, [big], leases, on, NOW, POLICY, movable={"x0": NOW - 500, "x1": NOW - 400}).preemptions
+    # nor one whose holder does not requeue, nor beyond the cost bound
+    assert not schedule(snap, [big], leases, on, NOW, POLICY, movable={}).preemptions
+    tight = SchedulerConfig.model_validate({**base, "consolidation": {"enabled": True, "max_cost_gpu_s": 1}})
+    assert not schedule(snap, [big], leases, tight, NOW, POLICY, movable=movable).preemptions
+
+
+def test_a_move_needs_somewhere_for_the_moved_share_to_go() -> None:
+    """Both nodes' other cards taken by work that may not move: moving x0 would free n0 for the request but
+    leave x0 nowhere to land, so nothing is moved."""
+    two = GpuRequest(kind="whole", count=2)
+    on = SchedulerConfig.model_validate({"classes": CLASSES, "default_class": "training", "queues": {"default": {}},
+                                         "consolidation": {"enabled": True, "max_cost_gpu_s": 1e9}})
+    snap, leases = hold(cluster(2, 2), on, [("x0", "default", "training"), ("s1", "default", "service")],
+                        nodes=["n0", "n1"])
+    plan = schedule(snap, [pending("big", "default", request=two, at=NOW - 100)], leases, on, NOW, POLICY,
+                    movable={"x0": NOW - 50})
+    assert plan.preemptions and plan.preemptions[0].victim.lease_id == "x0"  # x0 lands on n1's free card
+    snap2, leases2 = hold(cluster(2, 2), on, [("x0", "default", "training"), ("s1", "default", "service"),
+                                              ("s2", "default", "service")], nodes=["n0", "n1", "n1"])
+    stuck = schedule(snap2, [pending("big", "default", request=two, at=NOW - 100)], leases2, on, NOW, POLICY,
+                     movable={"x0": NOW - 50})
+    assert not stuck.preemptions and stuck.waiting[0].reason.cause is Cause.WAIT_NO_FIT
