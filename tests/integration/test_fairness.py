@@ -79,9 +79,9 @@ def test_two_teams_converge_to_equal_shares_and_the_reclaimed_training_actor_res
     for lid in plain:
         token = head.wait_lease(lid, 30, KEY)["fencing_token"]
         head.activate(lid, token, None, None, KEY)
-    steps, seed = 500, 5
+    steps, seed = 300, 5
     t, out = _train_in_thread(steps=steps, seed=seed, checkpoint_dir=str(tmp_path), gpu=GpuRequest.whole(1),
-                              step_delay_s=0.03, head=head, namespace=SETTINGS.namespace, lease_id="a-train",
+                              step_delay_s=0.02, head=head, namespace=SETTINGS.namespace, lease_id="a-train",
                               queue="team-a")
     _until("the training actor at work", lambda: "error" in out or (
         _training_stepped(head, "a-train") and any("training on" in s for s in out.get("log", []))), 120)
