@@ -1,6 +1,9 @@
 """Two teams on a real local Ray cluster converge to their weighted fair shares (issue #37), a training actor
 among the leases reclaimed checkpoints through its agent and resumes, bit-identical, when the cards come back.
 
+And, on the same head, issue #36's fallback on a real cluster: replicas asked at once down the chain
+`mig:1g.10gb|1` take the slices, then a whole card by preempting the training actor, which resumes.
+
 One cluster for the module (``ray_cluster``); a head with fairness on and two top-level queues of weight 1.
 Team a first takes every whole card (plain leases activated by this driver, and the example training actor of
 jobs/train.py, started last so that preempting it loses the least work); team b then asks for as many cards at
@@ -115,6 +118,56 @@ def test_two_teams_converge_to_equal_shares_and_the_reclaimed_training_actor_res
     res = out["result"]
     assert len(res["attempts"]) >= 2 and res["attempts"][1]["resumed_at"] > 0  # resumed where it stopped
     assert res["step"] == steps and res["digest"] == _reference_digest(steps, seed)
+    _give_back_all(head)
+
+
+def _give_back_all(head: Any) -> None:
+    """Every live lease this driver asked for (the victims' retries too), released or withdrawn."""
+    for le in head.status()["leases"]:
+        if (le["lease_id"].split(".")[0].startswith(("a-", "b-", "c-", "r-"))
+                and not le["lease_id"].startswith("a-train")):
+            _give_back(head, le["lease_id"])
+    _until("every card free", lambda: not [le for le in head.status()["leases"]
+                                           if le["state"] in ("granted", "active", "checkpointing")], 60)
+
+
+def test_replicas_fall_back_down_their_chain_and_the_last_preempts_training_which_resumes(head: Any,
+                                                                                        tmp_path: Path) -> None:
+    """Issue #36 on a real cluster: four inference replicas asked at once with the chain `mig:1g.10gb|1` while
+    training holds every whole card: three get the demo cluster's three 1g slices, the fourth falls back to a
+    whole card and preempts the training actor through its checkpoint; it resumes bit-identical after."""
+    plain: list[str] = []
+    for i in range(16):  # training takes every whole card but one, then the trainer takes that one
+        _ask(head, f"c-{i}", "team-a")
+        time.sleep(0.2)
+        if head.get_lease(f"c-{i}")["state"] == "pending":
+            _give_back(head, f"c-{i}")
+            break
+        plain.append(f"c-{i}")
+    _give_back(head, plain.pop())
     for lid in plain:
-        if head.get_lease(lid)["state"] in ("granted", "active"):
-            _give_back(head, lid)
+        head.activate(lid, head.wait_lease(lid, 30, KEY)["fencing_token"], None, None, KEY)
+    steps, seed = 300, 9
+    t, out = _train_in_thread(steps=steps, seed=seed, checkpoint_dir=str(tmp_path), gpu=GpuRequest.whole(1),
+                              step_delay_s=0.02, head=head, namespace=SETTINGS.namespace, lease_id="a-train2",
+                              queue="team-a")
+    _until("the training actor at work", lambda: "error" in out or (
+        _training_stepped(head, "a-train2") and any("training on" in s for s in out.get("log", []))), 120)
+    time.sleep(1.0)
+    chain = GpuRequest.parse("mig:1g.10gb|1").model_dump(mode="json")
+    for k in range(4):
+        head.request_lease({"lease_id": f"r-{k}", "request": chain, "owner": "it", "priority_class": "inference",
+                            "requester_digest": key_digest(KEY)})
+    _until("every replica granted", lambda: all(head.get_lease(f"r-{k}")["state"] == "granted" for k in range(4)), 90)
+    kinds = sorted(head.get_lease(f"r-{k}")["allocation"]["kind"] for k in range(4))
+    assert kinds == ["mig", "mig", "mig", "whole"], kinds
+    trainer = head.get_lease("a-train2")
+    assert trainer["state"] == "preempted" and any("checkpoint" in h["reason"] for h in trainer["history"]), trainer
+    for k in range(4):
+        _give_back(head, f"r-{k}")
+    t.join(timeout=240)
+    assert "error" not in out, out.get("error")
+    res = out["result"]
+    assert len(res["attempts"]) == 2 and res["attempts"][1]["resumed_at"] > 0
+    assert res["step"] == steps and res["digest"] == _reference_digest(steps, seed)
+    _give_back_all(head)
