@@ -315,3 +315,64 @@ def colocation(
     for scheme, w in out["worst_case"].items():
         typer.echo(f"worst case {scheme}: " + ", ".join(f"{k} {v['value'] if isinstance(v, dict) else v}"
                                                          for k, v in w.items()))
+
+
+@app.command("fairness")
+def fairness(
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Workloads (one per seed): seed_base..seed_base+N-1"),
+    seed_base: int = typer.Option(0, "--seed-base", help="First seed"),
+    cluster_gpus: int = typer.Option(128, "--cluster-gpus", min=1, help="Cards of the simulated cluster (8-card "
+                                     "openb G3 nodes: 128 cores, 768 GiB)"),
+    hours: float = typer.Option(3.0, "--hours", help="Simulated hours per run (0 < hours <= 48)"),
+    pods: Optional[Path] = typer.Option(None, "--pods", help="An openb pod list to draw jobs and teams from "
+                                        "(default: the packaged mix, openb default's typical pods)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="The queue tree with fairness on (default: "
+                                          "configs/fairness.yaml)"),
+    scheme_list: Optional[str] = typer.Option(None, "--schemes", help="Comma-separated: ours, flat_quota, fifo "
+                                              "(default: all three)"),
+    workers: int = typer.Option(2, "--workers", min=1, help="Processes running (scheme, seed) pairs in parallel"),
+    chart: Optional[Path] = typer.Option(None, "--chart", help="Write each team's share over time (first seed, "
+                                         "one panel per scheme) as SVG"),
+    json_out: bool = typer.Option(False, "--json", help="Print the JSON object (as -o json)"),
+    output: Output = None,
+) -> None:
+    """Hierarchical fair share against flat quotas and FIFO: a multi-team workload through the real scheduling
+    cycle in simulated time (no Ray); fairness index, waits, allocation, preemptions and work lost per scheme,
+    worst case over seeds (docs/fairness.md)."""
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.sim import fairness as sim
+    from orchestrator.sim.tenants import TenantParams
+
+    try:
+        fmt = output_format(output, json_out)
+        names = [s.strip() for s in (scheme_list or ",".join(sim.SCHEMES)).split(",") if s.strip()]
+        tenant = TenantParams(hours=hours)
+        tenant.check()
+        cfg = sim.load_config(config)
+        pool, source = sim.load_pool(pods)
+        out, by, workloads = sim.run_evaluation(cfg, pool, source, range(seed_base, seed_base + seeds), cluster_gpus,
+                                                tenant, names=names, workers=workers)
+    except (InvalidRequestError, ConfigError) as e:
+        _fail(e)
+        return
+    if chart is not None:
+        first = [by[n][0] for n in names]
+        chart.parent.mkdir(parents=True, exist_ok=True)
+        w = workloads[0]
+        chart.write_text(sim.chart_svg(first, w.teams, w.changes, w.horizon_s, float(cluster_gpus),
+                                       f"Share of {cluster_gpus} GPUs per team (solid) and fair share (dashed), "
+                                       f"seed {w.seed}, {source}"))
+    if fmt != "table":
+        emit(out, fmt, indent=2, sort_keys=False)
+        return
+    cols = ("fairness_index", "fairness_index_min_settled", "max_gang_wait_s", "max_wait_s", "waits_over_bound",
+            "allocation_pct", "preemptions", "work_lost_gpu_s", "jobs_done")
+    typer.echo(f"{len(workloads)} seed(s), {cluster_gpus} GPUs, {hours:g} h, {source}; worst case over seeds")
+    typer.echo(f"{'scheme':<11} " + " ".join(f"{c:>26}" for c in cols))
+    for n in names:
+        typer.echo(f"{n:<11} " + " ".join(f"{str(out['worst'][n].get(c)):>26}" for c in cols))
+    for name, t in out.get("targets", {}).items():
+        typer.echo(f"target {name}: {'met' if t['met'] else 'MISSED'} "
+                   f"({', '.join(f'{k} {v}' for k, v in t.items() if k != 'met')})")
+    if chart is not None:
+        typer.echo(f"chart: {chart}")
