@@ -366,7 +366,7 @@ def fairness(
         emit(out, fmt, indent=2, sort_keys=False)
         return
     cols = ("fairness_index", "fairness_index_min_settled", "max_gang_wait_s", "max_wait_s", "waits_over_bound",
-            "allocation_pct", "preemptions", "work_lost_gpu_s", "jobs_done")
+            "allocation_pct", "useful_pct", "preemptions", "work_lost_gpu_s", "jobs_done")
     typer.echo(f"{len(workloads)} seed(s), {cluster_gpus} GPUs, {hours:g} h, {source}; worst case over seeds")
     typer.echo(f"{'scheme':<11} " + " ".join(f"{c:>26}" for c in cols))
     for n in names:

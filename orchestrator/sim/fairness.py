@@ -14,8 +14,8 @@ second preemption for it), and a victim still checkpointing is *in flight*.
 **Schemes** (:func:`schemes`), on the same jobs: ``ours`` -- the config's tree of queues (weights, guarantees,
 limits) with fairness on, given each queue's :class:`~orchestrator.scheduling.fairshare.DecayedUsage`;
 ``flat_quota`` -- today's scheduler: every team a flat queue whose quota is its own guarantee (0 without one),
-borrowing on, fairness off, no limits and no starvation bound (so no reservations); ``fifo`` -- one queue, one class (priority 100, not preemptible), no aging:
-submission order with backfill.
+borrowing on, fairness off, no limits and no starvation bound (so no reservations); ``fifo`` -- one queue, one
+class (priority 100, not preemptible), no aging: submission order with backfill.
 
 **Time.** A cycle every ``cycle_s`` (the head plans on change and at least every second while anything waits;
 5 s here keeps a 3-hour run to minutes of CPU). Everything happens at cycle instants: a job's end, a
@@ -33,8 +33,10 @@ tree on that moment's demand (held plus pending, per team), and the sample's ind
 that ask of ``used / fair`` in dominant-share units; ``fairness_index`` is the mean over *settled* samples
 (more than ``settle_s`` after the last demand change), with ``fairness_index_min_settled`` and
 ``fairness_index_all``. ``allocation_pct``: GPU-time held / GPU-time of the cluster (<= 100, asserted each
-cycle). Waits run from a request's (re)queueing to its grant, a gang's to its last worker's; one still
-waiting at the end counts what it waited so far.
+cycle); ``useful_pct`` leaves out what checkpoint writes and restores held, so it is what ran. Waits run from a
+request's (re)queueing to its grant, a gang's to its last worker's; one still waiting at the end counts what it
+waited so far; ``waits_over_bound_below_share`` counts those past the bound whose team held less than
+:data:`BELOW_SHARE` of its fair share meanwhile (starved, rather than waiting for its own team's excess).
 
 Invariants: the snapshot equals the held leases' allocations at every cycle (grants take ``Plan.after``,
 releases give back exactly what was applied); a lease is preempted at most once (in-flight ids are passed
@@ -170,6 +172,7 @@ class Figures:
     waits_over_bound_below_share: int
     starvation_bound_s: float | None
     allocation_pct: float
+    useful_pct: float
     preemptions: int
     work_lost_gpu_s: float
     checkpoint_gpu_s: float
@@ -191,7 +194,8 @@ class Figures:
                 "waits_over_bound_below_share": self.waits_over_bound_below_share,
                 "starvation_bound_s": self.starvation_bound_s,
                 "within_bound": self.waits_over_bound == 0 if self.starvation_bound_s is not None else None,
-                "allocation_pct": r(self.allocation_pct, 3), "preemptions": self.preemptions,
+                "allocation_pct": r(self.allocation_pct, 3), "useful_pct": r(self.useful_pct, 3),
+                "preemptions": self.preemptions,
                 "work_lost_gpu_s": r(self.work_lost_gpu_s, 1), "checkpoint_gpu_s": r(self.checkpoint_gpu_s, 1),
                 "restore_gpu_s": r(self.restore_gpu_s, 1), "jobs": self.jobs, "jobs_done": self.jobs_done,
                 "still_waiting": self.still_waiting, "cycles": self.cycles, "wall_s": r(self.wall_s, 2)}
@@ -412,13 +416,16 @@ class Simulation:
         waits = [(b - a, team, gang, a, b) for a, b, team, gang in self.waits + open_waits]
         bound = self.bound if self.bound is not None else math.inf
         over = [w for w in waits if w[0] > bound]
-        alloc = 100.0 * self.held_gpu_s / (self.capacity.gpus * end) if end > 0 else 0.0
-        assert alloc <= 100.0 + 1e-6, alloc
+        avail = self.capacity.gpus * end
+        alloc = 100.0 * self.held_gpu_s / avail if end > 0 else 0.0
+        useful = 100.0 * (self.held_gpu_s - self.ckpt_gpu_s - self.restore_gpu_s) / avail if end > 0 else 0.0
+        assert -1e-6 <= useful <= alloc <= 100.0 + 1e-6, (useful, alloc)
         mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
         return Figures(self.s.name, self.w.seed, mean(settled), min(settled, default=None),
                        mean([j for _, j in self.samples]), len(settled),
                        max((w[0] for w in waits if w[2]), default=0.0), max((w[0] for w in waits), default=0.0),
-                       len(over), sum(1 for w in over if self._below_share(w[1], w[3], w[4])), self.bound, alloc,
+                       len(over), sum(1 for w in over if self._below_share(w[1], w[3], w[4])), self.bound,
+                       alloc, useful,
                        self.preemptions, self.lost, self.ckpt_gpu_s, self.restore_gpu_s, len(self.runs), self.done,
                        len(open_waits), self.cycles, wall_s, tuple(self.series))
 
@@ -457,11 +464,11 @@ def run_one(args: tuple[Scheme, Workload, SchedulerConfig, int, FairnessParams])
 #: For each figure, which way is worse across seeds (the ``worst`` block).
 WORSE = {"fairness_index": min, "fairness_index_min_settled": min, "fairness_index_all": min,
          "max_gang_wait_s": max, "max_wait_s": max, "waits_over_bound": max, "waits_over_bound_below_share": max,
-         "allocation_pct": min,
+         "allocation_pct": min, "useful_pct": min,
          "preemptions": max, "work_lost_gpu_s": max, "jobs_done": min, "still_waiting": max}
 MEAN = ("fairness_index", "fairness_index_min_settled", "fairness_index_all", "max_gang_wait_s", "max_wait_s",
-        "waits_over_bound", "waits_over_bound_below_share", "allocation_pct", "preemptions", "work_lost_gpu_s", "checkpoint_gpu_s",
-        "restore_gpu_s", "jobs_done", "still_waiting")
+        "waits_over_bound", "waits_over_bound_below_share", "allocation_pct", "useful_pct", "preemptions",
+        "work_lost_gpu_s", "checkpoint_gpu_s", "restore_gpu_s", "jobs_done", "still_waiting")
 
 
 def evaluate(config: SchedulerConfig, workloads: Sequence[Workload], cluster_gpus: int, *,

@@ -24,8 +24,8 @@ What it is made of, and where each part comes from:
 * **phases** -- time is cut into epochs of ``epoch_s``; in each epoch each team is *busy* (submits at a
   Poisson rate whose offered load is ``busy_load`` of the cluster's GPUs) or *quiet* (submits nothing),
   drawn with ``busy_probability``, at least ``min_busy`` teams busy and the busy set not the same two
-  epochs running (where the probability leaves another). So demand changes at epoch boundaries, several times a run; :attr:`Workload.changes`
-  lists them (the times the busy set changed).
+  epochs running (where the probability leaves another). So demand changes at epoch boundaries, several
+  times a run; :attr:`Workload.changes` lists them (the times the busy set changed).
 
 Invariants: a function of (pool, teams, params, seed) alone (``numpy.random.default_rng`` streams, one for
 the phases and one per team); jobs are sorted by submission time, then id; every job's ``work_s`` is

@@ -24,7 +24,8 @@ CLASSES = {"interactive": {"priority": 100, "preemptible": False, "checkpoint": 
                         "checkpoint": True}}
 
 
-def config(queues: dict[str, Any], *, bound: float | None = 300.0, classes: dict[str, Any] = CLASSES) -> SchedulerConfig:
+def config(queues: dict[str, Any], *, bound: float | None = 300.0,
+           classes: dict[str, Any] = CLASSES) -> SchedulerConfig:
     return SchedulerConfig.parse({"classes": classes, "default_class": "training", "aging_per_minute": 0,
                                   "queues": {"default": {}, **queues},
                                   "fairness": {"enabled": True, "half_life_s": 600, "max_reclaims_per_cycle": 8,
@@ -37,7 +38,8 @@ def job(jid: str, team: str, at: float, gpus: int = 1, work_s: float = 3600.0, k
                  workers=workers)
 
 
-def workload(teams: tuple[str, ...], jobs: list[T.Job], hours: float, changes: tuple[float, ...] = (0.0,)) -> T.Workload:
+def workload(teams: tuple[str, ...], jobs: list[T.Job], hours: float,
+             changes: tuple[float, ...] = (0.0,)) -> T.Workload:
     jobs = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
     return T.Workload(teams, tuple(jobs), (teams,), changes, hours * 3600, hours * 3600, "test", 0)
 
@@ -142,6 +144,7 @@ def test_victims_resume_from_their_checkpoint_after_the_restore_time_and_do_all_
     assert f.checkpoint_gpu_s == pytest.approx(12 * 30.0) and f.restore_gpu_s == pytest.approx(12 * F.RESTORE_S)
     busy = 16 * 1200 + 12 * 300 + 12 * 30.0 + 12 * F.RESTORE_S  # work, checkpoints, restores: GPU-seconds
     assert f.allocation_pct == pytest.approx(100 * busy / (16 * 1800), abs=0.5)  # ends are seen at 5 s cycles
+    assert f.useful_pct == pytest.approx(f.allocation_pct - 100 * (12 * 30.0 + 12 * F.RESTORE_S) / (16 * 1800))
 
 
 def test_a_victim_without_checkpoints_loses_its_progress_since_it_started() -> None:
