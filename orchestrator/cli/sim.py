@@ -10,7 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import typer
 
@@ -341,7 +341,7 @@ def fairness(
     worst case over seeds (docs/fairness.md)."""
     from orchestrator.core.errors import ConfigError
     from orchestrator.sim import fairness as sim
-    from orchestrator.sim.tenants import TenantParams
+    from orchestrator.sim.tenants import TenantParams, load_pool
 
     try:
         fmt = output_format(output, json_out)
@@ -349,7 +349,7 @@ def fairness(
         tenant = TenantParams(hours=hours)
         tenant.check()
         cfg = sim.load_config(config)
-        pool, source = sim.load_pool(pods)
+        pool, source = load_pool(pods)
         out, by, workloads = sim.run_evaluation(cfg, pool, source, range(seed_base, seed_base + seeds), cluster_gpus,
                                                 tenant, names=names, workers=workers)
     except (InvalidRequestError, ConfigError) as e:
@@ -359,7 +359,7 @@ def fairness(
         first = [by[n][0] for n in names]
         chart.parent.mkdir(parents=True, exist_ok=True)
         w = workloads[0]
-        chart.write_text(sim.chart_svg(first, w.teams, w.changes, w.horizon_s, float(cluster_gpus),
+        chart.write_text(fairness_svg(first, w.teams, w.changes, w.horizon_s, float(cluster_gpus),
                                        f"Share of {cluster_gpus} GPUs per team (solid) and fair share (dashed), "
                                        f"seed {w.seed}, {source}"))
     if fmt != "table":
@@ -376,3 +376,49 @@ def fairness(
                    f"({', '.join(f'{k} {v}' for k, v in t.items() if k != 'met')})")
     if chart is not None:
         typer.echo(f"chart: {chart}")
+
+
+_TEAM_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+def fairness_svg(figs: Sequence[Any], teams: Sequence[str], changes: Sequence[float], horizon_s: float,
+                 capacity_gpus: float, title: str = "") -> str:
+    """``sim fairness --chart``: one panel per scheme (its :class:`~orchestrator.sim.fairness.Figures`), each
+    team's share of the cluster's GPUs (solid) and its fair share (dashed) over simulated time, demand changes
+    as grey verticals. Plain SVG, no dependency (as :func:`write_plot` draws the openb curves, here)."""
+    w, ph, left, top, gap = 900, 190, 60, 40, 40
+    height = top + len(figs) * (ph + gap) + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="sans-serif" '
+           f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{left}" y="20" font-size="13">{_svg_text(title)}</text>']
+    pw = w - left - 150
+    for k, f in enumerate(figs):
+        y0 = top + k * (ph + gap)
+        x = lambda t: left + pw * t / horizon_s  # noqa: E731
+        y = lambda v: y0 + ph - ph * min(v, 1.0)  # noqa: E731
+        out.append(f'<rect x="{left}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
+        out.append(f'<text x="{left}" y="{y0 - 6}">{_svg_text(f.scheme)}: fairness index {f.fairness_index or 0:.3f} '
+                   f'(settled), allocation {f.allocation_pct:.1f}%</text>')
+        for c in changes:
+            out.append(f'<line x1="{x(c):.1f}" y1="{y0}" x2="{x(c):.1f}" y2="{y0 + ph}" stroke="#ccc"/>')
+        for v in (0.25, 0.5, 0.75, 1.0):
+            out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0%}</text>')
+        for i, team in enumerate(teams):
+            col = _TEAM_COLOURS[i % len(_TEAM_COLOURS)]
+            used = " ".join(f"{x(t):.1f},{y(row[i][0] / capacity_gpus):.1f}" for t, row in f.series)
+            fair = " ".join(f"{x(t):.1f},{y(row[i][1] / capacity_gpus):.1f}" for t, row in f.series)
+            out.append(f'<polyline fill="none" stroke="{col}" stroke-width="1.4" points="{used}"/>')
+            out.append(f'<polyline fill="none" stroke="{col}" stroke-width="1" stroke-dasharray="4,3" '
+                       f'points="{fair}"/>')
+            if k == 0:
+                out.append(f'<text x="{left + pw + 12}" y="{y0 + 14 + 14 * i}" fill="{col}">{_svg_text(team)}</text>')
+        for h in range(int(horizon_s // 3600) + 1):
+            out.append(f'<text x="{x(h * 3600):.1f}" y="{y0 + ph + 14}" text-anchor="middle">{h} h</text>')
+    out.append(f'<text x="{left + pw + 12}" y="{top + 14 * (len(teams) + 2)}">solid: share held</text>')
+    out.append(f'<text x="{left + pw + 12}" y="{top + 14 * (len(teams) + 3)}">dashed: fair share</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _svg_text(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,53 +1,33 @@
 """Fair share in simulated time: a multi-team workload through the real scheduling cycle, under three schemes.
 
-No Ray and no sleeping. Each cycle calls the scheduler itself
-(:func:`orchestrator.scheduling.cycle.schedule`) over a :class:`~orchestrator.scheduling.snapshot.ClusterSnapshot`
-of ``cluster_gpus`` cards (openb's 8-card ``G3`` node: 128 cores, 768 GiB), the holding
-:class:`~orchestrator.core.lease.Lease` s and the pending items, and carries its plan out as the head does
-(:mod:`orchestrator.control.victims`): grants become held leases (the plan's ``after`` is the new snapshot); a
-victim whose class checkpoints is asked to and holds its cards while it writes (``checkpoint_s``, stopped
-without one at its class's grace period), any other is stopped at once; either is then released and its job
-queued again at its old queue position (the requeue keeps the submission time), resuming from what it saved
-after ``restore_s`` of start-up. A request for which victims are still on their way out is *nominated* (no
-second preemption for it), and a victim still checkpointing is *in flight*.
+Design notes, the workload and the figures' definitions are in docs/fairness.md. Names:
 
-**Schemes** (:func:`schemes`), on the same jobs: ``ours`` -- the config's tree of queues (weights, guarantees,
-limits) with fairness on, given each queue's :class:`~orchestrator.scheduling.fairshare.DecayedUsage`;
-``flat_quota`` -- today's scheduler: every team a flat queue whose quota is its own guarantee (0 without one),
-borrowing on, fairness off, no limits and no starvation bound (so no reservations); ``fifo`` -- one queue, one
-class (priority 100, not preemptible), no aging: submission order with backfill.
+* a **cycle** (every ``cycle_s``) calls :func:`orchestrator.scheduling.cycle.schedule` itself over a
+  :class:`~orchestrator.scheduling.snapshot.ClusterSnapshot`, the holding leases and the pending items, and
+  carries the plan out as the head does (:mod:`orchestrator.control.victims`): a grant becomes a held lease
+  (the plan's ``after`` is the new snapshot); a victim whose class checkpoints holds its cards while it writes
+  (``checkpoint_s``; stopped without one at its grace period if that is shorter), any other is stopped at once;
+  then it is released and its job requeued at its submission time, to restore (``restore_s``) and go on from
+  what it saved. A request whose victims are still leaving is *nominated*; a victim checkpointing is *in flight*;
+* **schemes** (:func:`schemes`): ``ours`` (the config's tree, fairness on, each queue's
+  :class:`~orchestrator.scheduling.fairshare.DecayedUsage`), ``flat_quota`` (today's: flat queues, quota = own
+  guarantee, borrowing, no fairness, limits or reservations) and ``fifo`` (one queue, submission order);
+* **figures** (:class:`Figures`) judge every scheme against ours' tree: each ``sample_s``, Jain's index over the
+  asking teams of used / fair share (:func:`~orchestrator.scheduling.fairshare.compute` on that moment's
+  demand), its mean over samples more than ``settle_s`` after a demand change; work lost is counted from
+  checkpoints, not assumed.
 
-**Time.** A cycle every ``cycle_s`` (the head plans on change and at least every second while anything waits;
-5 s here keeps a 3-hour run to minutes of CPU). Everything happens at cycle instants: a job's end, a
-checkpoint written, a start-up done, an arrival are seen at the first cycle at or after them; work accrues
-exactly (a job runs ``work_s`` seconds of running, not counting start-up or checkpoint writes).
-
-**Work lost** is counted, not assumed: a victim stopped without a checkpoint (a class without checkpoints, or
-a write longer than the grace period) loses its progress since its last checkpoint (periodic ones every
-``checkpoint_every_s`` of progress, their write not charged); a class without checkpoints has none, so it
-loses everything since its start. ``checkpoint_gpu_s`` and ``restore_gpu_s`` are what reclaiming cost besides.
-
-**Figures** (:class:`Figures`), the same for every scheme, judged against the same target: every
-``sample_s`` the fair share of each team is :func:`~orchestrator.scheduling.fairshare.compute` over *ours'*
-tree on that moment's demand (held plus pending, per team), and the sample's index is Jain's over the teams
-that ask of ``used / fair`` in dominant-share units; ``fairness_index`` is the mean over *settled* samples
-(more than ``settle_s`` after the last demand change), with ``fairness_index_min_settled`` and
-``fairness_index_all``. ``allocation_pct``: GPU-time held / GPU-time of the cluster (<= 100, asserted each
-cycle); ``useful_pct`` leaves out what checkpoint writes and restores held, so it is what ran. Waits run from a
-request's (re)queueing to its grant, a gang's to its last worker's; one still waiting at the end counts what it
-waited so far; ``waits_over_bound_below_share`` counts those past the bound whose team held less than
-:data:`BELOW_SHARE` of its fair share meanwhile (starved, rather than waiting for its own team's excess).
-
-Invariants: the snapshot equals the held leases' allocations at every cycle (grants take ``Plan.after``,
-releases give back exactly what was applied); a lease is preempted at most once (in-flight ids are passed
-to the scheduler); same inputs and seed, same figures.
+Invariants: everything happens at cycle instants (an end, a checkpoint written, an arrival is seen at the first
+cycle at or after it) while work accrues exactly; the snapshot equals the held leases' allocations at every
+cycle; GPU-time held never exceeds the cluster's (asserted each cycle), what ran never exceeds what was held; a
+lease is preempted at most once; same inputs and seed, same figures.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -58,14 +38,13 @@ from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import PriorityClass, QueueConfig, SchedulerConfig
 from orchestrator.scheduling.cycle import PendingItem, Plan, schedule
 from orchestrator.scheduling.fairshare import (
-    ZERO, DecayedUsage, QueueTree, Resources, compute, jain, lease_resources,
+    ZERO, DecayedUsage, Resources, compute, jain, lease_resources,
 )
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot, NodeSpec
 from orchestrator.sim.arrival import run_parallel
 from orchestrator.sim.dayrecords import SimParams
-from orchestrator.sim.openb import load_pods
-from orchestrator.sim.tenants import Job, PodShape, TenantParams, Workload, generate, packaged_pool, pool_from_pods
+from orchestrator.sim.tenants import Job, PodShape, TenantParams, Workload, generate, teams_of
 
 SCHEMES = ("ours", "flat_quota", "fifo")
 #: Measured: "a new TorchTrainer ready to train, median 46.4 s" (docs/preemption.md, ``bench/preemption.py
@@ -110,12 +89,6 @@ class Scheme:
     config: SchedulerConfig
     queue: str | None = None
     klass: str | None = None
-
-
-def teams_of(config: SchedulerConfig) -> tuple[str, ...]:
-    """The leaf queues of the config's tree, ``default`` left out: the teams jobs are submitted to."""
-    tree = QueueTree.of(config)
-    return tuple(q for q in sorted(config.queues) if q != "default" and tree.is_leaf(q))
 
 
 def schemes(config: SchedulerConfig) -> dict[str, Scheme]:
@@ -185,20 +158,15 @@ class Figures:
     series: tuple[tuple[float, tuple[tuple[float, float], ...]], ...] = field(repr=False, default=())
 
     def to_json(self) -> dict[str, Any]:
-        r = lambda v, n=4: None if v is None else round(v, n)  # noqa: E731
-        return {"scheme": self.scheme, "seed": self.seed, "fairness_index": r(self.fairness_index),
-                "fairness_index_min_settled": r(self.fairness_index_min_settled),
-                "fairness_index_all": r(self.fairness_index_all), "settled_samples": self.settled_samples,
-                "max_gang_wait_s": r(self.max_gang_wait_s, 1), "max_wait_s": r(self.max_wait_s, 1),
-                "waits_over_bound": self.waits_over_bound,
-                "waits_over_bound_below_share": self.waits_over_bound_below_share,
-                "starvation_bound_s": self.starvation_bound_s,
-                "within_bound": self.waits_over_bound == 0 if self.starvation_bound_s is not None else None,
-                "allocation_pct": r(self.allocation_pct, 3), "useful_pct": r(self.useful_pct, 3),
-                "preemptions": self.preemptions,
-                "work_lost_gpu_s": r(self.work_lost_gpu_s, 1), "checkpoint_gpu_s": r(self.checkpoint_gpu_s, 1),
-                "restore_gpu_s": r(self.restore_gpu_s, 1), "jobs": self.jobs, "jobs_done": self.jobs_done,
-                "still_waiting": self.still_waiting, "cycles": self.cycles, "wall_s": r(self.wall_s, 2)}
+        """Every figure but the series, times to 0.1 s and GPU-seconds to 0.1, fractions to 4 places."""
+        out: dict[str, Any] = {}
+        for k in self.__dataclass_fields__:
+            v = getattr(self, k)
+            if k != "series":
+                out[k] = round(v, 1 if k.endswith("_s") else 3 if k.endswith("_pct") else 4) \
+                    if isinstance(v, float) else v
+        out["within_bound"] = self.waits_over_bound == 0 if self.starvation_bound_s is not None else None
+        return out
 
 
 class Simulation:
@@ -296,7 +264,7 @@ class Simulation:
                 elif run.checkpoints and run.progress - run.saved >= self.p.checkpoint_every_s:
                     run.saved = run.progress  # a periodic checkpoint (its write is not charged)
                     for lid in run.leases:
-                        self.held[lid] = _checkpointed(self.held[lid], end)
+                        self.held[lid] = replace(self.held[lid], last_checkpoint_at=end)
 
     def _release(self, run: _Run) -> None:
         for lid in run.leases:
@@ -325,7 +293,7 @@ class Simulation:
     # ---- the cycle ----------------------------------------------------------------------------------
     def _cycle(self, now: float) -> None:
         self.cycles += 1
-        items = [i if i.nominated == (i.item_id in self.nominating) else _nominated(i, i.item_id in self.nominating)
+        items = [i if i.nominated == (i.item_id in self.nominating) else replace(i, nominated=not i.nominated)
                  for i in self.pending.values()]
         in_flight = frozenset(lid for lid, lease in self.held.items() if lease.state is LeaseState.CHECKPOINTING)
         plan = schedule(self.snap, items, lambda: list(self.held.values()), self.cfg, now, self.policy,
@@ -344,7 +312,7 @@ class Simulation:
             lease = lease.grant(g.placement.allocation, self.token, now=now, reason=g.reason.text)
             lease = lease.transition(LeaseState.ACTIVE, now=now, reason="holder started")
             if self.runs[self.owner[g.item_id]].checkpoints:
-                lease = Lease(**{**_fields(lease), "restore_estimate_s": self.p.restore_s})
+                lease = replace(lease, restore_estimate_s=self.p.restore_s)
             self.held[g.item_id] = lease
             run = self.runs[self.owner[g.item_id]]
             run.leases.append(g.item_id)
@@ -442,33 +410,18 @@ def _last_change(changes: Sequence[float], t: float) -> float:
     return max((c for c in changes if c <= t + 1e-9), default=-math.inf)
 
 
-def _fields(lease: Lease) -> dict[str, Any]:
-    return {f: getattr(lease, f) for f in Lease.__dataclass_fields__}
-
-
-def _checkpointed(lease: Lease, at: float) -> Lease:
-    return Lease(**{**_fields(lease), "last_checkpoint_at": at})
-
-
-def _nominated(item: PendingItem, on: bool) -> PendingItem:
-    return PendingItem(item.item_id, item.request, item.priority, item.priority_class, item.submitted_at,
-                       queue=item.queue, nominated=on, gang=item.gang)
-
-
 # ---- many seeds, every scheme -----------------------------------------------------------------------------
 def run_one(args: tuple[Scheme, Workload, SchedulerConfig, int, FairnessParams]) -> Figures:
     scheme, workload, judge, gpus, params = args
     return Simulation(scheme, workload, judge, gpus, params).run()
 
 
-#: For each figure, which way is worse across seeds (the ``worst`` block).
+#: For each figure, which way is worse across seeds (the ``worst`` block); the means cover these and the costs.
 WORSE = {"fairness_index": min, "fairness_index_min_settled": min, "fairness_index_all": min,
          "max_gang_wait_s": max, "max_wait_s": max, "waits_over_bound": max, "waits_over_bound_below_share": max,
-         "allocation_pct": min, "useful_pct": min,
-         "preemptions": max, "work_lost_gpu_s": max, "jobs_done": min, "still_waiting": max}
-MEAN = ("fairness_index", "fairness_index_min_settled", "fairness_index_all", "max_gang_wait_s", "max_wait_s",
-        "waits_over_bound", "waits_over_bound_below_share", "allocation_pct", "useful_pct", "preemptions",
-        "work_lost_gpu_s", "checkpoint_gpu_s", "restore_gpu_s", "jobs_done", "still_waiting")
+         "allocation_pct": min, "useful_pct": min, "preemptions": max, "work_lost_gpu_s": max, "jobs_done": min,
+         "still_waiting": max}
+MEAN = (*WORSE, "checkpoint_gpu_s", "restore_gpu_s")
 
 
 def evaluate(config: SchedulerConfig, workloads: Sequence[Workload], cluster_gpus: int, *,
@@ -505,14 +458,6 @@ def load_config(path: str | Path | None = None) -> SchedulerConfig:
     return cfg
 
 
-def load_pool(pods: str | Path | None = None) -> tuple[list[PodShape], str]:
-    """The shapes jobs are drawn from and where they come from: an openb pod list's GPU pods, or the packaged
-    mix (:mod:`orchestrator.sim.tenants`)."""
-    if pods is None:
-        return packaged_pool(), "packaged: openb default's typical pods"
-    return pool_from_pods(load_pods(pods)), str(pods)
-
-
 def run_evaluation(config: SchedulerConfig, pool: Sequence[PodShape], source: str, seeds: Sequence[int],
                    cluster_gpus: int, tenant: TenantParams = TenantParams(), *,
                    params: FairnessParams = FairnessParams(), names: Sequence[str] = SCHEMES,
@@ -544,60 +489,9 @@ def targets(ours: Sequence[Figures], flat: Sequence[Figures]) -> dict[str, Any]:
 
 
 def _mean(vals: list[Any]) -> Any:
-    nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    nums = [v for v in vals if v is not None]
     return round(sum(nums) / len(nums), 4) if nums else None
 
 
 def _pick(how: Any, vals: list[Any]) -> Any:
-    nums = [v for v in vals if v is not None]
-    return how(nums) if nums else None
-
-
-# ---- the chart ---------------------------------------------------------------------------------------------
-_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
-
-
-def chart_svg(figs: Sequence[Figures], teams: Sequence[str], changes: Sequence[float], horizon_s: float,
-              capacity_gpus: float, title: str = "") -> str:
-    """One panel per scheme: each team's share of the cluster's GPUs (solid) and its fair share (dashed) over
-    simulated time, demand changes as grey verticals. Plain SVG, no dependency."""
-    w, ph, left, top, gap = 900, 190, 60, 40, 40
-    height = top + len(figs) * (ph + gap) + 30
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="sans-serif" '
-           f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{left}" y="20" font-size="13">{_esc(title)}</text>']
-    pw = w - left - 150
-    for k, f in enumerate(figs):
-        y0 = top + k * (ph + gap)
-        x = lambda t: left + pw * t / horizon_s  # noqa: E731
-        y = lambda v: y0 + ph - ph * min(v, 1.0)  # noqa: E731
-        out.append(f'<rect x="{left}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
-        out.append(f'<text x="{left}" y="{y0 - 6}">{_esc(f.scheme)}: fairness index {f.fairness_index or 0:.3f} '
-                   f'(settled), allocation {f.allocation_pct:.1f}%</text>')
-        for c in changes:
-            out.append(f'<line x1="{x(c):.1f}" y1="{y0}" x2="{x(c):.1f}" y2="{y0 + ph}" stroke="#ccc"/>')
-        for v in (0.25, 0.5, 0.75, 1.0):
-            out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0%}</text>')
-        for i, team in enumerate(teams):
-            col = _COLOURS[i % len(_COLOURS)]
-            used = " ".join(f"{x(t):.1f},{y(row[i][0] / capacity_gpus):.1f}" for t, row in f.series)
-            fair = " ".join(f"{x(t):.1f},{y(row[i][1] / capacity_gpus):.1f}" for t, row in f.series)
-            out.append(f'<polyline fill="none" stroke="{col}" stroke-width="1.4" points="{used}"/>')
-            out.append(f'<polyline fill="none" stroke="{col}" stroke-width="1" stroke-dasharray="4,3" '
-                       f'points="{fair}"/>')
-            if k == 0:
-                out.append(f'<text x="{left + pw + 12}" y="{y0 + 14 + 14 * i}" fill="{col}">{_esc(team)}</text>')
-        for h in range(int(horizon_s // 3600) + 1):
-            out.append(f'<text x="{x(h * 3600):.1f}" y="{y0 + ph + 14}" text-anchor="middle">{h} h</text>')
-    out.append(f'<text x="{left + pw + 12}" y="{top + 14 * (len(teams) + 2)}">solid: share held</text>')
-    out.append(f'<text x="{left + pw + 12}" y="{top + 14 * (len(teams) + 3)}">dashed: fair share</text>')
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-__all__ = ["SCHEMES", "FairnessParams", "Figures", "Scheme", "Simulation", "chart_svg", "evaluate", "schemes",
-           "targets", "teams_of"]
+    return how(v for v in vals if v is not None) if any(v is not None for v in vals) else None

@@ -37,15 +37,18 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from orchestrator.core.errors import InvalidRequestError
+from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.request import GpuRequest
+from orchestrator.scheduling.fairshare import QueueTree
 from orchestrator.scheduling.workloads import DEFAULT_WORKLOAD
 from orchestrator.sim.arrival import pod_request
-from orchestrator.sim.openb import MILLI, PodTable
+from orchestrator.sim.openb import MILLI, PodTable, load_pods
 
 #: Share of LS (and Guaranteed) pods among openb ``default``'s GPU pods (4,017 of 7,064): the packaged
 #: mix's qos split, which the mix itself does not carry.
@@ -161,6 +164,20 @@ def stable_hash(text: str) -> int:
 
 def team_of(pod_name: str, teams: Sequence[str]) -> str:
     return teams[stable_hash(pod_name) % len(teams)]
+
+
+def teams_of(config: SchedulerConfig) -> tuple[str, ...]:
+    """The leaf queues of the config's tree, ``default`` left out: the teams jobs are submitted to."""
+    tree = QueueTree.of(config)
+    return tuple(q for q in sorted(config.queues) if q != "default" and tree.is_leaf(q))
+
+
+def load_pool(pods: str | Path | None = None) -> tuple[list[PodShape], str]:
+    """The shapes jobs are drawn from and where they come from: an openb pod list's GPU pods (read and checked
+    by :func:`~orchestrator.sim.openb.load_pods`), or the packaged mix."""
+    if pods is None:
+        return packaged_pool(), "packaged: openb default's typical pods"
+    return pool_from_pods(load_pods(pods)), str(pods)
 
 
 def pool_from_pods(pods: PodTable) -> list[PodShape]:

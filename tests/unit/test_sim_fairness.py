@@ -79,7 +79,7 @@ def test_gangs_are_whole_cards_of_training_4_to_8_cards() -> None:
 
 
 def test_demand_changes_at_every_epoch_and_the_workload_is_seeded() -> None:
-    pool, _ = F.load_pool(None)
+    pool, _ = T.load_pool(None)
     teams = ("a", "b", "c", "d")
     p = T.TenantParams(hours=2.0, epoch_s=1800)
     w = T.generate(pool, teams, 64, 5, p)
@@ -175,8 +175,8 @@ def test_a_gang_behind_a_stream_of_small_work_is_reserved_for_within_its_bound_u
 
 def test_same_seed_same_figures() -> None:
     cfg = F.load_config(None)
-    pool, _ = F.load_pool(None)
-    w = T.generate(pool, F.teams_of(cfg), 32, 1, T.TenantParams(hours=0.25, epoch_s=300))
+    pool, _ = T.load_pool(None)
+    w = T.generate(pool, T.teams_of(cfg), 32, 1, T.TenantParams(hours=0.25, epoch_s=300))
     a, b = (F.Simulation(F.schemes(cfg)["ours"], w, cfg, 32).run() for _ in range(2))
     assert {**a.to_json(), "wall_s": 0} == {**b.to_json(), "wall_s": 0} and a.series == b.series
 
@@ -185,7 +185,7 @@ def test_same_seed_same_figures() -> None:
 def test_the_baselines_are_flat_quotas_and_one_fifo_queue() -> None:
     cfg = F.load_config(None)
     s = F.schemes(cfg)
-    teams = F.teams_of(cfg)
+    teams = T.teams_of(cfg)
     assert teams and "default" not in teams and all(cfg.queues[t].parent is not None or t == "platform" for t in teams)
     flat = s["flat_quota"].config
     assert not flat.fairness.enabled and set(flat.queues) == {"default", *teams}
