@@ -102,6 +102,9 @@ class Fairness(_Frozen):
                                         "orders queues standing alike (Slurm's PriorityDecayHalfLife)")] = 3600.0
     reclaim: bool = Field(default=True, description="A queue below its fair share may preempt (checkpoint, stop, "
                           "requeue) leases of queues above theirs, even of equal priority")
+    reclaim_tolerance: Annotated[float, Field(ge=0, le=1, description="Reclaim only while the victim's side holds "
+                                              "a larger fraction of its fair share than the requester's by more "
+                                              "than this (a band against churn as demand moves)")] = 0.1
     max_reclaims_per_cycle: Annotated[int, Field(ge=0, le=1000, description="At most this many leases preempted "
                                                  "for fair share in one cycle (shares converge without "
                                                  "thrashing)")] = 4

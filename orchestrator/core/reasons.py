@@ -78,6 +78,7 @@ class Cause(str, Enum):
     VICTIM_RECLAIM = "victim.reclaim"                # capacity borrowed beyond its queue's quota is reclaimed
     VICTIM_FAIRSHARE = "victim.fairshare"            # its queue is above its fair share, the requester's below
     VICTIM_CONSOLIDATE = "victim.consolidate"        # moved (checkpoint, requeue, elsewhere) to make room; nothing lost
+    VICTIM_RESERVATION = "victim.reservation"        # on nodes reserved for a request past the starvation bound
     # ---- ineligible: why a lease may not be preempted ------------------------------------------
     INELIGIBLE_IN_FLIGHT = "ineligible.in_flight"    # already being preempted
     INELIGIBLE_NOT_HOLDING = "ineligible.not_holding"

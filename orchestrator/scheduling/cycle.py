@@ -200,7 +200,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
                 Cause.WAIT_BORROW_ONLY, "")
             waiting.append(_reserving(fc, work, holding, item, policy, now, alts, Waiting(item.item_id, pos, eff, Reason(
                 cause, f"{res.message}; queue {item.queue} is over its quota{why}, "
-                "so it only borrows idle capacity and preempts nothing"), res)))
+                "so it only borrows idle capacity and preempts nothing"), res), taken, preemptions))
             if fc.reserver is item:
                 memo.clear()
             continue
@@ -227,7 +227,8 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
         else:
             assert isinstance(plan, NoPreemption)
             waiting.append(_reserving(fc, work, holding, item, policy, now, alts, Waiting(
-                item.item_id, pos, eff, Reason(Cause.WAIT_NO_FIT, res.message), res, preemption_blocked=plan.reason)))
+                item.item_id, pos, eff, Reason(Cause.WAIT_NO_FIT, res.message), res, preemption_blocked=plan.reason),
+                taken, preemptions))
             if fc.reserver is item:
                 memo.clear()
     return Plan(tuple(grants), tuple(preemptions), tuple(waiting), after=work, shares=fc.shares,
@@ -235,27 +236,36 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
 
 
 def _reserving(fc: FairCycle, work: ClusterSnapshot, holding: Sequence[Lease], item: PendingItem,
-               policy: PlacementPolicy, now: float, alts: "_QuotaAlternatives", waiting: Waiting) -> Waiting:
+               policy: PlacementPolicy, now: float, alts: "_QuotaAlternatives", waiting: Waiting,
+               taken: set[str], preemptions: list[Preemption]) -> Waiting:
     """``waiting``, or -- when ``item`` starves and nodes can be reserved for it -- the same wait saying so
     (cause ``wait.reserved``), the nodes reserved in ``fc`` for the rest of the cycle."""
     why = _reserved(fc, work, holding, item, now, waiting.reason,
-                    lambda sim: isinstance(place(sim, item.request, policy, resolved=alts.all), Placement))
+                    lambda sim: isinstance(place(sim, item.request, policy, resolved=alts.all), Placement),
+                    taken, preemptions)
     return waiting if why is None else replace(waiting, reason=why)
 
 
 def _reserved(fc: FairCycle, work: ClusterSnapshot, holding: Sequence[Lease], item: PendingItem, now: float,
-              why: Reason, fits: Callable[[ClusterSnapshot], bool]) -> Reason | None:
+              why: Reason, fits: Callable[[ClusterSnapshot], bool], taken: set[str],
+              preemptions: list[Preemption]) -> Reason | None:
     """The ``wait.reserved`` reason when ``item`` (a request, or a gang's first worker) starves and
-    :meth:`FairCycle.reserve` found nodes for it; None otherwise."""
+    :meth:`FairCycle.reserve` found nodes for it -- their holders of no higher priority preempted for it
+    (:meth:`FairCycle.clear`) -- ; None otherwise."""
     if not fc.starving(item, now):
         return None
     nodes = fc.reserve(work, holding, item, fits)
     if not nodes:
         return None
+    victims = fc.clear(work, holding, item, now, taken, fits)
+    for v in victims:
+        taken.add(v.lease_id)
+        preemptions.append(Preemption(v, item.item_id, v.reason))
     bound = fc.config.fairness.starvation_bound_s
+    clearing = f"; preempting {', '.join(v.lease_id for v in victims)} there" if victims else ""
     return Reason(Cause.WAIT_RESERVED, f"waited {now - item.submitted_at:.0f}s, over the {bound:g}s bound: node(s) "
-                  f"{','.join(nodes)} reserved for it (only preemptible lower-priority work backfills there); "
-                  f"{why.text}")
+                  f"{','.join(nodes)} reserved for it (only preemptible lower-priority work backfills there)"
+                  f"{clearing}; {why.text}")
 
 
 _UNASKED: Any = object()
@@ -453,7 +463,8 @@ def _gang_step(work: ClusterSnapshot, members: list[PendingItem], pos: int, hold
     if over_quota:
         why = Reason(Cause.WAIT_BORROW_ONLY, f"{res.message}; queue {first.queue} is over its quota, "
                      "so it only borrows idle capacity and preempts nothing")
-        wait_all(_reserved(fc, work, holding, first, now, why, fits) or why, res.unschedulable, res.worker_reason)
+        wait_all(_reserved(fc, work, holding, first, now, why, fits, taken, preemptions) or why, res.unschedulable,
+                 res.worker_reason)
         return work
     candidates = [lease for lease in holding if lease.lease_id not in taken]
     plan = plan_gang_preemption(view, gang, candidates, priority=first.priority, queue=first.queue, config=config,
@@ -470,6 +481,6 @@ def _gang_step(work: ClusterSnapshot, members: list[PendingItem], pos: int, hold
     else:
         assert isinstance(plan, NoPreemption)
         why = Reason(Cause.WAIT_NO_FIT, res.message)
-        wait_all(_reserved(fc, work, holding, first, now, why, fits) or why, res.unschedulable, res.worker_reason,
-                 blocked=plan.reason)
+        wait_all(_reserved(fc, work, holding, first, now, why, fits, taken, preemptions) or why, res.unschedulable,
+                 res.worker_reason, blocked=plan.reason)
     return work

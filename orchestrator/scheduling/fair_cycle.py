@@ -10,13 +10,16 @@
 * **Limits** (any queue with ``limit_gpus``, fairness on or off): an alternative that would take the queue,
   or any queue above it, beyond its limit is not granted, borrowed or preempted for (cause ``wait.limit``).
 * **Reservations** (``fairness.starvation_bound_s``): the first request in queue order that has waited
-  longer than the bound and still cannot be placed or preempted for reserves the nodes where it fits
+  longer than the bound -- with fairness on, of a queue below its fair share -- and still cannot be placed
+  or preempted for reserves the nodes where it fits
   soonest -- the fewest nodes, fewest GPUs held on them first, whose holders all ending would make room for
   it (:meth:`FairCycle.reserve`). For the rest of the cycle later items see those nodes as full
   (:meth:`FairCycle.view`) unless they may **backfill**: their class is preemptible and their priority is
   below the reserving request's, so it can take the nodes back by preemption when their other holders end.
   The reservation is recomputed each cycle from the same state, so it stays where it was while nothing
-  changes, and ends when the request is placed.
+  changes, and ends when the request is placed. Its holders of no higher priority are then preempted
+  through the checkpoint path, the fewest that make room (:meth:`FairCycle.clear`, ``victim.reservation``):
+  a reservation alone waits for its nodes' work to end, which may be hours.
 
 Invariants: without a fairness section, limits and a bound the cycle behaves exactly as before (this module
 returns the config's quotas, no order key, no view); a view is never granted on directly -- the cycle places
@@ -31,11 +34,11 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from orchestrator.core.errors import CapacityError, InvalidRequestError
 from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import QueueConfig, SchedulerConfig
-from orchestrator.core.reasons import Cause
+from orchestrator.core.reasons import Cause, Reason
 from orchestrator.scheduling.fairshare import (
     FairShares, QueueTree, Resources, ZERO, compute, usage_by_queue,
 )
-from orchestrator.scheduling.preemption import Victim
+from orchestrator.scheduling.preemption import Victim, preemption_cost_gpu_s, work_lost_gpu_s
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 
 if TYPE_CHECKING:  # the cycle imports this module; its item type is only named here
@@ -141,8 +144,16 @@ class FairCycle:
 
     # ---- reservations ----------------------------------------------------------------------------
     def starving(self, item: "PendingItem", now: float) -> bool:
+        """``item`` waited past the bound and nothing is reserved yet this cycle; with fair shares, only while
+        its queue holds less than its share (a queue at or above its share waits because it is: that is fair)."""
         bound = self.config.fairness.starvation_bound_s
-        return bound is not None and self.reserver is None and now - item.submitted_at > bound
+        if bound is None or self.reserver is not None or now - item.submitted_at <= bound:
+            return False
+        return self.shares is None or self._below(item.queue)
+
+    def _below(self, queue: str) -> bool:
+        line = self.shares.line(queue) if self.shares is not None else None
+        return line is not None and line.used_dominant < line.fair_dominant - 1e-9
 
     def may_backfill(self, item: "PendingItem") -> bool:
         """Whether ``item`` may use the reserved nodes: nothing is reserved, or it is the reserving request, or
@@ -188,6 +199,51 @@ class FairCycle:
                 self._view = self._view_of = None
                 return chosen
         return ()
+
+
+    def clear(self, work: ClusterSnapshot, holding: Sequence[Lease], item: "PendingItem", now: float,
+              taken: set[str], fits: Callable[[ClusterSnapshot], bool]) -> tuple[Victim, ...]:
+        """The fewest leases on the reserved nodes whose release lets ``item`` place there, cheapest first
+        (:func:`~.preemption.preemption_cost_gpu_s`), each of a preemptible class, of no higher priority than
+        ``item``, past its minimum runtime, not being preempted already and (fairness on) not of a queue below
+        its fair share (cause ``victim.reservation``);
+        () when releasing all of them would not make room. So a request waits at most the bound plus a
+        grace period, whatever its queue's standing (the issue's "no request waiting more than its bound")."""
+        nodes = set(self.reserved)
+        cands = []
+        for lease in holding:
+            a, cls = lease.allocation, self.config.classes.get(lease.priority_class)
+            started = lease.started_at if lease.started_at is not None else now
+            if (a is None or a.node_name not in nodes or not lease.holding or lease.lease_id in taken
+                    or lease.state is LeaseState.CHECKPOINTING or cls is None or not cls.preemptible
+                    or lease.priority > item.priority or now - started < cls.min_runtime_s
+                    or (self.shares is not None and self._below(lease.queue))):  # never from a queue below its share
+                continue
+            cands.append(lease)
+        cands.sort(key=lambda lease: (preemption_cost_gpu_s(lease, now), lease.lease_id))
+        outside = tuple(n for n in work.node_names if n not in nodes)
+        sim, chosen = work, []
+        for lease in cands:
+            sim = sim.release(lease.allocation)  # type: ignore[arg-type]
+            chosen.append(lease)
+            if fits(_without(sim, outside)):
+                break
+        else:
+            return ()
+        for lease in reversed(chosen[:-1]):  # add back what it does not need
+            trial = sim.apply(lease.allocation)  # type: ignore[arg-type]
+            if fits(_without(trial, outside)):
+                sim = trial
+                chosen.remove(lease)
+        bound = self.config.fairness.starvation_bound_s
+        return tuple(Victim(
+            lease.lease_id, lease.owner, lease.priority, lease.priority_class, lease.queue, lease.gpus_held,
+            work_lost_gpu_s(lease, now), lease.restore_estimate_s,
+            lease.started_at if lease.started_at is not None else 0.0,
+            reason=Reason(Cause.VICTIM_RESERVATION, f"its {lease.allocation.node_name} share is on node(s) "  # type: ignore[union-attr]
+                          f"reserved for {item.item_id}, which waited over the {bound:g}s bound "
+                          f"(cost {preemption_cost_gpu_s(lease, now):.0f} GPU-s; it checkpoints and resumes later)"))
+            for lease in chosen)
 
 
 def _without(snapshot: ClusterSnapshot, nodes: Sequence[str]) -> ClusterSnapshot:

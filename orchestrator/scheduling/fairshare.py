@@ -35,8 +35,11 @@ served before teams that ran the cluster while it was away, and it is not charge
 
 **Reclaim** (:func:`reclaim_block`): a lease may be taken from queue A for a request of queue B,
 though A's priority is not lower, only when B is below its fair share and, at the level of the tree
-where their paths part (the children A', B' of their lowest common ancestor), A' after losing the
-lease still holds at least as large a fraction of its fair share as B' after gaining the request:
+where their paths part (the children A', B' of their lowest common ancestor), A' holds a larger fraction
+of its fair share than B' by more than ``fairness.reclaim_tolerance`` (a band: demand moves the shares a
+little every cycle, and reclaiming across each small move would keep cards checkpointing instead of
+working), and A' after losing the lease still holds at least as large a fraction of its fair share as B'
+after gaining the request:
 ``(used_A' - g) / fair_A' >= (used_B' + d) / fair_B'``. The reverse move then fails the same test, so
 a reclaim is never undone by the next (no thrashing), and each one moves both sides toward fair share.
 
@@ -358,7 +361,7 @@ class DecayedUsage:
 
 
 def reclaim_block(shares: FairShares, *, victim_queue: str, victim: Resources, requester_queue: str,
-                  asks: Resources) -> Reason | None:
+                  asks: Resources, tolerance: float = 0.0) -> Reason | None:
     """Why a lease taking ``victim`` of ``victim_queue`` may *not* be reclaimed for a request of
     ``requester_queue`` asking ``asks`` (an ``ineligible.*`` reason); None when it may (module docstring,
     Reclaim). Dominant-share units throughout, so CPU- and memory-heavy work counts by what it takes most."""
@@ -373,6 +376,12 @@ def reclaim_block(shares: FairShares, *, victim_queue: str, victim: Resources, r
     a, b = (shares.lines[p] for p in parting)
     if b.fair_dominant <= 1e-12:
         return Reason(Cause.INELIGIBLE_FAIR_SHARE, f"queue {b.queue} has no fair share")
+    before_a = a.used_dominant / a.fair_dominant if a.fair_dominant > 1e-12 else float("inf")
+    before_b = b.used_dominant / b.fair_dominant
+    if before_a - before_b <= tolerance + 1e-9:
+        return Reason(Cause.INELIGIBLE_FAIR_SHARE,
+                      f"queue {a.queue} holds {before_a:.0%} of its fair share and queue {b.queue} {before_b:.0%}: "
+                      f"within the {tolerance:.0%} band in which shares are left alone")
     after_a = (a.used_dominant - victim.dominant(cap)) / a.fair_dominant if a.fair_dominant > 1e-12 else float("inf")
     after_b = (b.used_dominant + asks.dominant(cap)) / b.fair_dominant
     if after_a + 1e-9 < after_b:

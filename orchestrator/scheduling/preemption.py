@@ -174,16 +174,21 @@ def ineligibility(lease: Lease, *, priority: int, queue: str, config: SchedulerC
         return Reason(Cause.INELIGIBLE_CLASS, f"class {lease.priority_class} is not preemptible")
     _, own_q = config.queue(queue) if queue in config.queues else ("", None)
     within_own = own_q is None or own_q.quota_gpus is None or usage.get(queue, 0.0) + demand <= own_q.quota_gpus
-    if lease.priority >= priority and not (_borrowed(lease, queue, config, usage) and within_own):
+    if lease.priority >= priority and config.fairness.enabled:
+        # Fair share replaces reclaiming borrowed capacity (the guarantees are in the fair shares): a queue
+        # without a quota would otherwise count as within it and take from any queue over its guarantee.
         if fair is None:
-            return Reason(Cause.INELIGIBLE_PRIORITY, f"priority {lease.priority} is not lower than {priority}")
+            return Reason(Cause.INELIGIBLE_PRIORITY, f"priority {lease.priority} is not lower than {priority}, "
+                          "and this cycle's fair-share reclaims are spent")
         if lease.priority > priority:
             return Reason(Cause.INELIGIBLE_PRIORITY, f"priority {lease.priority} is higher than {priority}: fair "
                           "share moves capacity between work of one priority only")
         block = reclaim_block(fair, victim_queue=lease.queue, victim=lease_resources(lease), requester_queue=queue,
-                              asks=asks or Resources(demand))
+                              asks=asks or Resources(demand), tolerance=config.fairness.reclaim_tolerance)
         if block is not None:
             return Reason(block.cause, f"priority {lease.priority} is not lower than {priority}, and {block.text}")
+    elif lease.priority >= priority and not (_borrowed(lease, queue, config, usage) and within_own):
+        return Reason(Cause.INELIGIBLE_PRIORITY, f"priority {lease.priority} is not lower than {priority}")
     if cls is not None and cls.min_runtime_s:
         ran = now - (lease.started_at if lease.started_at is not None else now)
         if ran < cls.min_runtime_s:
@@ -375,7 +380,7 @@ def _victim_reason(lease: Lease, what: str, priority: int, now: float, landing: 
         return Reason(Cause.VICTIM_PRIORITY, f"{lease.priority_class or 'priority'} {lease.priority} < {priority}: {need}")
     quota = config.queues[lease.queue].quota_gpus
     mine, theirs = (fair.line(lease.queue), fair.line(queue)) if fair is not None else (None, None)
-    if mine is not None and theirs is not None and not (quota is not None and usage.get(lease.queue, 0.0) > quota):
+    if mine is not None and theirs is not None and config.fairness.enabled:
         return Reason(Cause.VICTIM_FAIRSHARE,
                       f"fair share: queue {lease.queue} holds {mine.used_gpus:g} GPUs, above its fair share of "
                       f"{mine.fair_share_gpus:.3g}; queue {queue} holds {theirs.used_gpus:g}, below its "

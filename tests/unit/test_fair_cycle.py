@@ -138,6 +138,9 @@ def test_a_starving_gang_sized_request_reserves_a_node_and_only_preemptible_lowe
     waits = {w.item_id: w for w in plan.waiting}
     assert waits["big"].reason.cause is Cause.WAIT_RESERVED and plan.reserved
     reserved = set(plan.reserved)
+    # the reserved node's holder, of no higher priority, is preempted for it: the wait ends within a grace
+    assert [(p.victim.lease_id, p.reason.cause) for p in plan.preemptions] == [
+        ("x0" if "n0" in reserved else "x1", Cause.VICTIM_RESERVATION)]
     granted = {g.item_id: g.placement.allocation.node_name for g in plan.grants}
     assert granted["small"] not in reserved  # equal priority: kept off the reserved node
     assert "lowly" in granted  # batch is preemptible and lower: it may backfill anywhere
@@ -208,3 +211,18 @@ def test_a_move_needs_somewhere_for_the_moved_share_to_go() -> None:
     stuck = schedule(snap2, [pending("big", "default", request=two, at=NOW - 100)], leases2, on, NOW, POLICY,
                      movable={"x0": NOW - 50})
     assert not stuck.preemptions and stuck.waiting[0].reason.cause is Cause.WAIT_NO_FIT
+
+
+def test_with_fair_shares_only_a_queue_below_its_share_starves_and_no_victim_is_below_its_own() -> None:
+    """Team a holds its fair share (4 of 8) and asks more: its old request is not starving -- it waits because
+    the share is full -- so nothing is reserved or preempted for it; team b's old request is below its share."""
+    on = cfg({"a": {}, "b": {}}, enabled=True, reclaim=False, starvation_bound_s=600)
+    snap, leases = hold(cluster(2, 4), on, [("a0", "a", "training"), ("a1", "a", "training"), ("a2", "a", "training"),
+                                            ("a3", "a", "training"), ("b0", "b", "training"), ("b1", "b", "training"),
+                                            ("b2", "b", "training"), ("b3", "b", "training")])
+    plan = schedule(snap, [pending("a-more", "a", at=NOW - 1000)], leases, on, NOW, POLICY)
+    assert not plan.reserved and not plan.preemptions
+    snap2, leases2 = hold(cluster(2, 4), on, [(f"a{i}", "a", "training") for i in range(6)]
+                          + [("b0", "b", "training"), ("b1", "b", "training")])
+    plan2 = schedule(snap2, [pending("b-old", "b", at=NOW - 1000)], leases2, on, NOW, POLICY)
+    assert plan2.reserved and [p.victim.queue for p in plan2.preemptions] == ["a"]
