@@ -16,7 +16,9 @@ subtree's):
 
 So a queue that asks nothing holds no share (its share flows to its siblings), a queue never gets
 more than it asks, and among queues asking more than they can get, shares above the guarantees are
-in proportion to the weights (max-min fairness, weighted). The root's share is the cluster.
+in proportion to the weights (max-min fairness, weighted). The root's share is the cluster. What a child
+"asks" here is what its subtree can take: its ask, within its limit, and for a parent within what its own
+work and its children can take under their limits -- so a limited child never strands its parent's share.
 
 **Dominant resource.** Shares are computed in *dominant-share units*: the fraction of the cluster a
 queue's demand takes of the resource it needs most (GPUs, host CPU or host memory: DRF,
@@ -267,16 +269,30 @@ def compute(config: SchedulerConfig, capacity: Resources, used: Mapping[str, Res
     fair_dom: dict[str, float] = {ROOT: 1.0}
     order: list[str] = []
 
+    def to_dom(q: str, gpus: float) -> float:
+        k = per_gpu(q)
+        return gpus * k if k != float("inf") else 0.0
+
+    takeable: dict[str, float] = {}
+
+    def can_take(q: str) -> float:
+        """What the subtree of ``q`` can hold at most: its ask, within its limit and, for a parent, what its own
+        work and its children can take under *their* limits (else a limited child strands its parent's share)."""
+        lim = config.queues[q].limit_gpus
+        kids = tree.children.get(q, ())
+        most = asked_up.get(q, ZERO).dominant(capacity)
+        if kids:
+            own = asked.get(q, ZERO).dominant(capacity) if q in known else 0.0
+            most = min(most, own + sum(can_take(c) for c in kids))
+        takeable[q] = min(most, to_dom(q, lim)) if lim is not None else most
+        return takeable[q]
+    for top in tree.children.get(ROOT, ()):
+        can_take(top)
+
     def walk(node: str) -> None:
         kids = tree.children.get(node, ())
-        spec = []
-        for c in kids:
-            q = config.queues[c]
-            k = per_gpu(c)
-            to_dom = (lambda gpus, k=k: gpus * k if k != float("inf") else 0.0)
-            spec.append((c, asked_up.get(c, ZERO).dominant(capacity),
-                         to_dom(q.quota_gpus or 0.0), q.weight,
-                         to_dom(q.limit_gpus) if q.limit_gpus is not None else float("inf")))
+        spec = [(c, takeable[c], to_dom(c, config.queues[c].quota_gpus or 0.0), config.queues[c].weight, float("inf"))
+                for c in kids]
         fair_dom.update(_divide(fair_dom[node], spec))
         for c in kids:
             order.append(c)

@@ -145,3 +145,13 @@ def test_config_refuses_unknown_parents_and_circles() -> None:
         config({"a": {"parent": "b"}, "b": {"parent": "a"}})
     with pytest.raises(Exception, match="limit_gpus"):
         config({"a": {"quota_gpus": 4, "limit_gpus": 2}})
+
+
+def test_a_limited_child_does_not_strand_its_parents_share() -> None:
+    """product's only asking team is limited to 4: product can take 4, so the rest goes to research (it was
+    given to product by weight and held by no one)."""
+    cfg = config({"research": {}, "product": {}, "ads": {"parent": "product", "limit_gpus": 4}})
+    shares = compute(cfg, CAP, used={}, asked={"ads": gpus(16), "research": gpus(16)})
+    assert shares.fair_gpus("ads") == pytest.approx(4)
+    assert shares.fair_gpus("product") == pytest.approx(4)
+    assert shares.fair_gpus("research") == pytest.approx(12)
