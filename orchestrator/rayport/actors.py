@@ -20,7 +20,9 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.rayport.agent import AgentActor
 from orchestrator.rayport.head import HeadActor
 from orchestrator.control.holds import HOLD_PREFIX, LEASE_PREFIX
-from orchestrator.rayport.ray_api import agent_name, kill_named, named_actor_alive, pin, remove_named_groups
+from orchestrator.rayport.ray_api import (agent_name, kill_named, named_actor_alive, pin, remove_named_groups,
+                                          withdraw_request)
+from orchestrator.rayport.store import gcs_table
 
 
 def start_head(settings: RuntimeSettings, cluster: ClusterConfig, *, node_id: str | None = None,
@@ -83,7 +85,10 @@ def stop_orchestrator(namespace: str, head_name: str, node_names: Sequence[str],
                       timeout_s: float = 15.0) -> list[str]:
     """Remove what an orchestrator made in Ray, on a driver connected to its cluster: its head, its agents and
     their detached holds and lease groups (which outlive an agent so that its successor adopts them, so a stop
-    for good must remove them, or the cluster's cards stay held with nobody to lend them); the names removed.
+    for good must remove them, or the cluster's cards stay held with nobody to lend them), and the head's request
+    to Ray's autoscaler (which Ray keeps until the next one: left, an autoscaling cluster would keep the nodes it
+    grew for a queue that is gone; only while it is still the head's, :func:`~.ray_api.withdraw_request`); the
+    names removed.
     Only its own: the actors named in ``namespace`` and the groups named for ``node_names`` (the user's own
     groups are left alone). Its journal (GCS KV) stays, for a later ``up`` over it.
 
@@ -96,6 +101,8 @@ def stop_orchestrator(namespace: str, head_name: str, node_names: Sequence[str],
     deadline = time.monotonic() + timeout_s
     while any(named_actor_alive(n, namespace) for n in gone) and time.monotonic() < deadline:
         time.sleep(0.1)
+    if withdraw_request(gcs_table(namespace)) == "cleared":
+        gone.append("autoscaler request")
     prefixes = [f"{p}{n}/" for p in (HOLD_PREFIX, LEASE_PREFIX) for n in node_names]
     removed = remove_named_groups(prefixes)
     while time.monotonic() < deadline:

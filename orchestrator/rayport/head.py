@@ -140,7 +140,7 @@ class HeadActor:
         # Ray's threads hand each call to the loop and each reply back under the GIL; with Python's 5 ms
         # default a busy loop kept them waiting and capped the grants a second (docs/load.md).
         sys.setswitchinterval(s.head_switch_interval_s)
-        table = gcs_table(s.namespace)
+        table = self._table = gcs_table(s.namespace)
         journal = Journal.load(table)
         tuning = s.tuning
         runner = (ray_api.RayJobRunner(timeout_s=tuning.job_api_timeout_s, id_reuse_quiet_s=tuning.id_reuse_quiet_s,
@@ -270,7 +270,8 @@ class HeadActor:
             log.info("head: asked Ray's autoscaler for %d bundle(s)", len(shapes))
 
         bundles = [dict(shape) for shape in shapes]
-        self._home.run_in_executor(self._autoscaler, ray_api.request_resources, bundles).add_done_callback(sent)
+        send = functools.partial(ray_api.request_resources, bundles, record_in=self._table)
+        self._home.run_in_executor(self._autoscaler, send).add_done_callback(sent)
 
     def _answered(self) -> None:
         """After the job API's answer was applied: wake the loop only if it has work now

@@ -1,6 +1,7 @@
 """The queue reaches Ray's autoscaler (issue #37 item 7) on a real local Ray cluster: a lease that fits nowhere
 makes the head call ``ray.autoscaler.sdk.request_resources``, and the bundles are read back from the GCS where
-Ray keeps them; withdrawn, the request is cleared.
+Ray keeps them; withdrawn, the request is cleared; and stopping the orchestrator for good (what ``down`` runs)
+withdraws the head's request, but never another caller's.
 
 The shared cluster runs no autoscaler, so Ray takes the v1 path (``is_autoscaler_v2()`` is false): the bundles
 are the JSON under the GCS KV key ``autoscaler_resource_request`` (``ray._private.ray_constants``), what the
@@ -77,3 +78,29 @@ def test_a_lease_that_fits_nowhere_is_asked_of_the_autoscaler_and_withdrawn_clea
     until("the request cleared", lambda: _requested() == [], 30)
     assert head.status()["autoscaler_demand"] == []
     head.release("held", key=KEY, token=head.get_lease("held", KEY)["fencing_token"])
+
+
+def test_stopping_the_orchestrator_withdraws_its_request_and_only_its_own(head: Any, ray_cluster: Any) -> None:
+    """Ray keeps a request until the next one: a head stopped while it asked for nodes would leave an autoscaling
+    cluster growing for a queue that is gone. Runs last in the module: it stops the module's head."""
+    from orchestrator.rayport.actors import stop_orchestrator
+    from orchestrator.rayport.ray_api import request_resources, withdraw_request
+    from orchestrator.rayport.store import gcs_table
+
+    nodes = [n.name for n in ray_cluster.config.nodes]
+    _ask(head, "held-2", "inference")  # new ids: a lease id is the request's idempotency key
+    assert head.wait_lease("held-2", 60, KEY)["state"] == "granted"
+    _ask(head, "waits-2", "batch")
+    until("the demand in the GCS", lambda: _requested() == [{"GPU": 4}, {"GPU": 4}], 30)
+    stopped = stop_orchestrator(SETTINGS.namespace, SETTINGS.head_name, nodes)
+    assert "autoscaler request" in stopped
+    assert _requested() == []  # cleared: the autoscaler would otherwise keep growing for the dead head's queue
+    assert withdraw_request(gcs_table(SETTINGS.namespace)) == "nothing asked"  # the record went with it
+
+    # another caller asked after the head's last request: a stop leaves that one alone
+    table = gcs_table(SETTINGS.namespace)
+    request_resources([{"GPU": 2}], record_in=table)  # as the head records its own
+    request_resources([{"CPU": 8}])  # then someone else's, which replaces it in Ray
+    assert withdraw_request(table) == "not ours"
+    assert _requested() == [{"CPU": 8}]
+    request_resources([])

@@ -18,7 +18,8 @@ without Ray. The surfaces:
 * :mod:`.job_api` -- Ray's job API (:class:`RayJobRunner`, :func:`job_submission_client`);
 * :mod:`.gangs` -- placement groups: a gang's (:func:`gang_placement_group`), removing an orchestrator's
   (:func:`remove_named_groups`);
-* :mod:`.autoscaler` -- the autoscaler SDK: the head's demand for nodes (:func:`request_resources`).
+* :mod:`.autoscaler` -- the autoscaler SDK: the head's demand for nodes (:func:`request_resources`), withdrawn
+  when the orchestrator stops for good (:func:`withdraw_request`).
 
 Every name is re-exported here: callers write ``from orchestrator.rayport import ray_api`` then
 ``ray_api.connect(...)``, or import a name from this package. Inside the package the modules import each other
@@ -42,7 +43,7 @@ from orchestrator.rayport.ray_api.job_api import (api_server_url, JOB_API_TIMEOU
                                                   ID_REUSE_QUIET_S, STATUS_READ_TIMEOUT_S, RayJobRunner)
 from orchestrator.rayport.ray_api.gangs import (gang_placement_group, remove_gang_placement_group,
                                                 bundle_actor_options, remove_named_groups)
-from orchestrator.rayport.ray_api.autoscaler import request_resources
+from orchestrator.rayport.ray_api.autoscaler import request_resources, withdraw_request
 from orchestrator.rayport.lease_groups import advertises_gpus, agent_name, native_actor_options
 from orchestrator.rayport.wire import unwrap
 
@@ -55,4 +56,5 @@ __all__ = [
     "actor_options", "api_server_url", "JOB_API_TIMEOUT_S", "job_submission_client", "ID_REUSE_QUIET_S",
     "STATUS_READ_TIMEOUT_S", "RayJobRunner", "gang_placement_group", "remove_gang_placement_group", "remove_named_groups",
     "bundle_actor_options", "advertises_gpus", "agent_name", "native_actor_options", "unwrap", "request_resources",
+    "withdraw_request",
 ]
