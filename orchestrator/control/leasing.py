@@ -72,7 +72,8 @@ def enqueue(ctl: HeadController, spec: LeaseRequest, class_name: str, priority: 
         ctl._last_enqueued = enqueued = max(now, ctl._last_enqueued + 1e-6)
     entry = LedgerEntry(Lease.new(spec.lease_id, spec.request, now=now, owner=spec.owner,
                                   priority=spec.priority or priority, priority_class=class_name,
-                                  queue=spec.queue, gang=spec.gang.gang_id if spec.gang else None),
+                                  queue=spec.queue, gang=spec.gang.gang_id if spec.gang else None,
+                                  elastic=spec.gang.elastic if spec.gang else None),
                         spec, ctl.ledger.seq, enqueued)
     ctl.ledger.commit([entry])
     ctl._dirty = True
