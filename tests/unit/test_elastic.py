@@ -253,3 +253,26 @@ def test_the_cycle_grows_and_extra_rounds_do_not_churn() -> None:
     busy, three = running_gang(busy, "g3", ["n0", "n0", "n1"], (1, 4))
     for t in range(5):
         assert not schedule(busy, [], three, CFG, NOW + t * 400, POLICY, elastic=three).preemptions
+
+
+def test_an_sdk_gang_lease_and_a_requeued_worker_refuse_an_elastic_gang() -> None:
+    """A resize requeues every worker (a job's next attempt): neither an SDK gang lease nor a worker lease asking to
+    be requeued on its own may be elastic."""
+    from orchestrator.control.controller import HeadController
+    from orchestrator.control.store import MemoryStore
+    from orchestrator.core.config import RuntimeSettings
+    from orchestrator.sdk.leases import gang_lease
+
+    with pytest.raises(InvalidRequestError) as e:
+        with gang_lease("1-2x1", head=object()):  # type: ignore[arg-type]
+            pass
+    assert e.value.field == "gang.min_workers"
+    ctl = HeadController(RuntimeSettings(), MemoryStore(), clock=lambda: 0.0)
+    member = GangMember.of(GangRequest.parse("1-2x1"), "g", 0).model_dump(mode="json")
+    with pytest.raises(InvalidRequestError) as e:
+        ctl.request_lease({"lease_id": "g-w0", "request": "1", "gang": member, "requeue_on_preempt": True})
+    assert e.value.field == "lease_request.requeue_on_preempt"
+    assert ctl.request_lease({"lease_id": "g-w0", "request": "1", "gang": member}) == "g-w0"
+    assert ctl.ledger.get("g-w0").lease.elastic == (1, 2)
+    from orchestrator.control.preempting import retry_of
+    assert retry_of(ctl.ledger.get("g-w0"), "lost", 1.0).lease.elastic == (1, 2), "a retry keeps the range"
