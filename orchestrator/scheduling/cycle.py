@@ -241,7 +241,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
     if elastic is not None and config.elastic.grow and all(w.reason.cause is Cause.WAIT_NEVER_FITS for w in waiting):
         preemptions.extend(plan_grow(work, elastic() if callable(elastic) else elastic, waiting, config, now, policy,
                                      in_flight=frozenset(taken), usage=usage,
-                                     room=lambda q: fc.headroom(q, usage)[0], shares=fc.shares))
+                                     room=lambda q: fc.headroom(q, usage)[0]))
     return Plan(tuple(grants), tuple(preemptions), tuple(waiting), after=work, shares=fc.shares,
                 reserved=fc.reserved, trims=tuple(trims))
 

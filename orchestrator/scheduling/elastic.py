@@ -16,9 +16,11 @@ A running elastic gang grows when, at the end of a cycle (the plan's grants appl
    and a restore, and each resize starts a new attempt, so this is also the rate limit: one gang resizes at most
    once per ``grow_after_s``;
 4. **one more worker fits**: with its own workers' cards released, the gang places at ``k+1`` or more workers
-   (within what its queue's limits and, for a queue that does not borrow, its quota leave; with fairness on,
-   within its fair share -- else the reclaim would shrink it back). The cards it will take are then taken on the
-   working snapshot, so two gangs never count on the same idle card.
+   (within what its queue's limits and, for a queue that does not borrow, its quota leave). The cards it will take
+   are then taken on the working snapshot, so two gangs never count on the same idle card. Fair share does not
+   cap it: a queue's fair share is bounded by what it asks, and a running gang asks what it holds, so the cap
+   would forbid every grow; with nothing waiting (1) no queue below its share wants the cards, and when one does
+   later, its reclaim shrinks the gang back through a checkpoint -- the capacity moves only when it is wanted.
 
 Gangs are considered highest priority first, then earliest started, then gang id (deterministic).
 Invariants: the snapshot is never changed; a gang at its most, or one whose size ``k+1`` does not fit, is never
@@ -34,7 +36,6 @@ from orchestrator.core.gang_request import GangRequest
 from orchestrator.core.lease import Lease, LeaseState
 from orchestrator.core.priorities import SchedulerConfig
 from orchestrator.core.reasons import Cause, Reason
-from orchestrator.scheduling.fairshare import FairShares
 from orchestrator.scheduling.gang import GangPlacement, place_elastic
 from orchestrator.scheduling.plan import Preemption, Waiting
 from orchestrator.scheduling.policy import PlacementPolicy
@@ -75,8 +76,8 @@ def running_elastic(holding: Sequence[Lease]) -> list[RunningGang]:
 
 def plan_grow(work: ClusterSnapshot, holding: Sequence[Lease], waiting: Sequence[Waiting], config: SchedulerConfig,
               now: float, policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset(),
-              usage: Mapping[str, float] | None = None, room: Callable[[str], float] | None = None,
-              shares: FairShares | None = None) -> list[Preemption]:
+              usage: Mapping[str, float] | None = None,
+              room: Callable[[str], float] | None = None) -> list[Preemption]:
     """The grows this cycle (see the module docstring): one preemption per worker of each gang that grows, for
     its own first worker, cause ``victim.grow``. ``work``: the cycle's working snapshot; ``usage``: GPUs held per
     queue (needed where a queue has a quota); ``room``: what the queue tree's limits leave a queue (None: no
@@ -87,7 +88,7 @@ def plan_grow(work: ClusterSnapshot, holding: Sequence[Lease], waiting: Sequence
     gangs.sort(key=lambda g: (-max(m.priority for m in g.leases), g.started_at, g.gang_id))
     out: list[Preemption] = []
     for g in gangs:
-        extra = _extra_allowed(g, config, usage or {}, room, shares)
+        extra = _extra_allowed(g, config, usage or {}, room)
         if extra < 1 or not _may_resize(g, config, now, in_flight):
             continue
         sim = work
@@ -124,8 +125,8 @@ def _may_resize(g: RunningGang, config: SchedulerConfig, now: float, in_flight: 
 
 
 def _extra_allowed(g: RunningGang, config: SchedulerConfig, usage: Mapping[str, float],
-                   room: Callable[[str], float] | None, shares: FairShares | None) -> int:
-    """How many more workers its queue's limits, quota (a queue that does not borrow) and fair share allow."""
+                   room: Callable[[str], float] | None) -> int:
+    """How many more workers its queue's limits and quota (a queue that does not borrow) allow."""
     first = g.leases[0]
     per = first.gpus_held
     if per <= 0:
@@ -134,9 +135,5 @@ def _extra_allowed(g: RunningGang, config: SchedulerConfig, usage: Mapping[str, 
     q = config.queues.get(first.queue)
     if q is not None and q.quota_gpus is not None and not q.borrowing:
         left.append(q.quota_gpus - usage.get(first.queue, 0.0))
-    if shares is not None:
-        line = shares.line(first.queue)
-        if line is not None:
-            left.append(line.fair_share_gpus - line.used_gpus)
     most = min(left)
     return g.most - g.size if most == float("inf") else min(g.most - g.size, int((most + _EPS) / per))

@@ -6,12 +6,14 @@ Pure tier: snapshots, the engine, the cycle and the planners; no Ray.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from orchestrator.core.errors import InvalidRequestError
 from orchestrator.core.gang_request import GangMember, GangRequest
 from orchestrator.core.lease import Lease, LeaseRequest, LeaseState
-from orchestrator.core.priorities import Elastic, PriorityClass, QueueConfig, SchedulerConfig
+from orchestrator.core.priorities import Elastic, Fairness, PriorityClass, QueueConfig, SchedulerConfig
 from orchestrator.core.reasons import Cause
 from orchestrator.core.request import GpuRequest
 from orchestrator.scheduling.cycle import PendingItem, schedule
@@ -276,3 +278,18 @@ def test_an_sdk_gang_lease_and_a_requeued_worker_refuse_an_elastic_gang() -> Non
     assert ctl.ledger.get("g-w0").lease.elastic == (1, 2)
     from orchestrator.control.preempting import retry_of
     assert retry_of(ctl.ledger.get("g-w0"), "lost", 1.0).lease.elastic == (1, 2), "a retry keeps the range"
+
+
+def test_with_fairness_on_a_gang_grows_into_an_idle_queues_cards_and_is_reclaimed_when_it_asks() -> None:
+    cfg = CFG.model_copy(update={"queues": {"default": QueueConfig(), "a": QueueConfig(), "b": QueueConfig()},
+                                 "fairness": Fairness(enabled=True)})
+    snap, leases = running_gang(cluster(4), "g", ["n0"] * 2, (1, 4))
+    leases = [replace(m, queue="a") for m in leases]
+    plan = schedule(snap, [], leases, cfg, NOW, POLICY, elastic=leases)
+    assert {p.victim.lease_id for p in plan.preemptions} == {"g-w0", "g-w1"}, "queue b asks nothing: a may grow"
+    snap4, grown = running_gang(cluster(4), "h", ["n0"] * 4, (1, 4))
+    grown = [replace(m, queue="a") for m in grown]
+    asks = [PendingItem("b-1", GpuRequest.whole(1), 100, "training", 5.0, queue="b")]
+    plan = schedule(snap4, asks, grown, cfg, NOW, POLICY, elastic=grown)
+    assert {p.victim.lease_id for p in plan.preemptions} == {m.lease_id for m in grown}
+    assert all(p.reason.cause is Cause.VICTIM_SHRINK and "fair share" in p.reason.text for p in plan.preemptions)
