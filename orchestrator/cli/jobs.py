@@ -187,7 +187,7 @@ def build_spec(command: list[str], *, gpu: str, priority: Optional[str], name: O
 @app.command(context_settings={"allow_interspersed_args": False}, epilog=EXIT_CODES)
 def submit(
     command: Annotated[Optional[list[str]], typer.Argument(help="-- COMMAND [ARGS...]: the shell command to run as a Ray job", show_default=False)] = None,
-    gpu: Annotated[str, typer.Option("--gpu", help="1, 2 (whole cards), mig:1g.10gb, mps:30%,20GiB, timeslice:0.25, mem=20GiB,compute=0.3,isolation=hard|soft|none, or a gang NxSPEC: 2x4 (2 workers of 4 cards, all or nothing)")] = "1",
+    gpu: Annotated[str, typer.Option("--gpu", help="1, 2 (whole cards), mig:1g.10gb, mps:30%,20GiB, timeslice:0.25, mem=20GiB,compute=0.3,isolation=hard|soft|none, or a gang NxSPEC: 2x4 (2 workers of 4 cards, all or nothing), or an elastic gang MIN-MAXxSPEC: 1-4x1")] = "1",
     priority: Annotated[Optional[str], typer.Option("--priority", help="Priority class: inference, training, batch or one from the config (default: the config's)")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Job name (default: from the command)")] = None,
     queue: Annotated[str, typer.Option("--queue", help="Queue (quota group)")] = "default",

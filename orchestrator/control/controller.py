@@ -200,7 +200,8 @@ class HeadController:
         # 5: schedule on change, and at least once a second while anything waits: time alone
         # makes work preemptible (minimum runtimes pass) and ages the queue.
         self._apply_window()
-        if self._dirty or (now - self._last_schedule >= 1.0 and self.ledger.in_state(LeaseState.PENDING)):
+        if self._dirty or (now - self._last_schedule >= 1.0 and (self.ledger.in_state(LeaseState.PENDING)
+                                                                 or self._may_grow())):
             self._last_schedule = now
             self._schedule(now, report)
         report.start_agents.extend(self.nodes.agents_to_start(now, self.settings.agent_ttl_s))  # 6
@@ -238,10 +239,14 @@ class HeadController:
             self._schedule(now, report)
         return report
 
+    def _may_grow(self) -> bool:
+        """An elastic gang runs and growing is on: a cycle with nothing pending may still grow one."""
+        return self.sched_config.elastic.grow and self.ledger.any_elastic
+
     def _schedule(self, now: float, report: ReconcileReport) -> None:
         self._dirty = False
         pending = self.ledger.in_state(LeaseState.PENDING)
-        if not pending:
+        if not pending and not self._may_grow():
             return
         started = time.perf_counter()
         plan = self._plan(pending, now)
@@ -256,9 +261,12 @@ class HeadController:
             grants.append(replace(e, lease=lease, handout=lease_handout(lease, rec.ray_node_id, self.settings,
                                                                         node_gpu_uuids=node_gpu_uuids(rec)),
                                   why_pending="", waiting=None))
-        if grants:
+        # An elastic gang's workers beyond the size it runs at: withdrawn, in the same commit as its grants.
+        trims = [replace(e, lease=e.lease.transition(LeaseState.RELEASED, now=now, reason=str(t.reason)),
+                         why_pending="", waiting=None) for t in plan.trims for e in (self.ledger.get(t.item_id),)]
+        if grants or trims:
             self.ledger.put_meta()  # the counter first: a restore never reissues a token
-            self.ledger.commit(grants)
+            self.ledger.commit(grants + trims)
             self._snap = plan.after
             report.granted.extend(g.lease_id for g in grants)
         for w in plan.waiting:
@@ -284,7 +292,8 @@ class HeadController:
                    if self.sched_config.consolidation.enabled else None)
         plan = schedule(self._snapshot, items, lambda: [e.lease for e in self.ledger.holding()], self._window_cfg,
                         now, self.policy, in_flight=in_flight, window=window, usage=self.ledger.queue_usage(),
-                        decayed=self._decayed.usage if fairness.enabled else None, movable=movable)
+                        decayed=self._decayed.usage if fairness.enabled else None, movable=movable,
+                        elastic=(lambda: [e.lease for e in self.ledger.elastic_holding()]) if self._may_grow() else None)
         if plan.shares is not None:
             self.last_shares = plan.shares
         return plan

@@ -50,6 +50,10 @@ def request_lease(ctl: HeadController, data: LeaseRequest | Mapping[str, Any]) -
             raise InvalidRequestError("lease_request.lease_id", spec.lease_id, "an id not used before",
                                       detail="that id already names a different request")
         return spec.lease_id
+    if spec.gang is not None and spec.gang.elastic is not None and spec.requeue_on_preempt:
+        # a resize requeues every worker (the job layer does); a worker's own retry would leave the rest behind
+        raise InvalidRequestError("lease_request.requeue_on_preempt", True, "false for a worker of an elastic gang",
+                                  detail="an elastic gang is resized through new attempts: submit it as a job")
     class_name, pclass = ctl.sched_config.priority_class(spec.priority_class or None)
     ctl.sched_config.leaf_queue(spec.queue)
     who = credentials.current()
@@ -72,7 +76,8 @@ def enqueue(ctl: HeadController, spec: LeaseRequest, class_name: str, priority: 
         ctl._last_enqueued = enqueued = max(now, ctl._last_enqueued + 1e-6)
     entry = LedgerEntry(Lease.new(spec.lease_id, spec.request, now=now, owner=spec.owner,
                                   priority=spec.priority or priority, priority_class=class_name,
-                                  queue=spec.queue, gang=spec.gang.gang_id if spec.gang else None),
+                                  queue=spec.queue, gang=spec.gang.gang_id if spec.gang else None,
+                                  elastic=spec.gang.elastic if spec.gang else None),
                         spec, ctl.ledger.seq, enqueued)
     ctl.ledger.commit([entry])
     ctl._dirty = True

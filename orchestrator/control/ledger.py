@@ -19,7 +19,7 @@ Invariants:
 * ``entries`` changes only through :meth:`Ledger.commit`, :meth:`Ledger.soft`,
   :meth:`Ledger.drop` and :meth:`Ledger.restore`, which keep the indexes (by
   state, the occupying leases of each node, the victims of each request and
-  those of them still on their way out) equal to a scan of it. Every
+  those of them still on their way out, the holding workers of elastic gangs) equal to a scan of it. Every
   query answers in ``entries``' order, as a scan would: the head's cost then
   grows with what a query returns, not with every lease the ledger keeps
   (``docs/scaling.md``);
@@ -122,7 +122,7 @@ class LedgerEntry:
                       state=LeaseState(d["state"]), allocation=alloc, fencing_token=d["fencing_token"],
                       history=history, checkpoint_path=d.get("checkpoint_path"),
                       last_checkpoint_at=d.get("last_checkpoint_at"), queue=spec.queue,
-                      gang=spec.gang.gang_id if spec.gang else None)
+                      gang=spec.gang.gang_id if spec.gang else None, elastic=spec.gang.elastic if spec.gang else None)
         return cls(lease, spec, d["seq"], d["enqueued_at"],
                    handout=Handout.from_dict(d["handout"]) if d.get("handout") else None,
                    holder=d.get("holder"), attempt_of=d.get("attempt_of"), requeued_as=d.get("requeued_as"),
@@ -181,6 +181,7 @@ class Ledger:
         self._next_pos = 0
         self._by_state: dict[LeaseState, set[str]] = {s: set() for s in LeaseState}
         self._occupying: set[str] = set()
+        self._elastic: set[str] = set()  # holding workers of elastic gangs (what the scheduler may grow)
         self._usage: dict[str, int] = {}  # queue -> GPUs its holding leases hold, in preemption.USAGE_UNITS
         self._on_node: dict[str, set[str]] = {}
         self._node_feed: ChangeFeed[str] = ChangeFeed()  # the nodes an occupying lease of which came, went or changed
@@ -298,6 +299,8 @@ class Ledger:
         if e.lease.holding:
             q = e.lease.queue
             self._usage[q] = self._usage.get(q, 0) + usage_units(e.lease)
+            if e.lease.elastic is not None:
+                self._elastic.add(lid)
         if e.lease.holding or e.revoking:
             self._occupying.add(lid)
             if e.lease.allocation is not None:
@@ -309,6 +312,7 @@ class Ledger:
     def _unindex(self, e: LedgerEntry) -> None:
         lid = e.lease_id
         self._by_state[e.lease.state].discard(lid)
+        self._elastic.discard(lid)
         if e.lease.holding:
             q = e.lease.queue
             left = self._usage[q] - usage_units(e.lease)
@@ -412,6 +416,15 @@ class Ledger:
 
     def holding(self) -> list[LedgerEntry]:
         return self.in_state(*HOLDING_STATES)
+
+    @property
+    def any_elastic(self) -> bool:
+        """Whether a worker of an elastic gang holds devices (the cycle then looks for a gang to grow)."""
+        return bool(self._elastic)
+
+    def elastic_holding(self) -> list[LedgerEntry]:
+        """The holding workers of elastic gangs (``Lease.elastic``), in ledger order."""
+        return self.in_order(self._elastic)
 
     def occupying(self) -> list[LedgerEntry]:
         """Entries whose devices are taken: holding ones, and ended ones awaiting their agent's confirmation."""

@@ -60,7 +60,8 @@ def retry_of(e: LedgerEntry, reason: str, now: float, *, resume_from: str | None
     spec = e.spec.model_copy(update={"lease_id": new_id, "resume_from": resume_from or e.spec.resume_from})
     return LedgerEntry(Lease.new(new_id, spec.request, now=now, owner=spec.owner, priority=e.lease.priority,
                                  priority_class=e.lease.priority_class, queue=e.lease.queue,
-                                 reason=f"requeued: {reason}", gang=e.lease.gang),
+                                 reason=f"requeued: {reason}", gang=e.lease.gang,
+                                 elastic=e.lease.elastic),
                        spec, e.seq, e.enqueued_at, attempt_of=e.lease_id)
 
 

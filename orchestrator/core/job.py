@@ -43,6 +43,8 @@ class JobSpec(BaseModel):
     workers: Annotated[int, Field(ge=1, le=MAX_GANG_WORKERS,
                                   description="Workers of a gang (Ray Train's num_workers), granted all or nothing")] = 1
     same_node: bool = Field(default=False, description="A gang: every worker on one node (required)")
+    min_workers: Annotated[int | None, Field(ge=1, le=MAX_GANG_WORKERS, description="An elastic gang: the fewest "
+                                             "workers an attempt runs with (workers is the most); None: fixed")] = None
     priority: str | None = Field(default=None, description="Priority class; None = the config's default")
     queue: str = "default"
     runtime_env: dict[str, Any] = Field(default_factory=dict)
@@ -65,8 +67,11 @@ class JobSpec(BaseModel):
     def gang(self) -> GangRequest | None:
         """The gang this job asks for (``workers`` > 1), or None for a single lease."""
         if self.workers == 1:
+            if self.min_workers not in (None, 1):
+                raise InvalidRequestError("min_workers", self.min_workers, "unset, or at most workers (1)")
             return None
-        return GangRequest(workers=self.workers, worker=self.gpu, same_node=self.same_node)
+        return GangRequest(workers=self.workers, worker=self.gpu, same_node=self.same_node,
+                           min_workers=self.min_workers)
 
     def describe_gpu(self) -> str:
         gang = self.gang
@@ -211,6 +216,7 @@ class Job:
         return {
             "job_id": self.job_id, "name": self.spec.name, "state": self.state.value,
             "entrypoint": self.spec.entrypoint, "gpu": self.spec.describe_gpu(), "workers": self.spec.workers,
+            **({"min_workers": self.spec.min_workers} if self.spec.min_workers is not None else {}),
             "priority_class": self.priority_class, "priority": self.priority, "queue": self.spec.queue,
             "submitted_at": self.submitted_at, "lease_id": self.lease_id, "ray_submission_id": self.ray_submission_id,
             "attempt": self.attempt, "resume_from": self.resume_from, "placement_reason": self.placement_reason,

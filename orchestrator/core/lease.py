@@ -189,13 +189,16 @@ class Lease:
     queue: str = "default"
     restore_estimate_s: float = 0.0
     gang: str | None = None  # the gang id when this lease is one worker of a gang: preempted as one victim
+    #: ``(min, max)`` workers when its gang is elastic (``GangMember.elastic``): the scheduler may shrink or grow
+    #: it through a checkpoint (docs/preemption.md, "Elastic gangs"); None otherwise.
+    elastic: tuple[int, int] | None = None
 
     @classmethod
     def new(cls, lease_id: str, request: GpuRequest, *, now: float, owner: str = "", priority: int = 0,
             priority_class: str = "", queue: str = "default", reason: str = "requested",
-            gang: str | None = None) -> "Lease":
+            gang: str | None = None, elastic: tuple[int, int] | None = None) -> "Lease":
         return cls(lease_id, request, owner, priority, priority_class, queue=queue,
-                   history=(Transition(now, LeaseState.PENDING, reason),), gang=gang)
+                   history=(Transition(now, LeaseState.PENDING, reason),), gang=gang, elastic=elastic)
 
     @property
     def gpus_held(self) -> float:

@@ -92,6 +92,17 @@ class Consolidation(_Frozen):
                                            "plus the measured restore time, x GPUs, summed over the moves")] = 600.0
 
 
+class Elastic(_Frozen):
+    """Elastic gangs (``min..max`` workers, :mod:`orchestrator.scheduling.elastic`): growing into idle capacity.
+    Shrinking needs no setting (a preempted elastic gang comes back at what is left)."""
+
+    grow: bool = Field(default=True, description="Ask a running elastic gang below its most to checkpoint and "
+                       "resume larger when idle cards fit at least one more worker and nothing waits")
+    grow_after_s: Annotated[float, Field(ge=0, le=7 * 86400, description="An elastic gang grows only after its "
+                                         "current attempt has run this long: a resize costs a checkpoint and a "
+                                         "restore, and this bounds how often one gang pays it")] = 300.0
+
+
 class Fairness(_Frozen):
     """Hierarchical weighted fair share (:mod:`orchestrator.scheduling.fairshare`); off by default, when the
     queues behave as flat quotas with borrowing."""
@@ -201,6 +212,7 @@ class SchedulerConfig(_Frozen):
                                "and reservations (off: flat quotas with borrowing)")
     consolidation: Consolidation = Field(default_factory=Consolidation, description="Moving running shares "
                                          "through checkpoint and resume to make room (off by default)")
+    elastic: Elastic = Field(default_factory=Elastic, description="Elastic gangs growing into idle capacity")
 
     @field_validator("policy")
     @classmethod

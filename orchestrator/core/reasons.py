@@ -61,6 +61,8 @@ class Cause(str, Enum):
     PLACED = "placed"                                # granted where the policy scored best
     PLACED_BORROWING = "placed.borrowing"            # granted on idle capacity beyond the queue's quota
     PLACED_GANG = "placed.gang"                      # every worker of a gang granted at once
+    PLACED_GANG_ELASTIC = "placed.gang_elastic"      # an elastic gang granted at the largest size that fits
+    ELASTIC_TRIMMED = "elastic.trimmed"              # a worker beyond the size its elastic gang runs at: withdrawn
     # ---- wait: why a queued request still waits ------------------------------------------------
     WAIT_NO_FIT = "wait.no_fit"                      # nothing fits now and no preemption helps
     WAIT_NEVER_FITS = "wait.never_fits"              # no card of the cluster could hold it, even idle: a node must join
@@ -79,6 +81,8 @@ class Cause(str, Enum):
     VICTIM_FAIRSHARE = "victim.fairshare"            # its queue is above its fair share, the requester's below
     VICTIM_CONSOLIDATE = "victim.consolidate"        # moved (checkpoint, requeue, elsewhere) to make room; nothing lost
     VICTIM_RESERVATION = "victim.reservation"        # on nodes reserved for a request past the starvation bound
+    VICTIM_SHRINK = "victim.shrink"                  # an elastic gang that resumes at once, smaller, from its checkpoint
+    VICTIM_GROW = "victim.grow"                      # an elastic gang checkpoints to resume larger on idle cards
     # ---- ineligible: why a lease may not be preempted ------------------------------------------
     INELIGIBLE_IN_FLIGHT = "ineligible.in_flight"    # already being preempted
     INELIGIBLE_NOT_HOLDING = "ineligible.not_holding"

@@ -33,6 +33,10 @@ It reads as a numbered script (Kueue's scheduling cycle):
       cluster shrank after it was queued), with cause ``wait.never_fits``
       and no preemption tried.
 
+A gang's pending workers take step 2 together (:mod:`.gang_cycle`: all or nothing; an elastic gang at the
+largest size that fits, its other workers withdrawn). After step 2, a running elastic gang below its most may be
+asked to checkpoint and resume larger on idle capacity (:mod:`.elastic`, cause ``victim.grow``).
+
 The queue tree adds fair share, limits and reservations to steps 1 and 2 (:mod:`.fair_cycle`: the
 fair-share order, ``max(guarantee, fair share)`` as the quota, reclaim at equal priority, ``wait.limit``,
 ``wait.reserved`` and backfill); without them configured the cycle is the one above.
@@ -60,16 +64,16 @@ from orchestrator.scheduling.admission import never_fits
 from orchestrator.scheduling.alternatives import alternative_demand, resolve
 from orchestrator.scheduling.candidates import alt_key
 from orchestrator.scheduling.engine import Placement, Unschedulable, place
-from orchestrator.scheduling.plan import Grant, PendingItem, Plan, Preemption, Waiting
+from orchestrator.scheduling.plan import Grant, PendingItem, Plan, Preemption, Trim, Waiting
 from orchestrator.scheduling.consolidate import movable_leases, plan_move
+from orchestrator.scheduling.elastic import plan_grow
 from orchestrator.scheduling.fair_cycle import FairCycle
 from orchestrator.scheduling.fairshare import FairShares
-from orchestrator.scheduling.gang import GangPlacement, place_gang
+from orchestrator.scheduling.gang_cycle import gang_step, reserved
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.preemption import (
     NoPreemption,
     PreemptionPlan,
-    plan_gang_preemption,
     plan_preemption,
     queue_usage,
 )
@@ -98,14 +102,16 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
              holding: Sequence[Lease] | Callable[[], Sequence[Lease]], config: SchedulerConfig, now: float,
              policy: PlacementPolicy, *, in_flight: frozenset[str] = frozenset(), window: WindowStatus | None = None,
              usage: Mapping[str, float] | None = None, decayed: Mapping[str, float] | None = None,
-             movable: Mapping[str, float] | None = None) -> Plan:
+             movable: Mapping[str, float] | None = None,
+             elastic: Sequence[Lease] | Callable[[], Sequence[Lease]] | None = None) -> Plan:
     """Run one cycle; see the module docstring. ``holding``: the holding leases, or a function returning them
     (called only if a preemption is planned); ``in_flight``: lease ids already being preempted; ``window``: the
     time window whose quotas ``config`` carries (its waits name it), None for none; ``usage``: what
     :func:`~.preemption.queue_usage` gives over ``holding``, when the caller keeps it up already; ``decayed``: each
     queue's decayed usage (:class:`~.fairshare.DecayedUsage`), for the fair-share order; ``movable``: the leases
     whose holders requeue on preemption, each with the submission time its retry keeps, which consolidation
-    may move (:mod:`.consolidate`)."""
+    may move (:mod:`.consolidate`); ``elastic``: the holding workers of elastic gangs (or a function returning
+    them, called only when nothing waits), which may be asked to grow (:mod:`.elastic`; None: none run)."""
     work = snapshot
     if callable(holding):
         holding = _Later(holding)
@@ -116,6 +122,7 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
     grants: list[Grant] = []
     preemptions: list[Preemption] = []
     waiting: list[Waiting] = []
+    trims: list[Trim] = []
     taken = set(in_flight)
     ordered = order(pending, config, now, fc.shares)
     gangs: dict[str, list[PendingItem]] = {}
@@ -135,8 +142,8 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
         if item.gang is not None:  # the gang's turn comes with its first worker in queue order
             members = gangs.pop(item.gang.gang_id, None)
             if members is not None:
-                work = _gang_step(work, members, pos, holding, config, now, policy, usage, taken,
-                                  grants, preemptions, waiting, fc)
+                work = gang_step(work, members, pos, effective_priority(item, config, now), holding, config, now,
+                                 policy, usage, taken, grants, preemptions, waiting, trims, fc)
                 memo.clear()
             continue
         eff = effective_priority(item, config, now)
@@ -231,8 +238,12 @@ def schedule(snapshot: ClusterSnapshot, pending: Sequence[PendingItem],
                 taken, preemptions))
             if fc.reserver is item:
                 memo.clear()
+    if elastic is not None and config.elastic.grow and all(w.reason.cause is Cause.WAIT_NEVER_FITS for w in waiting):
+        preemptions.extend(plan_grow(work, elastic() if callable(elastic) else elastic, waiting, config, now, policy,
+                                     in_flight=frozenset(taken), usage=usage,
+                                     room=lambda q: fc.headroom(q, usage)[0]))
     return Plan(tuple(grants), tuple(preemptions), tuple(waiting), after=work, shares=fc.shares,
-                reserved=fc.reserved)
+                reserved=fc.reserved, trims=tuple(trims))
 
 
 def _reserving(fc: FairCycle, work: ClusterSnapshot, holding: Sequence[Lease], item: PendingItem,
@@ -240,32 +251,10 @@ def _reserving(fc: FairCycle, work: ClusterSnapshot, holding: Sequence[Lease], i
                taken: set[str], preemptions: list[Preemption]) -> Waiting:
     """``waiting``, or -- when ``item`` starves and nodes can be reserved for it -- the same wait saying so
     (cause ``wait.reserved``), the nodes reserved in ``fc`` for the rest of the cycle."""
-    why = _reserved(fc, work, holding, item, now, waiting.reason,
+    why = reserved(fc, work, holding, item, now, waiting.reason,
                     lambda sim: isinstance(place(sim, item.request, policy, resolved=alts.all), Placement),
                     taken, preemptions)
     return waiting if why is None else replace(waiting, reason=why)
-
-
-def _reserved(fc: FairCycle, work: ClusterSnapshot, holding: Sequence[Lease], item: PendingItem, now: float,
-              why: Reason, fits: Callable[[ClusterSnapshot], bool], taken: set[str],
-              preemptions: list[Preemption]) -> Reason | None:
-    """The ``wait.reserved`` reason when ``item`` (a request, or a gang's first worker) starves and
-    :meth:`FairCycle.reserve` found nodes for it -- their holders of no higher priority preempted for it
-    (:meth:`FairCycle.clear`) -- ; None otherwise."""
-    if not fc.starving(item, now):
-        return None
-    nodes = fc.reserve(work, holding, item, fits)
-    if not nodes:
-        return None
-    victims = fc.clear(work, holding, item, now, taken, fits)
-    for v in victims:
-        taken.add(v.lease_id)
-        preemptions.append(Preemption(v, item.item_id, v.reason))
-    bound = fc.config.fairness.starvation_bound_s
-    clearing = f"; preempting {', '.join(v.lease_id for v in victims)} there" if victims else ""
-    return Reason(Cause.WAIT_RESERVED, f"waited {now - item.submitted_at:.0f}s, over the {bound:g}s bound: node(s) "
-                  f"{','.join(nodes)} reserved for it (only preemptible lower-priority work backfills there)"
-                  f"{clearing}; {why.text}")
 
 
 _UNASKED: Any = object()
@@ -390,97 +379,3 @@ def _window_text(window: WindowStatus | None, queue: str) -> str:
     if window.next_change_in_s is not None:
         until = f" until {format_hhmm(window.time_of_day_s + window.next_change_in_s)}"
     return f"set by time window {window.window.describe()}{until}"
-def _gang_step(work: ClusterSnapshot, members: list[PendingItem], pos: int, holding: Sequence[Lease],
-               config: SchedulerConfig, now: float, policy: PlacementPolicy, usage: dict[str, float], taken: set[str],
-               grants: list[Grant], preemptions: list[Preemption], waiting: list[Waiting],
-               fc: FairCycle) -> ClusterSnapshot:
-    """Step 2 for a gang's pending workers, all at once: every worker granted (cause ``placed.gang``) or
-    none; a preemption planned for the whole gang; else each worker waits, saying on what. Returns the
-    working snapshot with what was granted."""
-    first = members[0]
-    spec = first.gang
-    assert spec is not None
-    members = sorted(members, key=lambda m: (m.gang.index, m.item_id))  # type: ignore[union-attr]
-    eff = effective_priority(first, config, now)
-    label = f"gang {spec.gang_id}"
-
-    def wait_all(why: Reason, unsched: Unschedulable | None = None, per_worker: Any = None,
-                 would: tuple[str, ...] = (), blocked: Reason | None = None) -> None:
-        for m in members:
-            i = m.gang.index  # type: ignore[union-attr]
-            own = per_worker(i) if per_worker is not None else None
-            text = f"worker {i} of {label}: {own.text if own else 'waits with its gang'}; {why.text}" if per_worker else \
-                f"worker {i} of {label}: {why.text}"
-            waiting.append(Waiting(m.item_id, pos, eff, Reason(why.cause, text), unsched, would_preempt=would,
-                                   preemption_blocked=blocked))
-
-    indices = {m.gang.index for m in members}  # type: ignore[union-attr]
-    if len(indices) < spec.size or len(members) != spec.size:
-        missing = sorted(set(range(spec.size)) - indices)
-        wait_all(Reason(Cause.WAIT_GANG_MEMBERS, f"{len(indices)} of {spec.size} workers are queued; waiting for "
-                        f"worker(s) {','.join(map(str, missing)) or '(duplicates)'} to be queued (again) before "
-                        "the gang is placed, all or nothing"))
-        return work
-    demand = sum(m.demand for m in members)
-    _, q = config.queue(first.queue) if first.queue in config.queues else ("", None)
-    quota = fc.quota(first.queue, q)
-    over_quota = quota is not None and usage.get(first.queue, 0.0) + demand > quota + _EPS
-    room, which = fc.headroom(first.queue, usage)
-    if demand > room + _EPS:
-        wait_all(Reason(Cause.WAIT_LIMIT, f"queue {which}'s limit of {config.queues[which].limit_gpus:g} GPUs leaves "
-                        f"{max(room, 0.0):g} for queue {first.queue}, and the gang asks {demand:g}"))
-        return work
-    if over_quota and q is not None and not q.borrowing:
-        wait_all(Reason(Cause.WAIT_QUOTA, f"queue {first.queue} is at its quota of {quota:g} GPUs and does not borrow"))
-        return work
-    gang = spec.gang(first.request)
-    view = fc.view(work, first)
-    res = place_gang(view, gang, policy)
-    if isinstance(res, GangPlacement):
-        work = res.apply(work)
-        usage[first.queue] = usage.get(first.queue, 0.0) + demand
-        fc.granted(first.queue, demand)
-        cause = Cause.PLACED_GANG if not over_quota else Cause.PLACED_BORROWING
-        for m, p in zip(members, res.placements):
-            text = f"worker {m.gang.index} of {label}: {p.reason.text}; {res.reason.text}"  # type: ignore[union-attr]
-            if over_quota:
-                text += f" (borrowing beyond queue {first.queue}'s quota)"
-            grants.append(Grant(m.item_id, p, Reason(cause, text)))
-        return work
-    never = never_fits(first.request, work)
-    if never is not None:
-        wait_all(Reason(Cause.WAIT_NEVER_FITS, f"{never.detail}: it can run only once a node that has it joins"),
-                 res.unschedulable)
-        return work
-    if any(m.nominated for m in members):
-        usage[first.queue] = usage.get(first.queue, 0.0) + demand  # what is being freed for it counts
-        fc.granted(first.queue, demand)
-        wait_all(Reason(Cause.WAIT_VICTIMS, "waiting for the leases being preempted for its gang to be released"),
-                 res.unschedulable, res.worker_reason)
-        return work
-    def fits(sim: ClusterSnapshot) -> bool:
-        return isinstance(place_gang(sim, gang, policy), GangPlacement)
-    if over_quota:
-        why = Reason(Cause.WAIT_BORROW_ONLY, f"{res.message}; queue {first.queue} is over its quota, "
-                     "so it only borrows idle capacity and preempts nothing")
-        wait_all(_reserved(fc, work, holding, first, now, why, fits, taken, preemptions) or why, res.unschedulable,
-                 res.worker_reason)
-        return work
-    candidates = [lease for lease in holding if lease.lease_id not in taken]
-    plan = plan_gang_preemption(view, gang, candidates, priority=first.priority, queue=first.queue, config=config,
-                                now=now, policy=policy, in_flight=frozenset(taken), demand=demand,
-                                fair=fc.plans_fair())
-    if isinstance(plan, PreemptionPlan):
-        usage[first.queue] = usage.get(first.queue, 0.0) + demand
-        for v in plan.victims:
-            taken.add(v.lease_id)
-            # One preemption per victim, for the gang's first worker: the head asks it once.
-            preemptions.append(Preemption(v, first.item_id, v.reason))
-        fc.planned(first.queue, demand, plan.victims)
-        wait_all(plan.reason, res.unschedulable, res.worker_reason, would=tuple(v.lease_id for v in plan.victims))
-    else:
-        assert isinstance(plan, NoPreemption)
-        why = Reason(Cause.WAIT_NO_FIT, res.message)
-        wait_all(_reserved(fc, work, holding, first, now, why, fits, taken, preemptions) or why, res.unschedulable,
-                 res.worker_reason, blocked=plan.reason)
-    return work

@@ -23,6 +23,12 @@ The script:
    ``placed.gang``), or none is granted (:class:`GangUnschedulable`), with a reason per worker that
    did not fit (``fit.gang`` and the engine's grouped reasons for the first of them).
 
+**Elastic gangs** (``min_workers`` set): :func:`place_elastic` places the gang at the largest size ``k`` in
+``min_workers..workers`` that fits now, all or nothing at ``k`` (cause ``placed.gang_elastic``, ``k`` in the
+reason): ``place_gang`` at the most first; else from the most the first attempt's capacity pass found room
+for (exact for ``fewest_nodes``, where nodes fill independently) downwards, one ``place_gang`` per size tried,
+never below ``min_workers`` (below it: the :class:`GangUnschedulable` of the least size).
+
 Worker ``i`` is bundle ``i`` of the gang's placement group; workers are numbered in node order of
 the choice, so the workers of one node have consecutive indices.
 
@@ -182,6 +188,32 @@ def place_gang(snapshot: ClusterSnapshot, gang: GangRequest, policy: PlacementPo
     why = Reason(Cause.PLACED_GANG, f"{gang.describe()}: {'; '.join(spans)} ({k} node{'s' if k != 1 else ''}: {pref}; "
                                     f"workers each node holds: {held}); per worker: {placements[0].alternative.reason}")
     return GangPlacement(gang, tuple(placements), why)
+
+
+def place_elastic(snapshot: ClusterSnapshot, gang: GangRequest,
+                  policy: PlacementPolicy) -> GangPlacement | GangUnschedulable:
+    """An elastic gang at the largest size from ``gang.least`` to ``gang.workers`` that fits (see the module
+    docstring); a fixed gang as :func:`place_gang`. The placement's ``gang`` is the size placed (fixed)."""
+    res = place_gang(snapshot, gang.sized(gang.workers) if gang.elastic else gang, policy)
+    if not gang.elastic:
+        return res
+    if isinstance(res, GangPlacement):
+        return _elastic_reason(res, gang)
+    hint = res.placed if not gang.same_node and res.placed else gang.workers - 1
+    for k in range(min(hint, gang.workers - 1), gang.least - 1, -1):
+        got = place_gang(snapshot, gang.sized(k), policy)
+        if isinstance(got, GangPlacement):
+            return _elastic_reason(got, gang)
+        if k == gang.least:
+            return got
+    return place_gang(snapshot, gang.sized(gang.least), policy)
+
+
+def _elastic_reason(res: GangPlacement, gang: GangRequest) -> GangPlacement:
+    k = len(res.placements)
+    why = Reason(Cause.PLACED_GANG_ELASTIC, f"elastic {gang.describe()} at {k} of {gang.least}-{gang.workers} "
+                 f"workers (the most that fit now{'' if k < gang.workers else ': all'}): {res.reason.text}")
+    return GangPlacement(res.gang, res.placements, why)
 
 
 def _place_in_turn(snapshot: ClusterSnapshot, gang: GangRequest, policy: PlacementPolicy) -> GangPlacement | GangUnschedulable:

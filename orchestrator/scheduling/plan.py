@@ -1,5 +1,5 @@
 """The records of one scheduling cycle (:mod:`.cycle`): what waits (:class:`PendingItem`) and what the cycle
-decided -- grants, preemptions, waits, each with its reason -- gathered in a :class:`Plan`.
+decided -- grants, preemptions, waits, an elastic gang's withdrawn workers, each with its reason -- gathered in a :class:`Plan`.
 
 Immutable; their JSON is derived (:mod:`orchestrator.core.codec`) except where a class says why not.
 """
@@ -64,6 +64,18 @@ class Preemption(ReasonFields):
         return codec.dump(self)
 
 
+@dataclass(frozen=True, slots=True)
+class Trim(ReasonFields):
+    """Withdraw pending ``item_id``: a worker of an elastic gang beyond the size this attempt runs at (cause
+    ``elastic.trimmed``; the head ends its lease RELEASED, never granted: :mod:`.gang_cycle`)."""
+
+    item_id: str
+    reason: Reason
+
+    def to_json(self) -> dict[str, Any]:
+        return codec.dump(self)
+
+
 @codec.by_hand
 @dataclass(frozen=True, slots=True)
 class Waiting:
@@ -104,6 +116,8 @@ class Plan:
     shares: Annotated[FairShares | None, Field(exclude=True)] = field(default=None, kw_only=True, compare=False,
                                                                        repr=False)
     reserved: Annotated[tuple[str, ...], Field(exclude_if=lambda v: not v)] = field(default=(), kw_only=True)
+    #: The pending workers of elastic gangs withdrawn because their gang runs smaller this attempt.
+    trims: Annotated[tuple[Trim, ...], Field(exclude_if=lambda v: not v)] = field(default=(), kw_only=True)
 
     #: The snapshot is no JSON value (the plan's JSON leaves it out): pydantic takes it as an opaque instance.
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(arbitrary_types_allowed=True)

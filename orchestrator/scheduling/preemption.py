@@ -38,6 +38,12 @@ lease on its own, exactly :func:`victim_order_key`); a gang with one ineligible 
 ineligible as a whole. A gang *requester* uses :func:`plan_gang_preemption`, whose fit test is
 the whole gang placing (:func:`~orchestrator.scheduling.gang.place_gang`).
 
+**Elastic gangs** (``Lease.elastic``): a running elastic gang above its least is *shrinkable*: preempted, it
+checkpoints and its retry (``min..max`` again) comes back at once at what is left, so it loses its checkpoint
+and restore but not its place in the queue, where a fixed victim waits for its whole size again. Among victims
+of one priority the shrinkable come first (:func:`unit_order_key`); a chosen one whose least still fits once the
+requester has landed has cause ``victim.shrink`` and says at how many workers it resumes.
+
 Every answer carries a :class:`~orchestrator.core.reasons.Reason`: a victim's
 cause is ``victim.priority`` when its priority is lower than the requester's,
 else ``victim.reclaim`` (it was eligible only because its queue borrowed
@@ -64,7 +70,7 @@ from orchestrator.core.request import GpuRequest, ResolvedRequest
 from orchestrator.core.gang_request import GangRequest
 from orchestrator.scheduling.engine import Placement, place
 from orchestrator.scheduling.fairshare import FairShares, Resources, lease_resources, reclaim_block
-from orchestrator.scheduling.gang import GangPlacement, place_gang
+from orchestrator.scheduling.gang import GangPlacement, place_elastic, place_gang
 from orchestrator.scheduling.policy import PlacementPolicy
 from orchestrator.scheduling.snapshot import ClusterSnapshot
 
@@ -219,7 +225,7 @@ def plan_preemption(snapshot: ClusterSnapshot, request: GpuRequest, holding: Seq
         what = f"{request.choices[alt.choice].describe()} ({alt.reason.split(':', 1)[0]})"
     asks = Resources(demand, float(request.cpu_milli), float(request.host_memory_mib))
     return _plan(snapshot, fits, what, holding, priority=priority, queue=queue, config=config, now=now,
-                 in_flight=in_flight, demand=demand, give_up_early=give_up_early, fair=fair, asks=asks)
+                 in_flight=in_flight, demand=demand, give_up_early=give_up_early, fair=fair, asks=asks, policy=policy)
 
 
 def plan_gang_preemption(snapshot: ClusterSnapshot, gang: GangRequest, holding: Sequence[Lease], *, priority: int,
@@ -232,7 +238,7 @@ def plan_gang_preemption(snapshot: ClusterSnapshot, gang: GangRequest, holding: 
         res = place_gang(sim, gang, policy)
         return res if isinstance(res, GangPlacement) else None
     return _plan(snapshot, fits, gang.describe(), holding, priority=priority, queue=queue, config=config, now=now,
-                 in_flight=in_flight, demand=demand, fair=fair, asks=Resources(demand))
+                 in_flight=in_flight, demand=demand, fair=fair, asks=Resources(demand), policy=policy)
 
 
 def victim_units(eligible: Sequence[Lease], ineligible: list[tuple[str, Reason]],
@@ -266,21 +272,40 @@ def victim_units(eligible: Sequence[Lease], ineligible: list[tuple[str, Reason]]
     return units
 
 
+def shrinkable(unit: Sequence[Lease]) -> bool:
+    """The victim is an elastic gang running above its least workers (it can resume at once, smaller)."""
+    e = unit[0].elastic
+    return e is not None and unit[0].gang is not None and len(unit) > e[0]
+
+
 def unit_order_key(unit: Sequence[Lease], now: float) -> tuple:
-    """:func:`victim_order_key` for a victim of one or more leases (a gang): its lowest priority, the work
-    all of it loses, its longest restore, its latest start, its first lease id. For one lease it is
-    exactly :func:`victim_order_key`."""
+    """:func:`victim_order_key` for a victim of one or more leases (a gang): its lowest priority, then a
+    :func:`shrinkable` elastic gang before the rest, the work all of it loses, its longest restore, its latest
+    start, its first lease id. For one lease it is :func:`victim_order_key` with the shrinkable mark after the
+    priority."""
     if len(unit) == 1:
-        return victim_order_key(unit[0], now)
+        k = victim_order_key(unit[0], now)
+        return (k[0], 1) + k[1:]
     started = max((m.started_at if m.started_at is not None else 0.0) for m in unit)
-    return (min(m.priority for m in unit), round(sum(preemption_cost_gpu_s(m, now) for m in unit), 6),
+    return (min(m.priority for m in unit), 0 if shrinkable(unit) else 1,
+            round(sum(preemption_cost_gpu_s(m, now) for m in unit), 6),
             max(m.restore_estimate_s for m in unit), -started, min(m.lease_id for m in unit))
+
+
+def _resumes_at(unit: Sequence[Lease], after: ClusterSnapshot, policy: PlacementPolicy | None) -> int:
+    """How many workers the shrinkable elastic gang ``unit`` resumes with on ``after`` (0: not even its least).
+    Its placement preferences are not on its leases: the default's (fewest nodes) stand in for them."""
+    if policy is None or not shrinkable(unit):
+        return 0
+    least, most = unit[0].elastic  # type: ignore[misc]
+    res = place_elastic(after, GangRequest(workers=most, min_workers=least, worker=unit[0].request), policy)
+    return len(res.placements) if isinstance(res, GangPlacement) else 0
 
 
 def _plan(snapshot: ClusterSnapshot, fits: Fits, what: str, holding: Sequence[Lease], *, priority: int,
           queue: str, config: SchedulerConfig, now: float, in_flight: frozenset[str],
           demand: float, give_up_early: bool = False, fair: FairShares | None = None,
-          asks: Resources | None = None) -> PreemptionPlan | NoPreemption:
+          asks: Resources | None = None, policy: PlacementPolicy | None = None) -> PreemptionPlan | NoPreemption:
     """Steps 1-4 of the module docstring over victims of one or more leases (:func:`victim_units`)."""
     usage = queue_usage(holding)
     eligible: list[Lease] = []
@@ -339,17 +364,30 @@ def _plan(snapshot: ClusterSnapshot, fits: Fits, what: str, holding: Sequence[Le
             sim, placed = trial, again
             chosen.remove(unit)
     landing = _landing(placed)
+    after = placed.apply(sim) if isinstance(placed, GangPlacement) else sim.apply(placed.allocation)
+    resumes = {u[0].lease_id: _resumes_at(u, after, policy) for u in chosen}
     victims = tuple(
         Victim(lease.lease_id, lease.owner, lease.priority, lease.priority_class, lease.queue, lease.gpus_held,
                work_lost_gpu_s(lease, now), lease.restore_estimate_s,
                lease.started_at if lease.started_at is not None else 0.0,
-               reason=_victim_reason(lease, what, priority, now, landing, config, usage, queue, fair))
+               reason=_shrink_reason(lease, len(unit), resumes[unit[0].lease_id],
+                                     _victim_reason(lease, what, priority, now, landing, config, usage, queue, fair)))
         for unit in chosen for lease in unit
     )
     n_eligible = sum(len(u) for u in units)
     return PreemptionPlan(victims, placed, n_eligible,  # type: ignore[arg-type]
                           Reason(Cause.WAIT_PREEMPTING, f"preempting {len(victims)} of {n_eligible} eligible "
                                  f"lease(s) admits {what} on {landing}"))
+
+
+def _shrink_reason(lease: Lease, running: int, resumes: int, why: Reason) -> Reason:
+    """``why`` as ``victim.shrink`` when the elastic gang of ``lease`` resumes at once with ``resumes`` workers."""
+    if not resumes or lease.elastic is None:
+        return why
+    least, most = lease.elastic
+    return Reason(Cause.VICTIM_SHRINK, f"elastic gang {lease.gang} shrinks from {running} to {resumes} of "
+                  f"{least}-{most} workers: it checkpoints and resumes at once on what is left (it keeps its place; "
+                  f"only the checkpoint and the restore are lost); {why.text}")
 
 
 def _landing(placed: "Placement | GangPlacement") -> str:

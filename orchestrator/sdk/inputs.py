@@ -42,8 +42,12 @@ def as_spec(spec: JobSpec | Mapping[str, Any]) -> JobSpec:
     if is_gang_text(d.get("gpu")):  # "2x4": a gang of two workers of four whole cards each
         if d.get("workers", 1) != 1:
             raise InvalidRequestError("workers", d["workers"], "unset when gpu names the gang (NxSPEC)")
-        gang = GangRequest.parse(d["gpu"])
+        gang = GangRequest.parse(d["gpu"])  # "1-4x1": an elastic gang of one to four workers
+        if d.get("min_workers") is not None and gang.min_workers is not None:
+            raise InvalidRequestError("min_workers", d["min_workers"], "unset when gpu names it (MIN-MAXxSPEC)")
         d["gpu"], d["workers"] = gang.worker, gang.workers
+        if gang.min_workers is not None:
+            d["min_workers"] = gang.min_workers
     elif "gpu" in d and not isinstance(d["gpu"], GpuRequest):
         d["gpu"] = as_request(d["gpu"])
     return JobSpec(**d)

@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from orchestrator.core import env as E
 from orchestrator.core.api import HeadApi
-from orchestrator.core.errors import LeaseTimeoutError, OrchestratorError
+from orchestrator.core.errors import InvalidRequestError, LeaseTimeoutError, OrchestratorError
 from orchestrator.core.ids import gang_worker_id
 from orchestrator.core.lease import key_digest
 from orchestrator.core.request import GpuRequest
@@ -468,6 +468,9 @@ def gang_lease(gang: GangRequest | str, *, priority: str | None = None, queue: s
     ``LeaseTimeoutError`` when the gang is not granted within ``timeout`` (every pending worker is withdrawn).
     """
     spec = gang if isinstance(gang, GangRequest) else GangRequest.parse(gang)
+    if spec.elastic:
+        raise InvalidRequestError("gang.min_workers", spec.min_workers, "unset: a gang lease is fixed",
+                                  detail="an elastic gang resizes through new attempts: submit it as a job")
     conn: Connection | None = None
     if head is None:
         conn = open_connection(address, namespace=namespace, head_name=head_name)

@@ -60,7 +60,12 @@ victim) makes the job PREEMPTING; its acknowledgement ends every worker's
 lease. Its driver runs as one Ray job on worker 0's node asking Ray for no
 card: it gets every worker's hand-out in ``ORCHESTRATOR_GANG`` and holds the
 cards through the gang's placement group (``sdk.leases.JobGang``), as an SDK
-gang does.
+gang does. An **elastic** gang job (``--gpu 1-4x1``, ``spec.min_workers``)
+queues its most workers each attempt; the scheduler grants the first ``k`` that
+fit and withdraws the others (RELEASED, never granted), and the attempt is the
+``k`` granted ones: its driver gets ``k`` hand-outs (Ray Train's
+``num_workers``). A resize is a preemption (``victim.grow`` / ``victim.shrink``)
+and the next attempt asks the whole range again.
 """
 
 from __future__ import annotations
@@ -424,8 +429,10 @@ class JobManager(RayCalls, JobReads):
         return self.ctl.ledger.find(ids[0]) if ids else None
 
     def _leases(self, job: Job) -> list[LedgerEntry | None]:
-        """Every lease of the current attempt, in worker order (one for a single-lease job)."""
-        return [self.ctl.ledger.find(lid) for lid in job.lease_ids]
+        """Every lease of the current attempt, in worker order (one for a single-lease job), less an elastic gang's
+        workers withdrawn from it (:func:`.transitions.withdrawn`): the attempt runs with the others."""
+        found = [self.ctl.ledger.find(lid) for lid in job.lease_ids]
+        return [e for e in found if e is None or not transitions.withdrawn(e)]
 
     def _view(self, job: Job) -> tuple[LeaseState | None, LedgerEntry | None]:
         """The attempt's lease state and the entry that shows it (:func:`.transitions.lease_view`)."""

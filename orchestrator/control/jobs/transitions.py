@@ -10,7 +10,8 @@ Invariants:
 * :func:`next_step` looks only at the job's state, the attempt's lease state (:func:`lease_view`), Ray's
   last read status and whether a submission is out or waiting for its backoff; every pair of a job state and
   a lease state has one answer, :attr:`Step.NOTHING` where nothing changed that the job looks at;
-* a gang's lease state is read over all its workers, bad news first (:data:`GANG_STATE_ORDER`);
+* a gang's lease state is read over all its workers, bad news first (:data:`GANG_STATE_ORDER`), leaving out
+  the workers of an elastic gang withdrawn from this attempt (:func:`withdrawn`);
 * a gang's driver asks Ray for no card and gets none of the devices' variables (:func:`submission`).
 """
 
@@ -111,12 +112,15 @@ def lease_view(entries: Sequence[LedgerEntry | None]) -> tuple[LeaseState | None
     """The attempt's lease state and the entry that shows it, from its leases in worker order. A single lease
     is itself. A gang is GRANTED (or ACTIVE) only when every worker is; otherwise the first worker in a state
     of :data:`GANG_STATE_ORDER` (bad news first: one lost worker is a lost gang) speaks for it, else worker 0
-    (pending); a worker missing from the ledger makes the gang's state None (ask again)."""
+    (pending); a worker missing from the ledger makes the gang's state None (ask again). The workers of an
+    elastic gang withdrawn from the attempt (:func:`withdrawn`) are not read: the attempt is the others."""
     if len(entries) <= 1:
         e = entries[0] if entries else None
         return (e.state if e else None), e
     if any(e is None for e in entries):
         return None, None
+    running = [e for e in entries if not withdrawn(e)]  # type: ignore[arg-type]
+    entries = running or entries
     for s in GANG_STATE_ORDER:
         for e in entries:
             if e is not None and e.state is s:
@@ -125,6 +129,14 @@ def lease_view(entries: Sequence[LedgerEntry | None]) -> tuple[LeaseState | None
     if len(states) == 1:
         return states.pop(), entries[0]
     return LeaseState.PENDING, entries[0]
+
+
+def withdrawn(e: LedgerEntry) -> bool:
+    """A worker of an elastic gang the scheduler withdrew from this attempt (cause ``elastic.trimmed``): its lease
+    ended RELEASED without ever being granted while its gang ran smaller (``scheduling.gang_cycle``)."""
+    g = e.spec.gang
+    return (g is not None and g.elastic is not None and e.state is LeaseState.RELEASED
+            and e.lease.entered(LeaseState.GRANTED) is None)
 
 
 def may_run_unwanted(job: Job, since: float) -> list[str]:
