@@ -59,6 +59,9 @@ def head(ray_cluster: Any) -> Iterator[Any]:
         if len(ray_api.unwrap(ray.get(handle.ping.remote()))["registered_nodes"]) == 3:
             break
         time.sleep(0.25)
+    else:  # a test on a head short of agents fails later, on a node it "does not know"
+        remove_head(SETTINGS, cfg)
+        pytest.fail("the head's 3 agents did not register within 120 s", pytrace=False)
     yield client
     remove_head(SETTINGS, cfg)
 
