@@ -45,11 +45,13 @@ def pytest_configure(config: pytest.Config) -> None:
 #: at the end; handed out longest first, the last modules are the short ones, which even the two workers out. By
 #: time measured one module at a time (issue #35 item 7); the others keep their order.
 _LONG_FIRST = ("tests/integration/test_gang_train.py", "tests/integration/test_native.py",
-               "tests/integration/test_signals.py", "tests/integration/test_chaos.py",
-               "tests/integration/test_up_down.py", "tests/integration/test_wheel_demo.py",
-               "tests/integration/test_preemption_scenario.py", "tests/runtime/test_colocation_sim_days.py",
-               "tests/integration/test_connect.py", "tests/integration/test_runtime.py",
-               "tests/integration/test_fairness.py")
+               "tests/integration/test_signals.py", "tests/integration/test_up_down.py",
+               "tests/integration/test_chaos.py", "tests/integration/test_wheel_demo.py",
+               "tests/integration/test_revocation.py", "tests/integration/test_load.py",
+               "tests/integration/test_dashboard.py", "tests/integration/test_preemption_scenario.py",
+               "tests/runtime/test_colocation_sim_days.py", "tests/integration/test_submission.py",
+               "tests/integration/test_fuzz_head.py", "tests/integration/test_connect.py",
+               "tests/integration/test_runtime.py", "tests/integration/test_fairness.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
