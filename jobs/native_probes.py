@@ -103,7 +103,10 @@ def serve() -> dict:
 
 def serve_hold() -> dict:
     """One replica asking for a whole card, asked every 0.5 s for ``NATIVE_SERVE_S`` seconds: which card answered
-    when (a preemption moves the replica to another card; Serve starts it again on a lease of its own)."""
+    when (a preemption moves the replica to another card; Serve starts it again on a lease of its own). With
+    ``NATIVE_SERVE_MOVED`` = n it stops sooner: once the last n answers came from a card other than the first
+    answer's and the file ``NATIVE_SERVE_STOP`` names exists (when it names one) -- the test that preempts the
+    replica creates it once it has seen the new replica's lease, and no longer waits out the seconds."""
     from ray import serve as s
 
     @s.deployment(num_replicas=1, ray_actor_options={"num_gpus": 1, "num_cpus": 0})
@@ -114,6 +117,8 @@ def serve_hold() -> dict:
     handle = s.run(Where.bind(), name="hold", route_prefix=None)
     answers, errors = [], 0
     end = time.monotonic() + float(os.environ.get("NATIVE_SERVE_S", "40"))
+    moved = int(os.environ.get("NATIVE_SERVE_MOVED", "0"))
+    stop = os.environ.get("NATIVE_SERVE_STOP")
     print("NATIVE_SERVING", flush=True)
     while time.monotonic() < end:
         try:
@@ -121,6 +126,10 @@ def serve_hold() -> dict:
             answers.append({"t": round(time.monotonic(), 2), **a})
         except Exception:  # the replica being moved
             errors += 1
+        tail = answers[-moved:] if moved else []
+        if (len(tail) == moved and answers[:-moved] and all(x["gpu_ids"] != answers[0]["gpu_ids"] for x in tail)
+                and (stop is None or os.path.exists(stop))):
+            break
         time.sleep(0.5)
     s.delete("hold")
     return {"answers": answers, "errors": errors}

@@ -31,14 +31,19 @@ pytestmark = pytest.mark.ray
 
 def _ray_train_missing() -> str | None:
     try:
-        import ray.train.torch  # noqa: F401  (ray[train] needs pandas and pyarrow besides torch)
+        importlib.import_module("ray.train.torch")  # ray[train] needs pandas and pyarrow besides torch
     except ImportError as e:
         return f"Ray Train is not importable here ({e}); install the train extra: pip install -e '.[train]'"
     return None
 
 
-if (_why := _ray_train_missing()) is not None:
-    pytestmark = [pytest.mark.ray, pytest.mark.skip(reason=_why)]
+@pytest.fixture(scope="module", autouse=True)
+def _needs_ray_train() -> None:
+    """Skips the module, naming the reason, where Ray Train is missing -- when the module runs, not at collection:
+    the import takes torch, seconds of every xdist worker's collection, the worker that runs no test here too."""
+    if (why := _ray_train_missing()) is not None:
+        pytest.skip(why)
+
 
 SETTINGS = RuntimeSettings(namespace="rgo-gang", heartbeat_interval_s=0.5, agent_ttl_s=10.0, reconcile_interval_s=0.1)
 REPO = Path(__file__).resolve().parents[2]

@@ -206,7 +206,8 @@ def test_train_inside_a_job_takes_its_lease(head: Any) -> None:
     assert {w["lease"] for w in out["workers"]} == {d["lease_id"]}
 
 
-def test_a_serve_replica_on_a_lease_is_preempted_and_serve_starts_it_again_on_another_card(head: Any) -> None:
+def test_a_serve_replica_on_a_lease_is_preempted_and_serve_starts_it_again_on_another_card(head: Any,
+                                                                                           tmp_path: Path) -> None:
     """A Serve replica with num_gpus=1 from a plain Ray job holds a lease of its own (the default class, batch);
     an inference lease that needs its card preempts it: the agent stops the replica, Serve starts it again, and
     the new replica asks for (and gets) a lease on another card. No card is held twice meanwhile."""
@@ -220,7 +221,11 @@ def test_a_serve_replica_on_a_lease_is_preempted_and_serve_starts_it_again_on_an
     checker = nb.CardChecker(head, SETTINGS.namespace, ["a100-0", "a100-1", "h100-0"], interval_s=0.3).start()
     result: dict[str, Any] = {}
     try:
-        sid = _submit_plain("serve-hold", env={"NATIVE_SERVE_S": "45"})
+        # The app answers until the test has seen the new replica's lease and two answers came from another card
+        # than the first (at most 90 s): the assertions below need no more.
+        stop = tmp_path / "seen-the-new-replica"
+        sid = _submit_plain("serve-hold", env={"NATIVE_SERVE_S": "90", "NATIVE_SERVE_MOVED": "2",
+                                               "NATIVE_SERVE_STOP": str(stop)})
         job = threading.Thread(target=lambda: result.update(zip(("status", "logs"), _wait_plain(sid))))
         job.start()
         until("the app serving", lambda: "NATIVE_SERVING" in ray_api.RayJobRunner().client.get_job_logs(sid), 180,
@@ -245,6 +250,7 @@ def test_a_serve_replica_on_a_lease_is_preempted_and_serve_starts_it_again_on_an
             (le for le in head.status()["leases"] if le["owner"].startswith("ray-job:") and le["state"] == "active"
              and le["lease_id"] != replica["lease_id"]), None), 120)
         assert again["allocation"]["gpu_uuids"] != replica["allocation"]["gpu_uuids"]
+        stop.touch()
         job.join(120)
     finally:
         checker.stop()

@@ -16,6 +16,7 @@ own (``conftest.manifest_problems``), and ``kubectl`` runs with ``--validate=fal
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import threading
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+#: libyaml's loader where PyYAML has it: the three CRDs are 3.3 MB, which the pure-Python loader takes seconds to read.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CRD_DIR = Path(__file__).resolve().parents[3] / "shared" / "kuberay" / "crds"
 
 
@@ -67,7 +70,7 @@ def crd_kinds(crd_dir: Path = CRD_DIR) -> tuple[Kind, ...]:
     """The served versions of the CustomResourceDefinitions in ``crd_dir`` (the KubeRay CRDs)."""
     out = []
     for f in sorted(crd_dir.glob("*.yaml")):
-        crd = yaml.safe_load(f.read_text())
+        crd = yaml.load(f.read_text(), Loader=_LOADER)
         spec = crd["spec"]
         for v in spec["versions"]:
             if v.get("served", True):
@@ -76,11 +79,17 @@ def crd_kinds(crd_dir: Path = CRD_DIR) -> tuple[Kind, ...]:
     return tuple(out)
 
 
-KUBERAY_KINDS = crd_kinds() or (  # the same three, where ../shared is absent
-    Kind("ray.io", "v1", "RayCluster", "rayclusters", True),
-    Kind("ray.io", "v1", "RayJob", "rayjobs", True),
-    Kind("ray.io", "v1", "RayService", "rayservices", True),
-)
+@functools.cache
+def kuberay_kinds() -> tuple[Kind, ...]:
+    """The KubeRay kinds: read from the CRDs once, when a server is first made -- not at import, which every
+    xdist worker's collection does."""
+    return crd_kinds() or (  # the same three, where ../shared is absent
+        Kind("ray.io", "v1", "RayCluster", "rayclusters", True),
+        Kind("ray.io", "v1", "RayJob", "rayjobs", True),
+        Kind("ray.io", "v1", "RayService", "rayservices", True),
+    )
+
+
 PROMETHEUS_KINDS = (Kind("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors", True),
                     Kind("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", True))
 KUEUE_KINDS = (Kind("kueue.x-k8s.io", "v1beta1", "LocalQueue", "localqueues", True),
@@ -115,7 +124,8 @@ class FakeApiServer:
     an HTTP status to answer with instead.
     """
 
-    kinds: tuple[Kind, ...] = BUILTIN_KINDS + KUBERAY_KINDS + PROMETHEUS_KINDS + KUEUE_KINDS + CLUSTER_KINDS
+    kinds: tuple[Kind, ...] = field(default_factory=lambda: BUILTIN_KINDS + kuberay_kinds() + PROMETHEUS_KINDS
+                                    + KUEUE_KINDS + CLUSTER_KINDS)
     store: dict[str, Any] = field(default_factory=dict)
     applied: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> field manager -> last applied
     requests: list[Request] = field(default_factory=list)

@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="the example trainer needs torch (the train extra)")
+from orchestrator.scenarios.actors import load_train
 
-from orchestrator.scenarios.actors import load_train  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_torch() -> None:
+    """Skips the module where torch is missing -- when it runs, not at collection: importing torch takes seconds
+    of every xdist worker's collection, the worker that runs no test here too."""
+    pytest.importorskip("torch", reason="the example trainer needs torch (the train extra)")
 
 
 def _until(cond, timeout: float = 30.0) -> None:

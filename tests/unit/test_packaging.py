@@ -2,7 +2,7 @@
 
 The end-to-end proof -- the wheel built, installed into a fresh venv outside the checkout, and
 ``orchestrator demo --headless`` run from there without the extras -- is
-tests/integration/test_preemption_scenario.py; these are the quick checks of the parts.
+tests/integration/test_wheel_demo.py; these are the quick checks of the parts.
 """
 
 from __future__ import annotations
