@@ -44,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: that each take a whole module at a time, and a long module started last would leave one worker running it alone
 #: at the end; handed out longest first, the last modules are the short ones, which even the two workers out. By
 #: time measured one module at a time (issue #35 item 7); the others keep their order.
-_LONG_FIRST = ("tests/integration/test_gang_train.py", "tests/integration/test_native.py",
+_LONG_FIRST = ("tests/integration/test_elastic_train.py", "tests/integration/test_gang_train.py", "tests/integration/test_native.py",
                "tests/integration/test_signals.py", "tests/integration/test_up_down.py",
                "tests/integration/test_chaos.py", "tests/integration/test_wheel_demo.py",
                "tests/integration/test_revocation.py", "tests/integration/test_load.py",

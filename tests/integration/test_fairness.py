@@ -65,23 +65,26 @@ def _ask(head: Any, lid: str, queue: str) -> None:
                         "queue": queue, "requester_digest": key_digest(KEY), "requeue_on_preempt": True})
 
 
-def test_two_teams_converge_to_equal_shares_and_the_reclaimed_training_actor_resumes(head: Any,
+def _take_whole_cards_but_one(head: Any, config: Any, prefix: str) -> list[str]:
+    """Team a asks for every whole card of the cluster but one (counted from its config: a node's cards less its
+    MIG-enabled ones), each waited for until granted -- never judged by a fixed sleep, which a busy machine
+    outlasts -- then activated by this driver. The lease ids, in order."""
+    whole = sum(n.gpus - len(n.mig or {}) for n in config.nodes)
+    plain = [f"{prefix}-{i}" for i in range(whole - 1)]
+    for lid in plain:
+        _ask(head, lid, "team-a")
+    for lid in plain:
+        token = head.wait_lease(lid, 60, KEY)["fencing_token"]
+        head.activate(lid, token, None, None, KEY)
+    return plain
+
+
+def test_two_teams_converge_to_equal_shares_and_the_reclaimed_training_actor_resumes(head: Any, ray_cluster: Any,
                                                                                      tmp_path: Path) -> None:
     # Team a: every whole card but one, as plain leases this driver activates (started before the trainer).
-    plain: list[str] = []
-    for i in range(16):
-        _ask(head, f"a-{i}", "team-a")
-        time.sleep(0.2)
-        if head.get_lease(f"a-{i}")["state"] == "pending":
-            _give_back(head, f"a-{i}")  # no card left for it: withdrawn
-            break
-        plain.append(f"a-{i}")
-    cards = len(plain)
+    plain = _take_whole_cards_but_one(head, ray_cluster.config, "a")
+    cards = len(plain) + 1
     assert cards >= 4, "the demo cluster has whole cards for the test"
-    _give_back(head, plain.pop())  # one card for the trainer
-    for lid in plain:
-        token = head.wait_lease(lid, 30, KEY)["fencing_token"]
-        head.activate(lid, token, None, None, KEY)
     steps, seed = 300, 5
     t, out = _train_in_thread(steps=steps, seed=seed, checkpoint_dir=str(tmp_path), gpu=GpuRequest.whole(1),
                               step_delay_s=0.02, head=head, namespace=SETTINGS.namespace, lease_id="a-train",
@@ -132,21 +135,12 @@ def _give_back_all(head: Any) -> None:
 
 
 def test_replicas_fall_back_down_their_chain_and_the_last_preempts_training_which_resumes(head: Any,
+                                                                                        ray_cluster: Any,
                                                                                         tmp_path: Path) -> None:
     """Issue #36 on a real cluster: four inference replicas asked at once with the chain `mig:1g.10gb|1` while
     training holds every whole card: three get the demo cluster's three 1g slices, the fourth falls back to a
     whole card and preempts the training actor through its checkpoint; it resumes bit-identical after."""
-    plain: list[str] = []
-    for i in range(16):  # training takes every whole card but one, then the trainer takes that one
-        _ask(head, f"c-{i}", "team-a")
-        time.sleep(0.2)
-        if head.get_lease(f"c-{i}")["state"] == "pending":
-            _give_back(head, f"c-{i}")
-            break
-        plain.append(f"c-{i}")
-    _give_back(head, plain.pop())
-    for lid in plain:
-        head.activate(lid, head.wait_lease(lid, 30, KEY)["fencing_token"], None, None, KEY)
+    _take_whole_cards_but_one(head, ray_cluster.config, "c")  # training takes them, then the trainer the last
     steps, seed = 300, 9
     t, out = _train_in_thread(steps=steps, seed=seed, checkpoint_dir=str(tmp_path), gpu=GpuRequest.whole(1),
                               step_delay_s=0.02, head=head, namespace=SETTINGS.namespace, lease_id="a-train2",
