@@ -163,6 +163,7 @@ class HeadActor:
                 log.exception("could not serve metrics on %s:%s", host, port)
         self._wake = asyncio.Event()
         self._told: set[tuple[str, str]] = set()  # agent work each agent has been woken for
+        self._agents: dict[str, tuple[str | None, Any]] = {}  # node -> (agent incarnation, its handle): _agent
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # lease id -> callers waiting for it to settle
         self._home = asyncio.get_event_loop()  # the loop the cycle task runs on
         self._job_api = ThreadPoolExecutor(1, thread_name_prefix="rgo-job-api")  # Ray's job API, off the loop
@@ -199,15 +200,29 @@ class HeadActor:
         self._home.call_soon_threadsafe(self._wake.set)
 
     def _wake_agents(self) -> None:
-        """Wake the agents whose work gained an item this cycle (fire and forget: the heartbeat is the backstop)."""
+        """Wake the agents whose work gained an item this cycle (fire and forget: the heartbeat is the backstop).
+
+        Each agent's handle is looked up once per incarnation (the one its node's record names) and kept: a lookup
+        is a blocking GCS call on the loop, and a grant gives its node's agent work (a hold) every time."""
         work = self.service.agent_work()
         for node, items in work.items():
             if items - self._told:
                 try:
-                    ray_api.get_actor(ray_api.agent_name(node), self.service.settings.namespace).wake.remote()
+                    self._agent(node).wake.remote()
                 except Exception as e:  # no such agent (yet): it learns on its next heartbeat
+                    self._agents.pop(node, None)
                     log.debug("could not wake the agent of %s: %s", node, e)
         self._told = set().union(*work.values()) if work else set()
+
+    def _agent(self, node: str) -> Any:
+        """The handle of ``node``'s agent actor, looked up again when another incarnation has registered there."""
+        rec = self.service.ctl.nodes.records.get(node)
+        incarnation = rec.incarnation if rec is not None else None
+        kept = self._agents.get(node)
+        if kept is None or kept[0] != incarnation:
+            kept = self._agents[node] = (incarnation, ray_api.get_actor(ray_api.agent_name(node),
+                                                                        self.service.settings.namespace))
+        return kept[1]
 
     async def _loop(self) -> None:
         """Cycle, wake agents and waiters; then, if a job is due to start or stop, or no call woke the loop,

@@ -12,7 +12,7 @@ reads as a short script:
    (policy, alternative) the engine enumerates the candidate slots
    (:func:`~orchestrator.scheduling.candidates.enumerate_slots`), builds the
    before/after rows and asks the policy for a score; the best slot of each
-   state is memoised in a per-(policy, alternative) table. A node's score is
+   state is memoised in a per-(policy, alternative) table (:mod:`.state_scores`). A node's score is
    its state's best score plus the policy's node-wide term;
 4. **choose** the lowest score; ties go to a random node when an ``rng`` is
    given (as kube-scheduler samples among equal top scores) and to the lowest
@@ -24,7 +24,9 @@ reads as a short script:
 Invariants: the memo tables live in the snapshot family's cache (key
 ``("engine", policy.key, alt_key)``) and are keyed by the interned state id,
 which is a pure function of the state's bytes, so caching never changes an
-answer; a :class:`Placement` always fits the snapshot it was decided on
+answer; an answer given without an ``rng`` is remembered with the snapshot it
+was decided on (its ``derived`` memo, keyed by policy, request and
+alternatives), and so is only ever given again for that very snapshot; a :class:`Placement` always fits the snapshot it was decided on
 (``snapshot.apply`` accepts it); every decision carries a reason with a cause.
 """
 
@@ -51,22 +53,14 @@ from orchestrator.scheduling.alternatives import resolve
 from orchestrator.scheduling.candidates import (
     FIT_REASONS,
     MIG_SLOT,
-    CandidateView,
     alt_key,
-    enumerate_slots,
     memory_need,
     random_slot,
-    rows_after,
     slot_take,
-    state_rows,
 )
 from orchestrator.scheduling.policy import NodeContext, PlacementPolicy
-from orchestrator.scheduling.snapshot import (
-    MODEL_INDEX,
-    ClusterSnapshot,
-    SnapshotStatic,
-    StateColumn,
-)
+from orchestrator.scheduling.snapshot import MODEL_INDEX, ClusterSnapshot
+from orchestrator.scheduling.state_scores import StateTable, ensure_scored
 
 INF = np.inf
 
@@ -108,25 +102,35 @@ class Unschedulable:
                 "message": self.message}
 
 
-@dataclass(slots=True)
-class _StateTable:
-    """Memo of (policy, alternative) over interned states: best score, best slot, reason code."""
-
-    score: StateColumn = field(default_factory=lambda: StateColumn(INF, np.float64))
-    slot: StateColumn = field(default_factory=lambda: StateColumn(-1, np.int64))
-    reason: StateColumn = field(default_factory=lambda: StateColumn(0, np.int16))
-    done: StateColumn = field(default_factory=lambda: StateColumn(False, bool))
-    upto: int = 0  # every state id below this one is done
-
-    def grow(self, n: int) -> None:
-        for col in (self.score, self.slot, self.reason, self.done):
-            col.at_least(n)
-
-
 def place(snapshot: ClusterSnapshot, request: GpuRequest, policy: PlacementPolicy, *,
           rng: np.random.Generator | None = None, resolved: ResolvedRequest | None = None) -> Placement | Unschedulable:
-    """Decide where ``request`` goes under ``policy``. Pure; see the module docstring."""
+    """Decide where ``request`` goes under ``policy``. Pure; see the module docstring.
+
+    Without an ``rng`` the answer is a pure function of (snapshot, request, alternatives, policy), so it is
+    remembered with the snapshot (:meth:`~.snapshot.ClusterSnapshot.derived`, which dies with it): asked again
+    on the same snapshot -- the fast grant path after the cycle's :func:`warm` asked first -- it is the same
+    answer, and the node totals its computation read are marked read again, as that computation marked them."""
     resolved = resolved or resolve(request)
+    if rng is not None:
+        return _place(snapshot, request, resolved, policy, rng)[0]
+    memo: dict[Any, tuple[Placement | Unschedulable, int]] = snapshot.derived(("engine", "place"), dict)
+    key = (policy.key, request, resolved)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _place(snapshot, request, resolved, policy, None)
+    else:
+        kept = snapshot.static.cache(("engine", "node_totals"), OrderedDict)
+        for alt in resolved.alternatives[:hit[1]]:
+            e = kept.get(k := (policy.key, alt_key(alt), request))
+            if e is not None:
+                kept.move_to_end(k)
+                e.placed = True
+    return hit[0]
+
+
+def _place(snapshot: ClusterSnapshot, request: GpuRequest, resolved: ResolvedRequest, policy: PlacementPolicy,
+           rng: np.random.Generator | None) -> tuple[Placement | Unschedulable, int]:
+    """:func:`place`'s answer, computed, and how many alternatives it read (in order) to find it."""
     grouped: Counter[tuple[str, Reason]] = Counter()
     for i, alt in enumerate(resolved.alternatives):
         out = _place_alternative(snapshot, request, alt, policy, rng)
@@ -135,11 +139,11 @@ def place(snapshot: ClusterSnapshot, request: GpuRequest, policy: PlacementPolic
                 label = _alt_label if request.fallback else (lambda a: a.kind.value)
                 tried = "; ".join(f"{label(a)} did not fit" for a in resolved.alternatives[:i])
                 out = replace(out, reason=replace(out.reason, text=f"{out.reason.text} ({tried})"))
-            return out
+            return out, i + 1
         for reason, count in out.items():
             grouped[(_alt_label(alt), reason)] += count
     reasons = tuple((a, r, c) for (a, r), c in sorted(grouped.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1].text)))
-    return Unschedulable(request, reasons, snapshot.n_nodes)
+    return Unschedulable(request, reasons, snapshot.n_nodes), len(resolved.alternatives)
 
 
 def feasible_nodes(snapshot: ClusterSnapshot, request: GpuRequest, policy: PlacementPolicy, *,
@@ -152,7 +156,7 @@ def feasible_nodes(snapshot: ClusterSnapshot, request: GpuRequest, policy: Place
     seen: set[int] = set()
     out: list[tuple[int, float]] = []
     for alt in resolved.alternatives:
-        table = snapshot.static.cache(("engine", policy.key, alt_key(alt)), _StateTable)
+        table = snapshot.static.cache(("engine", policy.key, alt_key(alt)), StateTable)
         totals = _node_totals(snapshot, request, alt, policy, table)
         idx = np.flatnonzero(totals.feasible)
         scores = totals.total[idx]
@@ -238,34 +242,6 @@ def _filter_reasons(checks: list[tuple[np.ndarray, Reason]], n: int) -> Counter[
     return reasons
 
 
-# A fresh family of snapshots (or a new alternative) with more unscored states than this
-# scores only the states its nodes are in; fewer are scored all at once, by id range.
-_RANGE_SCORING = 512
-
-
-def _ensure_scored(st: SnapshotStatic, states: np.ndarray, alt: Alternative, policy: PlacementPolicy,
-                   table: _StateTable) -> None:
-    """Make sure every state in ``states`` has its (policy, alternative) memo.
-
-    Ids are handed out in order, so the states created since this table was
-    last brought up to date are an id range: a request usually finds one or
-    two, and scoring them all skips a lookup over every node."""
-    n = st.n_states
-    table.grow(n)
-    if table.upto == n:
-        return
-    done = table.done.values
-    if n - table.upto <= _RANGE_SCORING:
-        ids = np.arange(table.upto, n)
-        ids = ids[~done[ids]]
-        table.upto = n
-    else:
-        missing = states[~done[states]]
-        ids = np.unique(missing) if len(missing) else missing
-    if len(ids):
-        _score_states(st, ids, alt, policy, table)
-
-
 @dataclass(slots=True)
 class _NodeTotals:
     """One (policy, alternative, request)'s total score on every node of
@@ -294,26 +270,36 @@ _NODE_TOTALS_KEPT = 64
 
 def warm(snapshot: ClusterSnapshot, policy: PlacementPolicy, most: int = 4) -> int:
     """Bring the node totals of the requests placed under ``policy`` since the last call (the most recent
-    ``most`` of them) up to date with ``snapshot``, scoring the states its nodes are in that are new; returns
-    how many were brought up to date.
+    ``most`` of them) up to date with ``snapshot``, scoring the states its nodes are in that are new, and
+    decide each such request's placement on ``snapshot`` (:func:`place`, as the head's scheduler asks: its
+    alternatives all, no ``rng``) and the snapshot it leaves (``snapshot.prepare``); returns how many totals
+    were brought up to date.
 
     For idle time (the head calls it at the end of each cycle): the next placement of such a request on
-    ``snapshot`` then finds its totals ready instead of recomputing them for the nodes the last placements
-    changed -- the larger part of a lone placement's work (docs/load.md). Pure in the sense of
-    :func:`place`: it fills the snapshot family's caches exactly as that placement would have, so it never
-    changes an answer; it only moves the work. A request not placed since the last call is left alone, so the
-    work it does is bounded by what the placements since then did."""
+    ``snapshot`` -- the fast grant path's -- then finds its answer ready instead of recomputing the totals of
+    the nodes the last placements changed and choosing among them (docs/load.md). Pure in the sense of
+    :func:`place`: it fills the caches exactly as that placement would have, so it never changes an answer;
+    it only moves the work. A request not placed since the last call is left alone, so the work it does is
+    bounded by what the placements since then did."""
     kept = snapshot.static.cache(("engine", "node_totals"), OrderedDict)
     recent = [e for (pkey, _, _), e in reversed(kept.items()) if e.placed and pkey == policy.key][:most]
+    placed = {id(e) for e in kept.values() if e.placed}
     for e in reversed(recent):  # oldest first: the least recently used order stays as the placements left it
-        table = snapshot.static.cache(("engine", policy.key, alt_key(e.alt)), _StateTable)
+        res = place(snapshot, e.request, policy)
+        if isinstance(res, Placement):
+            snapshot.prepare(res.allocation)
+    for e in kept.values():
+        if id(e) not in placed:  # read (or made) by the placements just asked, not by one since the last call
+            e.placed = False
+    for e in reversed(recent):
+        table = snapshot.static.cache(("engine", policy.key, alt_key(e.alt)), StateTable)
         _node_totals(snapshot, e.request, e.alt, policy, table)
         e.placed = False  # as a placement would have left them, but not read by one since
     return len(recent)
 
 
 def _node_totals(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: PlacementPolicy,
-                 table: _StateTable) -> _NodeTotals:
+                 table: StateTable) -> _NodeTotals:
     """The request's :class:`_NodeTotals` on ``snap``.
 
     A node's total is a pure function of that node's GPU state, free CPU and free memory (and
@@ -350,7 +336,7 @@ def _node_totals(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, polic
     if ok is not None:
         idx = idx[ok]
     states = snap.gstate[idx]
-    _ensure_scored(st, states, alt, policy, table)
+    ensure_scored(st, states, alt, policy, table)
     scores = table.score.values[states]
     feasible = np.isfinite(scores)
     cand, total, cand_states = idx[feasible], scores[feasible], states[feasible]
@@ -367,7 +353,7 @@ def _node_totals(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, polic
     return e
 
 
-def _context(snap: ClusterSnapshot, cand: np.ndarray, cand_states: np.ndarray, table: _StateTable,
+def _context(snap: ClusterSnapshot, cand: np.ndarray, cand_states: np.ndarray, table: StateTable,
              policy: PlacementPolicy) -> NodeContext | None:
     """The :class:`NodeContext` of candidate nodes ``cand`` (in states ``cand_states``), when the policy asks for one."""
     if not policy.capabilities.node_context:
@@ -379,7 +365,7 @@ def _context(snap: ClusterSnapshot, cand: np.ndarray, cand_states: np.ndarray, t
 def _place_alternative(snap: ClusterSnapshot, req: GpuRequest, alt: Alternative, policy: PlacementPolicy,
                        rng: np.random.Generator | None) -> Placement | Counter[Reason]:
     st = snap.static
-    table = st.cache(("engine", policy.key, alt_key(alt)), _StateTable)
+    table = st.cache(("engine", policy.key, alt_key(alt)), StateTable)
     totals = _node_totals(snap, req, alt, policy, table)
     n_feasible = int(np.count_nonzero(totals.feasible))
     if not n_feasible:
@@ -419,37 +405,6 @@ def _placed_reason(alloc: Allocation, alt: Alternative, policy: str, score: floa
     return Reason(Cause.PLACED, f"{alt.reason}; {policy} chose {where} (score {score:.4g}, best of "
                                 f"{feasible} feasible node{'s' if feasible != 1 else ''}, {tied} tied"
                                 f"{'; ' + why if why else ''})")
-
-
-def _score_states(st: SnapshotStatic, ids: np.ndarray, alt: Alternative, policy: PlacementPolicy,
-                  table: _StateTable) -> None:
-    """Fill ``table`` for the given new state ids (vectorised over them)."""
-    before = state_rows(st, ids)
-    reason, cm, cs, ct = enumerate_slots(st, ids, alt, before)
-    score, slot, codes = table.score.values, table.slot.values, table.reason.values
-    table.done.values[ids] = True
-    score[ids] = INF
-    codes[ids] = reason
-    if not len(cm):
-        return
-    reps = st.rep_node[ids]
-    model = st.model[reps][cm]
-    gmem = st.gpu_memory[reps][cm]
-    b = {f: a[cm] for f, a in before.items()}
-    view = CandidateView(state=ids[cm], slot=cs, take=ct, present=st.present[reps][cm], model=model, gpu_memory=gmem,
-                         island=st.island[reps][cm], before=b, after=rows_after(b, ct, cs, alt, gmem, model),
-                         timeslice_capacity_milli=st.timeslice_capacity_milli, static=st)
-    sc = np.asarray(policy.gpu_score(view, alt), dtype=np.float64)
-    # Best per state: lowest score, then lowest slot (deterministic).
-    order = np.lexsort((cs, sc, cm))
-    cm_o = cm[order]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = cm_o[1:] != cm_o[:-1]
-    win = order[first]
-    score[ids[cm[win]]] = 0.0 if policy.capabilities.slot_rank_only else sc[win]
-    slot[ids[cm[win]]] = cs[win]
-    codes[ids[cm[win]]] = 0
-    policy.remember_best(view, alt, win)
 
 
 def _allocation(snap: ClusterSnapshot, node: int, slot: int, alt: Alternative, req: GpuRequest) -> Allocation:

@@ -180,8 +180,21 @@ class ClusterSnapshot:
     # ---- changes ------------------------------------------------------------------------------
     def apply(self, a: Allocation) -> "ClusterSnapshot":
         """A new snapshot with ``a`` added. Raises :class:`CapacityError` if it does not fit
-        (a stale plan); the receiver is never changed."""
-        return self._change(a, +1)
+        (a stale plan); the receiver is never changed. The one :meth:`prepare` made, if any (handed out once)."""
+        ready = self._derived.pop(("applied", a), None)
+        return ready if ready is not None else self._change(a, +1)
+
+    def prepare(self, a: Allocation) -> None:
+        """Compute ``apply(a)`` ahead, in idle time (the head's cycle, for the placement the next call is likely to
+        make: :func:`~.engine.warm`); the next ``apply(a)`` returns it. An allocation that does not fit is left
+        for ``apply`` to refuse. Invariant: the snapshot kept is the one ``apply`` computes (a pure function of
+        the receiver and ``a``), and it is dropped from the receiver when handed out, so a chain of snapshots
+        never holds its successors."""
+        if ("applied", a) not in self._derived:
+            try:
+                self._derived[("applied", a)] = self._change(a, +1)
+            except (CapacityError, InvalidRequestError):
+                pass
 
     def release(self, a: Allocation) -> "ClusterSnapshot":
         """A new snapshot with ``a`` removed (exact inverse of :meth:`apply`)."""

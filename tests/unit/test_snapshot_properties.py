@@ -30,6 +30,7 @@ health changes, under every policy of ``POLICY_NAMES``:
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import defaultdict
 from itertools import combinations
 
@@ -287,6 +288,57 @@ def test_kept_totals_never_change_an_answer(cluster, pool, ops, policy) -> None:
         res = run.step(op, req, pick, healthy)
         if res is not None:
             assert _answer(res) == _answer(place(fresh, req, run.policy, rng=rng)), req.describe()
+        seen.append((run.snap, run.rebuilt()))
+
+
+# The head's way of asking (no rng): an answer is remembered with the snapshot it was decided on, and the
+# cycle's warm decides the recent requests ahead of the fast grant path. "ask" asks with only some of the
+# request's alternatives (what a queue's quota leaves it), "again" asks an earlier snapshot once more.
+HEAD_OPS = st.lists(st.tuples(st.sampled_from(("place", "place", "place", "release", "health", "again", "warm",
+                                               "ask")),
+                              st.integers(0, 2), st.integers(0, 10**6), st.booleans()), min_size=2, max_size=25)
+
+
+@settings(PROPERTY, max_examples=120)
+@given(cluster=clusters(max_nodes=6), pool=st.lists(requests(), min_size=1, max_size=3), ops=HEAD_OPS,
+       policy=st.sampled_from(POLICY_NAMES))
+# The same request placed twice in a row: the second must not get the first's (remembered) answer.
+@example(cluster=([NodeSpec("n0", "T4", 2, cpu_milli=8000), NodeSpec("n1", "T4", 2, cpu_milli=8000)], 1000),
+         pool=[GpuRequest.timeslice(0.5)], ops=[("warm", 0, 0, True), ("place", 0, 0, True),
+                                                ("warm", 0, 0, True), ("place", 0, 0, True)], policy="default")
+# A fallback asked with its last alternative only, then whole: two questions, two answers.
+@example(cluster=([NodeSpec("n0", "A100-80GB", 2, cpu_milli=8000)], 1000),
+         pool=[GpuRequest(memory_mib=4096, compute=0.3, isolation="soft")],
+         ops=[("ask", 0, 1, True), ("place", 0, 0, True), ("again", 0, 0, True)], policy="default")
+def test_remembered_placements_never_change_an_answer(cluster, pool, ops, policy) -> None:
+    """``place`` without an rng remembers its answer with the snapshot, and ``warm`` asks ahead (and prepares the
+    snapshot the answer leaves): every answer, whatever was asked or warmed before, and every snapshot after
+    applying it, equals the straightforward computation on the same state rebuilt in a family of its own
+    (nothing kept, nothing remembered)."""
+    run = Replay(*cluster, policy)
+    seen = [(run.snap, run.rebuilt())]
+    for op, k, pick, healthy in ops:
+        req = pool[k % len(pool)]
+        if op == "warm":
+            warm(run.snap, run.policy, most=1 + pick % 3)
+        elif op == "again":
+            old, fresh = seen[pick % len(seen)]
+            assert _answer(place(old, req, run.policy)) == _answer(place(fresh, req, run.policy)), \
+                f"{req.describe()} on an earlier snapshot"
+        elif op == "ask":
+            alts = resolve(req)
+            some = dataclasses.replace(alts, alternatives=alts.alternatives[pick % len(alts.alternatives):])
+            got = place(run.snap, req, run.policy, resolved=some)
+            assert _answer(got) == _answer(place(run.rebuilt(), req, run.policy, resolved=some)), req.describe()
+        elif op == "place":
+            res = place(run.snap, req, run.policy)
+            assert _answer(res) == _answer(place(run.rebuilt(), req, run.policy)), req.describe()
+            if isinstance(res, Placement):  # the snapshot warm prepared for it, if it did: the same state
+                run.snap = run.snap.apply(res.allocation)
+                run.held.append(res.allocation)
+                assert usage(run.snap) == usage(run.rebuilt()), f"{req.describe()} applied"
+        else:
+            run.step(op, req, pick, healthy)
         seen.append((run.snap, run.rebuilt()))
 
 
