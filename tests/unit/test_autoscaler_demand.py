@@ -147,8 +147,10 @@ def test_the_head_actor_sends_off_its_loop_logs_a_failure_and_sends_again(monkey
     from orchestrator.rayport import head as head_mod
 
     sent: list[list[dict[str, float]]] = []
+    table = object()  # the head's own KV table, where each request is recorded (rayport.ray_api.autoscaler)
 
-    def request_resources(bundles: list[dict[str, float]]) -> None:
+    def request_resources(bundles: list[dict[str, float]], record_in: object = None) -> None:
+        assert record_in is table  # recorded where a stop for good looks for it
         sent.append(bundles)
         if len(sent) == 1:
             raise ConnectionError("the GCS is away")
@@ -166,6 +168,7 @@ def test_the_head_actor_sends_off_its_loop_logs_a_failure_and_sends_again(monkey
         actor._demand = pacer = DemandPacer(every_s=0.01)  # noqa: SLF001
         actor._autoscaler = ThreadPoolExecutor(1)  # noqa: SLF001
         actor._home = asyncio.get_running_loop()  # noqa: SLF001
+        actor._table = table  # type: ignore[assignment]  # noqa: SLF001
         for _ in range(40):  # the loop's steps, 10 ms apart
             actor._tell_autoscaler()  # noqa: SLF001
             await asyncio.sleep(0.01)
