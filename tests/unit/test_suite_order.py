@@ -5,14 +5,23 @@ not put its own order (most tests first) over it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import conftest
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_every_long_first_module_exists() -> None:
+@pytest.fixture
+def conftest(pytestconfig: pytest.Config) -> Any:
+    """The suite's root conftest module as pytest loaded it (``import conftest`` finds whichever ``conftest`` a
+    worker imported first -- tests/runtime's or tests/integration's under ``-n 2``)."""
+    module = pytestconfig.pluginmanager.get_plugin(str(REPO / "tests" / "conftest.py"))
+    assert module is not None, "pytest did not load tests/conftest.py"
+    return module
+
+
+def test_every_long_first_module_exists(conftest: Any) -> None:
     missing = [m for m in conftest._LONG_FIRST if not (REPO / m).is_file()]
     assert not missing, f"tests/conftest.py _LONG_FIRST names modules that are not there: {missing}"
     assert len(set(conftest._LONG_FIRST)) == len(conftest._LONG_FIRST)
@@ -23,7 +32,7 @@ def test_xdist_keeps_the_suites_order(pytestconfig: pytest.Config) -> None:
     assert pytestconfig.option.loadscopereorder is False
 
 
-def test_the_long_first_modules_come_first_in_their_order() -> None:
+def test_the_long_first_modules_come_first_in_their_order(conftest: Any) -> None:
     class Item:
         def __init__(self, nodeid: str) -> None:
             self.nodeid = nodeid
