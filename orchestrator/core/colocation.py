@@ -62,6 +62,9 @@ class AutoscaleConfig(_Frozen):
                                           "replica granted again attaches in seconds; 0: no warm spares")] = 0.0
     max_warm_spares: Annotated[int, Field(ge=0, le=1024, description="At most this many warm spare processes "
                                           "(host memory and CPU only: they hold no GPU)")] = 0
+    peak_hold_fraction: Annotated[float, Field(ge=0, le=1, description="A scale-down stops at this fraction of "
+                                               "the highest target of the last warm_window_s (replicas held through "
+                                               "the lull between bursts); 0: no hold")] = 0.0
     slo_p99_ms: Annotated[float, Field(gt=0, le=3_600_000, description="Scale up while p99 latency is above "
                                        "this (ms); null: load alone decides")] | None = None
 

@@ -133,6 +133,7 @@ class Cause(str, Enum):
     SCALE_HOLD_DELAY = "scale.hold_delay"            # a change is wanted but has not held for its delay yet
     SCALE_HOLD_STARTING = "scale.hold_starting"      # latency over the SLO while replicas already decided still start
     SCALE_UP_FACTOR = "scale.up_factor"              # a move up sized by upscale_factor (beyond max_step_up)
+    SCALE_HOLD_PEAK = "scale.hold_peak"              # a scale-down stopped at peak_hold_fraction of the recent peak
     SCALE_WARM_SPARES = "scale.warm_spares"          # processes kept started (no lease) up to the recent peak
     # ---- window: the time window in force ----------------------------------------------------------
     WINDOW_ACTIVE = "window.active"                  # a window's quotas replace the configured ones

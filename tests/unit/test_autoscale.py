@@ -264,4 +264,24 @@ def test_warm_spares_keep_processes_up_to_the_recent_peak_then_forget_it() -> No
     assert warm_spares(cfg.model_copy(update={"max_warm_spares": 8}), loop.state).count == 8
     assert warm_spares(cfg.model_copy(update={"warm_window_s": 0.0}), loop.state).count == 0
     loop.run(600.0, ongoing=20.0)  # the peak is older than warm_window_s: forgotten
-    assert loop.state.peak == 10 and warm_spares(cfg, loop.state).count == 0
+    assert loop.state.peak == 0 and warm_spares(cfg, loop.state).count == 0
+
+
+def test_a_scale_down_stops_at_the_held_fraction_of_the_recent_peak() -> None:
+    cfg = CFG.model_copy(update={"max_replicas": 100, "upscale_factor": 4.0, "warm_window_s": 600.0,
+                                 "peak_hold_fraction": 0.5, "downscale_delay_s": 1.0, "max_step_down": 100})
+    loop = Loop(cfg, replicas=10)
+    loop.run(4.0, ongoing=80.0)
+    assert loop.replicas == 40
+    loop.run(10.0, ongoing=2.0)  # the load asks 1: the scale-down stops at half the peak
+    assert loop.replicas == 20
+    d = loop.decisions[-1]
+    assert d.reason.cause is Cause.SCALE_HOLD_PEAK
+    assert d.reason.text.endswith("the load asks 1, but 20 replicas kept: peak_hold_fraction 0.5 of the peak 40 of "
+                                  "the last 600 s")
+    loop.run(600.0, ongoing=2.0)  # the peak is forgotten: down to what the load asks
+    assert loop.replicas == 1
+    plain = Loop(cfg.model_copy(update={"peak_hold_fraction": 0.0}), replicas=10)
+    plain.run(4.0, ongoing=80.0)
+    plain.run(10.0, ongoing=2.0)
+    assert plain.replicas == 1
