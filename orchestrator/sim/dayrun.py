@@ -113,6 +113,8 @@ class DayRun(InferenceSide, TrainingSide):
         self.train_speed = 0.0  # the summed speed of the runs training now
         self.timers: list[tuple[float, int, str, str, int]] = []  # (at, seq, what, id, version): a heap
         self.scalers = [ScalerState() for _ in range(services)]
+        self.warm = [0] * services  # warm spare processes ready (started, model loaded, no lease)
+        self.warm_coming = [0] * services  # warm spares starting
         self.backlog = [0.0] * services
         self.ongoing = [0.0] * services  # integral of ongoing requests since the last sample
         self.last_p99: list[float | None] = [None] * services
@@ -244,6 +246,8 @@ class DayRun(InferenceSide, TrainingSide):
                 self._replica_serving(self.replicas[ident], now)
             elif what == "run":
                 self._run_timer(self.runs[ident], now)
+            elif what == "warm":
+                self._warm_ready(int(ident), item[4], now)
             else:  # "cycle": a training lease's minimum runtime has passed: it may be a victim now
                 self.changed = True
 
@@ -344,6 +348,8 @@ class DayRun(InferenceSide, TrainingSide):
             "training_steps": round(sum(r.work for r in self.runs.values()) / step_s),
             "training_runs_refused": sum(1 for r in self.runs.values() if r.phase == "refused"),
             "mig_reconfigurations": done,
+            "warm_starts": tl.warm_starts,
+            "replica_ready_saved_s": round(tl.ready_saved_s, 1),
             "spikes": absorb,
             "absorb_max_s": max_absorb(absorb),
             "spikes_not_absorbed": sum(1 for s in absorb if s["absorb_s"] is None),
