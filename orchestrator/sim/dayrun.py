@@ -15,9 +15,12 @@ the ``simulated`` discovery backend, and the autoscaler's rules
   ``LeasedService.step`` does: a :class:`~orchestrator.scheduling.autoscale.LoadSample` (serving replicas,
   time-averaged ongoing requests since the last sample, the last step's p99), ``decide``, then as many
   lease requests as the decision adds, at once (a scale-down withdraws requests still pending first,
-  then the newest replicas); no warm spares. Its ``ceiling`` (the autoscaler's own input: "a lease that
-  cannot be had is not asked for") is what the request's whole fallback chain reaches on the cards as laid
-  out now, in order, within the quota the window in force gives the service's queue
+  then replicas on the largest shares, then the newest); the warm spares the autoscaler asks for
+  (:func:`~orchestrator.scheduling.autoscale.warm_spares`: processes started, no lease) make a granted
+  replica serve ``warm_start_s`` after its grant instead of ``replica_start_s``. Its ``ceiling`` (the
+  autoscaler's own input: "a lease that cannot be had is not asked for") is what the request's whole
+  fallback chain reaches on the cards as laid out now, in order, within the quota the window in force
+  gives the service's queue -- its surge cap where the quota follows demand
   (:func:`~orchestrator.scheduling.autoscale.reachable_replicas`), shared over the services; the
   scenario's loop passes none, which on 10 cards costs nothing but here would fill the queue with
   thousands of requests no layout can hold;
