@@ -79,7 +79,7 @@ from orchestrator.scheduling.fair_cycle import capacity_of
 from orchestrator.scheduling.fairshare import DecayedUsage, FairShares, Resources, compute, usage_by_queue
 from orchestrator.scheduling.policies import get_policy
 from orchestrator.scheduling.snapshot import ClusterSnapshot
-from orchestrator.scheduling.windows import WindowStatus, effective_config, window_status
+from orchestrator.scheduling.windows import WindowStatus, effective_config, queue_demand, surges, window_status
 
 __all__ = ["HOLDER_CHECK_EVERY_S", "HeadController", "HolderProbe", "ReconcileReport"]
 
@@ -318,7 +318,15 @@ class HeadController:
 
     def window(self) -> WindowStatus:
         """The time window in force now, its quotas and the next change (:func:`.windows.window_status`)."""
-        return window_status(self.sched_config, self.day_clock.time_of_day_s(), self.capacity_gpus())
+        return window_status(self.sched_config, self.day_clock.time_of_day_s(), self.capacity_gpus(),
+                             self._queue_demand())
+
+    def _queue_demand(self) -> dict[str, float] | None:
+        """What each queue holds and asks (:func:`.windows.queue_demand`), when a window's quota follows it."""
+        if not surges(self.sched_config):
+            return None
+        return queue_demand((e.lease for e in self.ledger.holding()),
+                            (e.lease for e in self.ledger.in_state(LeaseState.PENDING)))
 
     def set_day_clock(self, clock: Clock) -> None:
         """Read the time of day from ``clock`` from now on; the next cycle applies the window in force."""
@@ -332,8 +340,8 @@ class HeadController:
         if not self.sched_config.windows:
             return
         tod, capacity = self.day_clock.time_of_day_s(), self.capacity_gpus()
-        cfg, w = effective_config(self.sched_config, tod, capacity)
-        key = (w.name if w else None, capacity)
+        cfg, w = effective_config(self.sched_config, tod, capacity, self._queue_demand())
+        key = (w.name if w else None, capacity, tuple((q, c.quota_gpus) for q, c in sorted(cfg.queues.items())))
         if key != self._window_key:
             self._window_key, self._window_cfg = key, cfg
             self._dirty = True

@@ -54,6 +54,17 @@ class AutoscaleConfig(_Frozen):
                                       "is within this fraction of the target (Kubernetes HPA's 0.1)")] = 0.1
     max_step_up: Annotated[int, Field(ge=1, le=1024, description="At most this many replicas added per move")] = 2
     max_step_down: Annotated[int, Field(ge=1, le=1024, description="At most this many replicas removed per move")] = 1
+    upscale_factor: Annotated[float, Field(ge=1, le=100, description="A move up may also grow the target to this "
+                                           "many times its size (Ray Serve's upscaling_factor), when that is more "
+                                           "than max_step_up; 1: additive steps only")] = 1.0
+    warm_window_s: Annotated[float, Field(ge=0, le=86400, description="Keep processes started (model loaded, no "
+                                          "lease) up to the highest target of the last this many seconds, so a "
+                                          "replica granted again attaches in seconds; 0: no warm spares")] = 0.0
+    max_warm_spares: Annotated[int, Field(ge=0, le=1024, description="At most this many warm spare processes "
+                                          "(host memory and CPU only: they hold no GPU)")] = 0
+    peak_hold_fraction: Annotated[float, Field(ge=0, le=1, description="A scale-down stops at this fraction of "
+                                               "the highest target of the last warm_window_s (replicas held through "
+                                               "the lull between bursts); 0: no hold")] = 0.0
     slo_p99_ms: Annotated[float, Field(gt=0, le=3_600_000, description="Scale up while p99 latency is above "
                                        "this (ms); null: load alone decides")] | None = None
 

@@ -132,11 +132,17 @@ class QueueOverride(_Frozen):
                                       "percent, while the window is in force")] | None = None
     borrowing: bool | None = Field(default=None, description="Whether the queue borrows idle capacity beyond its "
                                    "quota while the window is in force (false: capped at the quota)")
+    surge_pct: Annotated[float, Field(ge=0, le=100, description="While what the queue holds and asks exceeds its "
+                                      "quota, the quota follows it up to this share of the cluster's GPU capacity, "
+                                      "percent (its requests may then preempt lower priorities for it); null: the "
+                                      "quota is the clock's alone")] | None = None
 
     @model_validator(mode="after")
     def _one_quota(self) -> "QueueOverride":
         if self.quota_gpus is not None and self.quota_pct is not None:
             raise ConfigError("quota_pct", self.quota_pct, "either quota_gpus or quota_pct, not both")
+        if self.surge_pct is not None and self.quota_pct is not None and self.surge_pct < self.quota_pct:
+            raise ConfigError("surge_pct", self.surge_pct, f"at least quota_pct={self.quota_pct:g}")
         return self
 
 

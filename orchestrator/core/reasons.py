@@ -136,9 +136,13 @@ class Cause(str, Enum):
     SCALE_HOLD_BAND = "scale.hold_band"              # load per replica within the tolerance band of the target
     SCALE_HOLD_DELAY = "scale.hold_delay"            # a change is wanted but has not held for its delay yet
     SCALE_HOLD_STARTING = "scale.hold_starting"      # latency over the SLO while replicas already decided still start
+    SCALE_UP_FACTOR = "scale.up_factor"              # a move up sized by upscale_factor (beyond max_step_up)
+    SCALE_HOLD_PEAK = "scale.hold_peak"              # a scale-down stopped at peak_hold_fraction of the recent peak
+    SCALE_WARM_SPARES = "scale.warm_spares"          # processes kept started (no lease) up to the recent peak
     # ---- window: the time window in force ----------------------------------------------------------
     WINDOW_ACTIVE = "window.active"                  # a window's quotas replace the configured ones
     WINDOW_NONE = "window.none"                      # no window covers this time of day: the configured quotas hold
+    WINDOW_SURGE = "window.surge"                    # a queue's demand raised its quota above the clock's, up to surge_pct
 
     @property
     def group(self) -> str:

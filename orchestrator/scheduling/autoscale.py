@@ -36,7 +36,28 @@ says which one decided and with which figures):
 5. **steps.** A move changes the target by at most ``max_step_up`` /
    ``max_step_down`` towards ``wanted`` (``scale.up`` / ``scale.down``); after
    a move the timer restarts, so a ramp goes at most ``max_step_up`` replicas
-   per ``upscale_delay_s``.
+   per ``upscale_delay_s``. With ``upscale_factor`` above 1 a move up may also
+   reach ``ceil(target x upscale_factor)`` (Ray Serve's ``upscaling_factor``):
+   when that allows more than ``max_step_up`` and the move uses it, the cause
+   is ``scale.up_factor``. ``wanted`` counts the backlog (``ongoing`` is
+   requests in flight *or queued*), so a tripled load is met in one or two
+   moves, not in ``wanted / max_step_up`` of them.
+
+**Warm spares** (:func:`warm_spares`). The state remembers the highest
+target a move up reached (``peak``), for ``warm_window_s`` after it was
+reached; the scaling loop keeps ``peak - target`` replica
+processes started, their model loaded, holding no lease (host memory and
+CPU, at most ``max_warm_spares``), so a replica granted again attaches to
+its lease in about a second instead of starting cold (cause
+``scale.warm_spares``). The GPUs of a scale-down go back to training at
+once; only the processes wait for the next peak.
+
+**Holding the peak** (:func:`held_at_peak`). With ``peak_hold_fraction`` above
+0 a scale-down stops at ``ceil(peak x peak_hold_fraction)`` while the peak is
+at most ``warm_window_s`` old (cause ``scale.hold_peak``): capacity that took a
+training preemption to get (30 s of checkpoint) is kept through the lull
+between bursts, as HPA's downscale stabilisation window keeps its highest
+recommendation. It costs what the held replicas' cards would have trained.
 
 **Target, not running.** ``ScalerState.target`` is the count last decided.
 Replicas take seconds to start (a lease to be granted, a model to load); the
@@ -116,12 +137,15 @@ class ScalerState:
 
     ``target``: the replica count last decided (None before the first sample);
     ``wish``: the direction wanted but not yet acted on (+1 up, -1 down, 0 none);
-    ``since_s``: when that wish began; ``last_change_s``: when the target last moved."""
+    ``since_s``: when that wish began; ``last_change_s``: when the target last moved;
+    ``peak``: the highest target a move up reached, at ``peak_s`` (0 and None once ``warm_window_s`` old)."""
 
     target: int | None = None
     wish: int = 0
     since_s: float | None = None
     last_change_s: float | None = None
+    peak: int = 0
+    peak_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -161,11 +185,13 @@ def decide(cfg: AutoscaleConfig, state: ScalerState, sample: LoadSample, *, floo
     lo, hi = bounds(cfg, floor=floor, ceiling=ceiling)
 
     def moved(n: int, cause: Cause, text: str, wanted: int) -> ScaleDecision:
-        return ScaleDecision(n, Reason(cause, text), ScalerState(n, 0, None, now), wanted, current)
+        return ScaleDecision(n, Reason(cause, text), ScalerState(n, 0, None, now, *_peak(cfg, state, n, n > current, now)),
+                             wanted, current)
 
     def held(cause: Cause, text: str, wanted: int, wish: int = 0, since: float | None = None) -> ScaleDecision:
-        return ScaleDecision(current, Reason(cause, text),
-                             ScalerState(current, wish, since, state.last_change_s), wanted, current)
+        return ScaleDecision(current, Reason(cause, text), ScalerState(current, wish, since, state.last_change_s,
+                                                                       *_peak(cfg, state, current, False, now)),
+                             wanted, current)
 
     # 1. bounds, at once
     if current < lo:
@@ -198,6 +224,13 @@ def decide(cfg: AutoscaleConfig, state: ScalerState, sample: LoadSample, *, floo
     if slo_over:
         wanted = max(wanted, current + 1)
     wanted = max(lo, min(hi, wanted))
+    keep = held_at_peak(cfg, state, now)
+    if wanted < current and wanted < keep:
+        asked, wanted = wanted, min(current, keep)
+        if wanted == current:
+            return held(Cause.SCALE_HOLD_PEAK, f"{load_text}: the load asks {by_load}, but {current} replicas kept: "
+                        f"peak_hold_fraction {cfg.peak_hold_fraction:g} of the peak {state.peak} of the last "
+                        f"{cfg.warm_window_s:g} s", asked)
     if wanted == current:
         if in_band and by_load != current:
             return held(Cause.SCALE_HOLD_BAND, f"{load_text}, within {cfg.tolerance:g} of target {t:g}: "
@@ -222,9 +255,57 @@ def decide(cfg: AutoscaleConfig, state: ScalerState, sample: LoadSample, *, floo
         return held(Cause.SCALE_HOLD_DELAY, f"{why} for {waited:.1f} s < {name} {delay:g} s: "
                     f"{current} replicas kept, {wanted} wanted", wanted, direction, since)
     # 5. steps
-    n = min(wanted, current + cfg.max_step_up) if up else max(wanted, current - cfg.max_step_down)
-    step = f" (step limit {cfg.max_step_up if up else cfg.max_step_down}, {wanted} wanted)" if n != wanted else ""
+    up_step = max(cfg.max_step_up, up_by_factor(cfg, current))
+    n = min(wanted, current + up_step) if up else max(wanted, current - cfg.max_step_down)
+    step = f" (step limit {up_step if up else cfg.max_step_down}, {wanted} wanted)" if n != wanted else ""
+    if up and n - current > cfg.max_step_up:
+        cause, why = Cause.SCALE_UP_FACTOR, f"{why}; upscale_factor {cfg.upscale_factor:g} allows +{up_step}"
     return moved(n, cause, f"{why} for {waited:.1f} s >= {name} {delay:g} s: {current} -> {n} replicas{step}", wanted)
+
+
+def up_by_factor(cfg: AutoscaleConfig, current: int) -> int:
+    """Replicas a move up may add by ``upscale_factor`` alone: ``ceil(current x factor) - current``."""
+    return max(0, math.ceil(current * cfg.upscale_factor - _CEIL_EPS) - current)
+
+
+def _peak(cfg: AutoscaleConfig, state: ScalerState, target: int, rose: bool, now: float) -> tuple[int, float | None]:
+    """``(peak, peak_s)`` after deciding ``target`` at ``now`` (``rose``: by a move up): a move up to at least the
+    peak makes it the new peak; a peak ``warm_window_s`` old is forgotten (``(0, None)``). Only moves up set it,
+    so a target held up by the peak never renews it."""
+    if rose and target >= state.peak:
+        return target, now
+    if state.peak_s is not None and now - state.peak_s > cfg.warm_window_s + DELAY_EPS_S:
+        return 0, None
+    return state.peak, state.peak_s
+
+
+def held_at_peak(cfg: AutoscaleConfig, state: ScalerState, now: float) -> int:
+    """The fewest replicas a scale-down may leave: ``ceil(peak x peak_hold_fraction)`` while the peak is at most
+    ``warm_window_s`` old (0 otherwise): replicas held through the lull between bursts, as HPA's downscale
+    stabilisation window holds its highest recommendation."""
+    if cfg.peak_hold_fraction <= 0 or state.peak_s is None or now - state.peak_s > cfg.warm_window_s + DELAY_EPS_S:
+        return 0
+    return math.ceil(state.peak * cfg.peak_hold_fraction - _CEIL_EPS)
+
+
+@dataclass(frozen=True)
+class WarmSpares:
+    """How many replica processes to keep started without a lease, and why."""
+
+    count: int
+    reason: Reason
+
+
+def warm_spares(cfg: AutoscaleConfig, state: ScalerState) -> WarmSpares:
+    """Warm spares (see the module docstring): ``min(max_warm_spares, peak - target)``, 0 when
+    ``warm_window_s`` or ``max_warm_spares`` is 0 or before the first decision. Pure."""
+    target = state.target or 0
+    if cfg.warm_window_s <= 0 or cfg.max_warm_spares <= 0 or state.peak_s is None:
+        return WarmSpares(0, Reason(Cause.SCALE_WARM_SPARES, "no warm spares (warm_window_s or max_warm_spares 0)"))
+    n = max(0, min(cfg.max_warm_spares, state.peak - target))
+    cap = " (max_warm_spares)" if n < state.peak - target else ""
+    return WarmSpares(n, Reason(Cause.SCALE_WARM_SPARES, f"peak {state.peak} of the last {cfg.warm_window_s:g} s, "
+                                                         f"target {target}: {n} processes kept started{cap}"))
 
 
 def reachable_replicas(request: GpuRequest, gpus: Iterable[GpuDevice], quota_gpus: float | None = None) -> int | None:

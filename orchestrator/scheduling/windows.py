@@ -22,19 +22,36 @@ cluster that grows or shrinks changes the guarantee with it. Nothing here
 preempts by itself: the scheduling cycle does, through the usual
 checkpoint-and-yield path, when a queue within its (new) quota needs room.
 
+**A guarantee that yields to load** (``surge_pct``). The clock's guarantee
+is a forecast; the load may not follow it (a night that peaks, a spike at
+dawn). A queue override with ``surge_pct`` has its quota follow the queue's
+*demand* -- the GPUs its leases hold plus what its pending requests may take
+(each at its largest choice, its fallback's included: :func:`queue_demand`),
+rounded up to a whole GPU -- when that is above the clock's quota, up to
+``surge_pct`` of the capacity. The demand is what the queue's own
+autoscaler asked for from measured load, so the quota grows only while
+replicas are wanted and shrinks back as they go; within it the queue's
+requests may preempt lower priorities (training checkpoints and yields, the
+usual path: no steps lost). Cause ``window.surge`` says which queue surged,
+to what and why.
+
 Invariants: pure functions of their arguments; with no windows the config
 comes back unchanged (the same object); at most one window is in force at
-any time of day (the config refuses overlaps).
+any time of day (the config refuses overlaps); a surged quota is never below
+the clock's nor above ``surge_pct`` of the capacity.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from orchestrator.core.clock import DAY_S, format_hhmm
+from orchestrator.core.lease import Lease
 from orchestrator.core.priorities import QueueConfig, QueueOverride, SchedulerConfig, Window
 from orchestrator.core.reasons import Cause, Reason
+from orchestrator.scheduling.preemption import queue_usage
 
 
 def window_at(windows: Sequence[Window], time_of_day_s: float) -> Window | None:
@@ -65,18 +82,53 @@ def quota_gpus(override: QueueOverride, base: QueueConfig, capacity_gpus: float)
     return base.quota_gpus
 
 
-def effective_config(config: SchedulerConfig, time_of_day_s: float,
-                     capacity_gpus: float) -> tuple[SchedulerConfig, Window | None]:
-    """``config`` with the quotas of the window in force at ``time_of_day_s``, and that window (None: unchanged)."""
+def surges(config: SchedulerConfig) -> bool:
+    """Whether any window lets a queue's quota follow its demand (``surge_pct``): the head then passes demand."""
+    return any(o.surge_pct is not None for w in config.windows for o in w.queues.values())
+
+
+def queue_demand(holding: Iterable[Lease], pending: Iterable[Lease]) -> dict[str, float]:
+    """GPUs per queue: what its holding leases take plus what its pending requests may take, each at its
+    largest choice (a fallback to a whole card counts a card): the demand a surging quota follows."""
+    out = dict(queue_usage(holding))
+    for lease in pending:
+        out[lease.queue] = out.get(lease.queue, 0.0) + max(c.gpu_demand for c in lease.request.choices)
+    return out
+
+
+def surged_quota(override: QueueOverride, clock_quota: float | None, capacity_gpus: float,
+                 demand_gpus: float) -> float | None:
+    """The quota with ``override``'s surge: ``min(surge cap, max(clock quota, ceil(demand)))``; the clock's
+    quota when the override has no ``surge_pct`` or the queue is unlimited (None)."""
+    if override.surge_pct is None or clock_quota is None:
+        return clock_quota
+    cap = round(override.surge_pct * capacity_gpus / 100.0, 6)
+    return max(clock_quota, min(cap, float(math.ceil(demand_gpus - 1e-9))))
+
+
+def effective_config(config: SchedulerConfig, time_of_day_s: float, capacity_gpus: float,
+                     demand: Mapping[str, float] | None = None) -> tuple[SchedulerConfig, Window | None]:
+    """``config`` with the quotas of the window in force at ``time_of_day_s``, and that window (None: unchanged).
+    ``demand`` (GPUs per queue, :func:`queue_demand`): a ``surge_pct`` queue's quota follows it."""
     w = window_at(config.windows, time_of_day_s)
     if w is None:
         return config, None
     queues = dict(config.queues)
     for name, o in w.queues.items():
         base = queues[name]
-        queues[name] = QueueConfig(quota_gpus=quota_gpus(o, base, capacity_gpus),
-                                   borrowing=base.borrowing if o.borrowing is None else o.borrowing)
+        q = quota_gpus(o, base, capacity_gpus)
+        if demand is not None:
+            q = surged_quota(o, q, capacity_gpus, demand.get(name, 0.0))
+        queues[name] = QueueConfig(quota_gpus=q, borrowing=base.borrowing if o.borrowing is None else o.borrowing)
     return config.model_copy(update={"queues": queues}), w
+
+
+def surge_caps(config: SchedulerConfig, time_of_day_s: float, capacity_gpus: float) -> dict[str, float]:
+    """The most each surging queue's quota may reach in the window in force (GPUs): what a scaling loop may
+    ask for when its load needs it."""
+    w = window_at(config.windows, time_of_day_s)
+    return {} if w is None else {q: round(o.surge_pct * capacity_gpus / 100.0, 6)
+                                  for q, o in w.queues.items() if o.surge_pct is not None}
 
 
 @dataclass(frozen=True)
@@ -104,9 +156,12 @@ class WindowStatus:
                 **self.reason.fields()}
 
 
-def window_status(config: SchedulerConfig, time_of_day_s: float, capacity_gpus: float) -> WindowStatus:
-    """The window in force at ``time_of_day_s`` and the next change, with a ``window.*`` reason."""
-    eff, w = effective_config(config, time_of_day_s, capacity_gpus)
+def window_status(config: SchedulerConfig, time_of_day_s: float, capacity_gpus: float,
+                  demand: Mapping[str, float] | None = None) -> WindowStatus:
+    """The window in force at ``time_of_day_s`` and the next change, with a ``window.*`` reason (``window.surge``
+    when ``demand`` raised a queue's quota above the clock's)."""
+    eff, w = effective_config(config, time_of_day_s, capacity_gpus, demand)
+    clock, _ = effective_config(config, time_of_day_s, capacity_gpus)
     nc = next_change(config.windows, time_of_day_s)
     gap, after = nc if nc is not None else (None, None)
     quotas = {q: (eff.queues[q].quota_gpus, eff.queues[q].borrowing) for q in (w.queues if w else ())}
@@ -117,8 +172,12 @@ def window_status(config: SchedulerConfig, time_of_day_s: float, capacity_gpus: 
                                            f"configured quotas hold{when}")
     else:
         sets = ", ".join(f"{q} {_quota_text(g, b)}" for q, (g, b) in sorted(quotas.items()))
-        reason = Reason(Cause.WINDOW_ACTIVE, f"{format_hhmm(time_of_day_s)}: window {w.describe()} in force "
-                                             f"({sets or 'no queue changed'}){when}")
+        up = {q: (clock.queues[q].quota_gpus, g) for q, (g, _) in quotas.items() if g != clock.queues[q].quota_gpus}
+        surged = "; ".join(f"{q}'s demand {(demand or {}).get(q, 0.0):g} GPUs raised its quota from the clock's "
+                           f"{c:g} to {g:g} (surge_pct {w.queues[q].surge_pct:g})" for q, (c, g) in sorted(up.items()))
+        reason = Reason(Cause.WINDOW_SURGE if up else Cause.WINDOW_ACTIVE,
+                        f"{format_hhmm(time_of_day_s)}: window {w.describe()} in force "
+                        f"({sets or 'no queue changed'}){'; ' + surged if surged else ''}{when}")
     return WindowStatus(w, time_of_day_s % DAY_S, gap, after, quotas, reason)
 
 

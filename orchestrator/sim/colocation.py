@@ -240,6 +240,7 @@ def missed(curves: Mapping[str, Any], names: Sequence[str]) -> dict[str, list[st
 
 def _params_json(p: SimParams, control_s: float) -> dict[str, Any]:
     return {"tick_s": p.tick_s, "control_interval_s": control_s, "replica_start_s": p.replica_start_s,
+            "warm_start_s": p.warm_start_s,
             "checkpoint_s": p.checkpoint_s, "checkpoint_every_s": p.checkpoint_every_s, "resume_s": p.resume_s,
             "timeout_s": p.timeout_s, "training_step_s": p.trainer.step_s,
             "inference_model": {"base_ms": p.inference.base_ms, "per_item_ms": p.inference.per_item_ms,

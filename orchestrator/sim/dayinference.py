@@ -13,7 +13,8 @@ Invariants:
 * ``serving[svc]`` counts the service's serving replicas by kind, with no zero entries; ``n_serving`` is their
   sum over the services and ``starting`` the replicas granted and not yet serving; ``replica_timeline`` gets
   an entry at every change of ``n_serving``;
-* a scale-down withdraws pending requests first, then replicas starting, then the newest serving;
+* a scale-down withdraws pending requests first, then replicas starting, then serving ones, each time those on
+  the largest share first (what a fallback took from training goes back first), then the newest;
 * a step's inference busy time is each replica's busy time from :func:`orchestrator.sim.queueing.step` times
   its card share, so it never exceeds ``replicas x share x dt``.
 """
@@ -29,7 +30,8 @@ from orchestrator.core.clock import ManualClock
 from orchestrator.core.colocation import ServiceConfig
 from orchestrator.core.lease import LeaseState
 from orchestrator.core.request import GpuRequest
-from orchestrator.scheduling.autoscale import LoadSample, ScalerState, decide, reachable_replicas
+from orchestrator.scheduling.autoscale import LoadSample, ScalerState, decide, reachable_replicas, warm_spares
+from orchestrator.scheduling.windows import surge_caps
 from orchestrator.sim.curves import FastCurve
 from orchestrator.sim.dayrecords import KEY, Replica, SchemeLike, SimParams, Tally, share_of
 from orchestrator.sim.queueing import ReplicaKind, StepOut, step_mixed as queue_step_mixed
@@ -61,6 +63,8 @@ class InferenceSide:
     last_p99: list[float | None]
     last_sample: float
     ceiling: int | None
+    warm: list[int]
+    warm_coming: list[int]
     tally: Tally
     per_rep: float
     rep_acc: float
@@ -78,12 +82,17 @@ class InferenceSide:
         self.changed = self.changed or n > 0
 
     def _remove(self, svc: int, n: int) -> None:
-        """Withdraw pending requests first, then the replicas starting, then the newest serving."""
+        """Withdraw pending requests first, then the replicas starting, then those serving -- each time those on
+        the largest share first (a fallback's MPS share or whole card, taken from training, goes back before a
+        1g slice that nothing else asks for), then the newest."""
         order = {"pending": 0, "starting": 1, "serving": 2}
-        for r in sorted(self.mine[svc].values(), key=lambda r: (order[r.state], -r.seq))[:n]:
+        for r in sorted(self.mine[svc].values(),
+                        key=lambda r: (order[r.state], -(r.kind.card_share if r.kind else 0.0), -r.seq))[:n]:
             e = self.head.ctl.ledger.get(r.lease_id)
             token = None if e.lease.state is LeaseState.PENDING else e.lease.fencing_token
             self.head.release(r.lease_id, token, "the autoscaler removed the replica", key=KEY)
+            if r.state in ("serving", "starting"):
+                self.warm[svc] += 1  # its process stays started, model loaded: a warm spare if one is wanted
             if r.state == "serving":
                 assert r.kind is not None
                 self.serving[svc][r.kind] -= 1
@@ -97,10 +106,33 @@ class InferenceSide:
         self.changed = True
 
     def _replica_granted(self, r: Replica, a: Allocation, now: float) -> None:
-        """``r``'s lease was granted (and activated) on ``a``: it starts, and serves ``replica_start_s`` later."""
+        """``r``'s lease was granted (and activated) on ``a``: it starts, and serves ``replica_start_s`` later --
+        ``warm_start_s`` when a warm spare process of its service attaches to the lease instead."""
         r.state, r.kind = "starting", ReplicaKind(share_of(a), self.p.inference, self.cfg.max_batch_size)
         self.starting += 1
-        self._timer(now + self.p.replica_start_s, "replica", r.lease_id)
+        start = self.p.replica_start_s
+        if self.warm[r.service] > 0:
+            self.warm[r.service] -= 1
+            start = min(start, self.p.warm_start_s)
+            self.tally.warm_starts += 1
+            self.tally.ready_saved_s += self.p.replica_start_s - start
+            self._warm_refill(r.service, now)
+        self._timer(now + start, "replica", r.lease_id)
+
+    def _warm_refill(self, svc: int, now: float) -> None:
+        """Keep the service's warm spares at what the autoscaler says (:func:`warm_spares`): stop those beyond
+        it, start the missing ones (ready ``replica_start_s`` later; a timer ``warm`` of ident ``svc``)."""
+        want = warm_spares(self.cfg.autoscale, self.scalers[svc]).count
+        self.warm[svc] = min(self.warm[svc], want)
+        missing = want - self.warm[svc] - self.warm_coming[svc]
+        if missing > 0:
+            self.warm_coming[svc] += missing
+            self._timer(now + self.p.replica_start_s, "warm", str(svc), missing)
+
+    def _warm_ready(self, svc: int, n: int, now: float) -> None:
+        self.warm_coming[svc] -= n
+        self.warm[svc] += n
+        self._warm_refill(svc, now)
 
     def _replica_serving(self, r: Replica, now: float) -> None:
         r.state = "serving"
@@ -126,6 +158,7 @@ class InferenceSide:
             elif d.replicas < have:
                 self._remove(svc, have - d.replicas)
             self.ongoing[svc] = 0.0
+            self._warm_refill(svc, now)
         self.last_sample = now
 
     def _ceiling(self) -> None:
@@ -133,8 +166,11 @@ class InferenceSide:
         cards hold as laid out now, within the quota the time window in force gives the service's queue
         (:func:`~orchestrator.scheduling.autoscale.reachable_replicas`; None: a request the engine resolves):
         the scaling loop's ceiling, so it never asks for replicas that cannot be had. Made again at every
-        relayout and window start."""
+        relayout and window start. With a window whose quota follows the queue's demand (``surge_pct``), the quota
+        counted is the surge cap: what the queue may reach when its load asks for it."""
         quota, _ = self.head.ctl.window().quotas.get(self.cfg.queue, (None, True))
+        caps = surge_caps(self.head.ctl.sched_config, self.clock.time_of_day_s(), self.head.ctl.capacity_gpus())
+        quota = caps.get(self.cfg.queue, quota)  # a quota that follows demand may reach its surge cap
         self.ceiling = reachable_replicas(GpuRequest.parse(self.scheme.inference_request),
                                           [g for r in self.head.ctl.nodes.registered() for g in r.inventory.gpus],
                                           quota_gpus=quota)

@@ -48,6 +48,10 @@ class SimParams:
     #: spike, after a training preemption) in tests/integration/test_colocation.py (docs/colocation.md). The
     #: grant itself is the head's (simulated); this is the start after it.
     replica_start_s: float = 5.5
+    #: Assumption: a warm spare (a replica process started ahead, its model in host memory, no lease) attaching
+    #: to a lease when granted: the model's 10 GB copied to the GPU (~0.4 s at 25 GB/s) and a CUDA context
+    #: (~0.5 s). Not measured (#36 item 3a's real-time runs should).
+    warm_start_s: float = 1.0
     #: Assumption, to be replaced by the real-time runs' measurement (#36 item 3a): writing a checkpoint of a
     #: multi-GB model. The toy MLP of the real runs writes one in 4-20 ms (docs/preemption.md).
     checkpoint_s: float = 30.0
@@ -123,6 +127,8 @@ class Tally:
     peak_replica_cards: float = 0.0
     steps: int = 0
     cycles: int = 0
+    warm_starts: int = 0  # replicas that attached to a warm spare process instead of starting cold
+    ready_saved_s: float = 0.0  # replica-ready seconds the warm spares saved, summed
 
 
 def share_of(a: Allocation) -> ShareSpeed:

@@ -15,9 +15,12 @@ the ``simulated`` discovery backend, and the autoscaler's rules
   ``LeasedService.step`` does: a :class:`~orchestrator.scheduling.autoscale.LoadSample` (serving replicas,
   time-averaged ongoing requests since the last sample, the last step's p99), ``decide``, then as many
   lease requests as the decision adds, at once (a scale-down withdraws requests still pending first,
-  then the newest replicas); no warm spares. Its ``ceiling`` (the autoscaler's own input: "a lease that
-  cannot be had is not asked for") is what the request's whole fallback chain reaches on the cards as laid
-  out now, in order, within the quota the window in force gives the service's queue
+  then replicas on the largest shares, then the newest); the warm spares the autoscaler asks for
+  (:func:`~orchestrator.scheduling.autoscale.warm_spares`: processes started, no lease) make a granted
+  replica serve ``warm_start_s`` after its grant instead of ``replica_start_s``. Its ``ceiling`` (the
+  autoscaler's own input: "a lease that cannot be had is not asked for") is what the request's whole
+  fallback chain reaches on the cards as laid out now, in order, within the quota the window in force
+  gives the service's queue -- its surge cap where the quota follows demand
   (:func:`~orchestrator.scheduling.autoscale.reachable_replicas`), shared over the services; the
   scenario's loop passes none, which on 10 cards costs nothing but here would fill the queue with
   thousands of requests no layout can hold;
@@ -113,6 +116,8 @@ class DayRun(InferenceSide, TrainingSide):
         self.train_speed = 0.0  # the summed speed of the runs training now
         self.timers: list[tuple[float, int, str, str, int]] = []  # (at, seq, what, id, version): a heap
         self.scalers = [ScalerState() for _ in range(services)]
+        self.warm = [0] * services  # warm spare processes ready (started, model loaded, no lease)
+        self.warm_coming = [0] * services  # warm spares starting
         self.backlog = [0.0] * services
         self.ongoing = [0.0] * services  # integral of ongoing requests since the last sample
         self.last_p99: list[float | None] = [None] * services
@@ -244,6 +249,8 @@ class DayRun(InferenceSide, TrainingSide):
                 self._replica_serving(self.replicas[ident], now)
             elif what == "run":
                 self._run_timer(self.runs[ident], now)
+            elif what == "warm":
+                self._warm_ready(int(ident), item[4], now)
             else:  # "cycle": a training lease's minimum runtime has passed: it may be a victim now
                 self.changed = True
 
@@ -344,6 +351,8 @@ class DayRun(InferenceSide, TrainingSide):
             "training_steps": round(sum(r.work for r in self.runs.values()) / step_s),
             "training_runs_refused": sum(1 for r in self.runs.values() if r.phase == "refused"),
             "mig_reconfigurations": done,
+            "warm_starts": tl.warm_starts,
+            "replica_ready_saved_s": round(tl.ready_saved_s, 1),
             "spikes": absorb,
             "absorb_max_s": max_absorb(absorb),
             "spikes_not_absorbed": sum(1 for s in absorb if s["absorb_s"] is None),

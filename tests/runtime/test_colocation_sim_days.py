@@ -96,3 +96,23 @@ def test_the_replica_timeline_follows_the_real_autoscalers_upscale_delay() -> No
     top = min(max(k for t, k in tl if t > 9 * 3600) for tl in (fast, slow))
     assert top >= 3
     assert reached(slow, top) > reached(fast, top) + 27  # at least one 30 s delay where 3 s would do
+
+
+def test_warm_spares_start_replicas_in_warm_start_s_and_the_json_says_what_they_saved() -> None:
+    """#36 item 2: a second burst within the warm window finds processes kept started since the first (the peak
+    target minus the target) and its replicas attach in ``warm_start_s`` instead of ``replica_start_s``; without
+    warm spares none do."""
+    hi = 60.0
+    curve = K.make_curve([(0, 10.0), (9 * 3600, 10.0), (9 * 3600 + 5, hi), (9 * 3600 + 600, hi),
+                          (9 * 3600 + 605, 10.0), (10 * 3600, 10.0), (10 * 3600 + 5, hi), (10 * 3600 + 600, hi),
+                          (10 * 3600 + 605, 10.0), (K.DAY_S, 10.0)], "two-bursts")
+
+    def figures(spares: int) -> dict:
+        auto = CFG.service.autoscale.model_copy(update={"max_replicas": 40, "max_warm_spares": spares,
+                                                        "warm_window_s": 7200.0, "peak_hold_fraction": 0.0})
+        return day("ours", curve, service=CFG.service.model_copy(update={"autoscale": auto})).run()
+
+    warm, cold = figures(16), figures(0)
+    assert cold["warm_starts"] == 0 and cold["replica_ready_saved_s"] == 0
+    assert warm["warm_starts"] > 0
+    assert warm["replica_ready_saved_s"] == round(warm["warm_starts"] * (PARAMS.replica_start_s - PARAMS.warm_start_s), 1)

@@ -174,3 +174,40 @@ def test_set_day_clock_starts_the_day_anew_and_the_window_follows(tmp_path: Path
             head.service.set_day_clock(bad)  # type: ignore[arg-type]
         assert e.value.field.startswith(field)
     assert head.service.status()["head"]["window"]["window"] == "day"  # a refused call changes nothing
+
+
+def test_a_night_surge_lets_inference_preempt_beyond_its_floor_and_the_status_says_why(tmp_path: Path) -> None:
+    """#36: with ``surge_pct: 75`` the night's 1-card floor follows inference's demand (the head passes what the
+    queue holds and asks): two inference requests each preempt training through the checkpoint path, where the
+    clock's floor alone lets the second only borrow (the test above); the window's status says ``window.surge``."""
+    windows = [w.model_dump() for w in SCHED.windows]
+    windows[1]["queues"]["inference"]["surge_pct"] = 75
+    sched = SchedulerConfig.parse({**SCHED.model_dump(), "windows": windows})
+    head = Head.__new__(Head)
+    head.clock = ManualClock(t=1000.0, time_of_day_s=parse_hhmm("23:00"))
+    head.settings = RuntimeSettings(heartbeat_interval_s=0.1, agent_ttl_s=5.0)
+    cluster = ClusterConfig(nodes=(SimNode(name="n0", model="A100-80GB", gpus=4),), scheduler=sched)
+    head.cluster = SimulatedCluster(cluster, head.settings)
+    head.service = HeadService(head.settings, cluster, MemoryStore(), LocalProcessRunner(tmp_path), head.cluster,
+                               clock=head.clock.monotonic, status_poll_s=0.0, day_clock=head.clock)
+    head.run(0.3, dt=0.1)
+    for k in range(4):
+        head.ask(f"t{k}", "training")
+    head.run(1.0)
+    for k in range(4):
+        head.start(f"t{k}")
+    head.run(40.0)  # past the training class's minimum runtime
+    head.ask("i0", "inference")
+    head.ask("i1", "inference")
+    head.run(1.0)
+    victims = head.service.ctl.ledger.in_state(LeaseState.CHECKPOINTING)
+    assert len(victims) == 2 and all(v.lease.priority_class == "training" for v in victims)
+    win = head.service.status()["head"]["window"]
+    assert win["cause"] == "window.surge" and win["quotas"]["inference"]["quota_gpus"] == 2.0, win
+    for v in victims:
+        head.service.ctl.ack_preemption(v.lease_id, f"/ckpt/{v.lease_id}/step-10")
+    head.run(1.0)
+    assert head.state("i0") == head.state("i1") == "granted" and len(head.holding("training")) == 2
+    head.service.release(head.service.ctl.current_attempt("i1"), head.lease("i1")["fencing_token"], "done", key=KEY)
+    head.run(1.0)  # the demand falls: the quota goes back towards the clock's floor
+    assert head.service.status()["head"]["window"]["quotas"]["inference"]["quota_gpus"] == 1.0

@@ -217,3 +217,71 @@ def test_latency_over_the_slo_while_replicas_still_start_does_not_ratchet_the_se
     # a load that asks for more on its own is not held back by replicas starting
     d = decide(cfg, ScalerState(target=3), LoadSample(0.0, 2, 20.0, 900.0))
     assert d.reason.cause is Cause.SCALE_HOLD_DELAY and d.wanted == 8
+
+
+# ---- #36: multiplicative steps and warm spares ---------------------------------------------------------------
+
+def test_upscale_factor_lets_a_move_grow_the_target_by_its_factor() -> None:
+    """A tripled load (backlog counted in ongoing) is met in one move of x2 then one more, not in 2-replica steps."""
+    cfg = CFG.model_copy(update={"max_replicas": 200, "upscale_factor": 2.0})
+    loop = Loop(cfg, replicas=20)
+    loop.run(3.0, ongoing=120.0)  # wants 60: held for the delay
+    d = loop.step(120.0)
+    assert d.replicas == 40 and d.reason.cause is Cause.SCALE_UP_FACTOR
+    assert "upscale_factor 2 allows +20" in d.reason.text and "20 -> 40 replicas (step limit 20, 60 wanted)" in d.reason.text
+    loop.run(3.0, ongoing=120.0)
+    assert loop.step(120.0).replicas == 60  # the second move reaches what the load asks, no further
+    # additive steps alone (factor 1): the same load takes 20 moves
+    plain = Loop(CFG.model_copy(update={"max_replicas": 200}), replicas=20)
+    plain.run(3.5, ongoing=120.0)
+    assert plain.replicas == 22 and plain.decisions[-1].reason.cause is Cause.SCALE_UP
+
+
+def test_upscale_factor_never_passes_the_bounds_nor_a_small_move() -> None:
+    cfg = CFG.model_copy(update={"max_replicas": 30, "upscale_factor": 3.0})
+    loop = Loop(cfg, replicas=20)
+    loop.run(3.5, ongoing=400.0)
+    assert loop.replicas == 30  # max_replicas bounds the factor's move
+    small = Loop(cfg, replicas=4)
+    small.run(3.5, ongoing=10.0)  # wants 5: one replica more, max_step_up's move, cause scale.up
+    assert small.replicas == 5 and small.decisions[-1].reason.cause is Cause.SCALE_UP
+
+
+def test_warm_spares_keep_processes_up_to_the_recent_peak_then_forget_it() -> None:
+    from orchestrator.scheduling.autoscale import warm_spares
+
+    cfg = CFG.model_copy(update={"max_replicas": 100, "upscale_factor": 4.0, "warm_window_s": 600.0,
+                                 "max_warm_spares": 50, "downscale_delay_s": 1.0, "max_step_down": 100})
+    loop = Loop(cfg, replicas=10)
+    assert warm_spares(cfg, loop.state).count == 0  # before the first decision
+    loop.run(4.0, ongoing=80.0)
+    assert loop.replicas == 40 and loop.state.peak == 40
+    loop.run(3.0, ongoing=20.0)  # the load falls: the target goes back to 10, the peak stays
+    assert loop.replicas == 10
+    w = warm_spares(cfg, loop.state)
+    assert w.count == 30 and w.reason.cause is Cause.SCALE_WARM_SPARES
+    assert w.reason.text == "peak 40 of the last 600 s, target 10: 30 processes kept started"
+    assert warm_spares(cfg.model_copy(update={"max_warm_spares": 8}), loop.state).count == 8
+    assert warm_spares(cfg.model_copy(update={"warm_window_s": 0.0}), loop.state).count == 0
+    loop.run(600.0, ongoing=20.0)  # the peak is older than warm_window_s: forgotten
+    assert loop.state.peak == 0 and warm_spares(cfg, loop.state).count == 0
+
+
+def test_a_scale_down_stops_at_the_held_fraction_of_the_recent_peak() -> None:
+    cfg = CFG.model_copy(update={"max_replicas": 100, "upscale_factor": 4.0, "warm_window_s": 600.0,
+                                 "peak_hold_fraction": 0.5, "downscale_delay_s": 1.0, "max_step_down": 100})
+    loop = Loop(cfg, replicas=10)
+    loop.run(4.0, ongoing=80.0)
+    assert loop.replicas == 40
+    loop.run(10.0, ongoing=2.0)  # the load asks 1: the scale-down stops at half the peak
+    assert loop.replicas == 20
+    d = loop.decisions[-1]
+    assert d.reason.cause is Cause.SCALE_HOLD_PEAK
+    assert d.reason.text.endswith("the load asks 1, but 20 replicas kept: peak_hold_fraction 0.5 of the peak 40 of "
+                                  "the last 600 s")
+    loop.run(600.0, ongoing=2.0)  # the peak is forgotten: down to what the load asks
+    assert loop.replicas == 1
+    plain = Loop(cfg.model_copy(update={"peak_hold_fraction": 0.0}), replicas=10)
+    plain.run(4.0, ongoing=80.0)
+    plain.run(10.0, ongoing=2.0)
+    assert plain.replicas == 1

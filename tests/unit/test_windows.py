@@ -147,19 +147,25 @@ def test_at_night_inference_beyond_its_floor_only_borrows_and_the_wait_names_the
     assert "over its quota of 1 GPUs, set by time window night 22:00-08:00 until 08:00" in w.reason.text
 
 
-def test_two_requests_never_both_preempt_for_the_last_of_a_quota() -> None:
-    """The night floor is 1 card: the first inference request preempts training for it, the second one
-    counts that card as its queue's and only borrows -- in the cycle that plans, and while victims checkpoint."""
+def _training_on_four_cards(config: SchedulerConfig) -> tuple[ClusterSnapshot, list]:
+    """A 4-card node with a training lease granted on each card: the snapshot and the holding leases."""
     from orchestrator.core.lease import Lease
 
     snap = ClusterSnapshot.build([NodeSpec("n0", "A100-80GB", 4)])
     held = []
     for k in range(4):
-        r = schedule(snap, [_item(f"t{k}", "training", "training")], [], CFG, now=0, policy=POLICY)
+        r = schedule(snap, [_item(f"t{k}", "training", "training")], [], config, now=0, policy=POLICY)
         a = r.grants[0].placement.allocation
         snap = snap.apply(a)
         held.append(Lease.new(f"t{k}", GpuRequest.whole(1), now=0, queue="training", priority=100,
                               priority_class="training").grant(a, k + 1, now=0, reason="granted"))
+    return snap, held
+
+
+def test_two_requests_never_both_preempt_for_the_last_of_a_quota() -> None:
+    """The night floor is 1 card: the first inference request preempts training for it, the second one
+    counts that card as its queue's and only borrows -- in the cycle that plans, and while victims checkpoint."""
+    snap, held = _training_on_four_cards(CFG)
     night, _ = effective_config(CFG, 23 * H, 10)  # a floor of 1 card
     st = window_status(CFG, 23 * H, 10)
     pending = [_item("i0", "inference", "inference", 1), _item("i1", "inference", "inference", 2)]
@@ -170,3 +176,71 @@ def test_two_requests_never_both_preempt_for_the_last_of_a_quota() -> None:
     again = schedule(snap, nominated, held, night, now=101, policy=POLICY, window=st,
                      in_flight=frozenset(p.victim.lease_id for p in plan.preemptions))
     assert not again.preemptions and again.waiting_for("i1").reason.cause is Cause.WAIT_WINDOW
+
+
+# ---- #36: a guarantee that yields to load (surge_pct) ---------------------------------------------------------
+
+SURGE = SchedulerConfig.parse({**DAY_NIGHT, "windows": [
+    DAY_NIGHT["windows"][0],
+    {"name": "night", "start": "22:00", "end": "08:00",
+     "queues": {"inference": {"quota_pct": 10, "surge_pct": 50}, "training": {"borrowing": True}}}]})
+
+
+def test_a_surging_quota_follows_demand_between_the_clocks_and_its_cap() -> None:
+    from orchestrator.scheduling.windows import surge_caps
+
+    def quota(demand: float) -> float | None:
+        return effective_config(SURGE, 23 * H, 10, {"inference": demand})[0].queues["inference"].quota_gpus
+
+    assert quota(0.5) == 1.0  # below the clock's 10 %: the clock's guarantee
+    assert quota(2.3) == 3.0  # above it: the demand, rounded up to a card
+    assert quota(9.0) == 5.0  # never above surge_pct (50 % of 10)
+    assert effective_config(SURGE, 23 * H, 10)[0].queues["inference"].quota_gpus == 1.0  # no demand given: the clock's
+    assert effective_config(CFG, 23 * H, 10, {"inference": 9.0})[0].queues["inference"].quota_gpus == 1.0  # no surge_pct
+    assert surge_caps(SURGE, 23 * H, 10) == {"inference": 5.0} and surge_caps(SURGE, 9 * H, 10) == {}
+    st = window_status(SURGE, 23 * H, 10, {"inference": 2.3})
+    assert st.reason.cause is Cause.WINDOW_SURGE
+    assert "inference's demand 2.3 GPUs raised its quota from the clock's 1 to 3 (surge_pct 50)" in st.reason.text
+    assert window_status(SURGE, 23 * H, 10, {"inference": 0.5}).reason.cause is Cause.WINDOW_ACTIVE
+
+
+def test_surge_pct_below_the_clocks_quota_is_a_config_error() -> None:
+    bad = {**DAY_NIGHT, "windows": [{"name": "n", "start": "22:00", "end": "08:00",
+                                     "queues": {"inference": {"quota_pct": 30, "surge_pct": 20}}}]}
+    with pytest.raises(ConfigError) as e:
+        SchedulerConfig.parse(bad)
+    assert "surge_pct" in str(e.value)
+
+
+def test_queue_demand_counts_holdings_and_each_pending_request_at_its_largest_choice() -> None:
+    from orchestrator.core.lease import Lease
+    from orchestrator.scheduling.windows import queue_demand
+
+    snap = ClusterSnapshot.build([NodeSpec("n0", "A100-80GB", 4)])
+    a = schedule(snap, [_item("t0", "training", "training")], [], CFG, now=0, policy=POLICY).grants[0].placement.allocation
+    held = Lease.new("t0", GpuRequest.whole(2), now=0, queue="training", priority=100,
+                     priority_class="training").grant(a, 1, now=0, reason="granted")
+    pend = Lease.new("i0", GpuRequest.parse("mig:1g.10gb|mps:25|1"), now=0, queue="inference", priority=1000,
+                     priority_class="inference")
+    assert queue_demand([held], [pend]) == {"training": 1.0, "inference": 1.0}
+
+
+def test_by_night_inference_demand_beyond_the_floor_preempts_training_within_the_surge() -> None:
+    """The night floor is 10 % (0.4 of these 4 cards: not one card): with surge_pct 50 and three inference requests,
+    the quota follows the demand to 2 cards (50 % of 4): two preempt training through the checkpoint path, the third
+    only borrows. With the clock's floor alone none may preempt."""
+    from orchestrator.core.lease import Lease
+    from orchestrator.scheduling.windows import queue_demand
+
+    snap, held = _training_on_four_cards(SURGE)
+    pending = [_item(f"i{k}", "inference", "inference", k) for k in range(3)]
+    asks = [Lease.new(p.item_id, p.request, now=0, queue="inference", priority=1000, priority_class="inference")
+            for p in pending]
+    demand = queue_demand(held, asks)
+    night, _ = effective_config(SURGE, 23 * H, 4, demand)
+    assert night.queues["inference"].quota_gpus == 2.0
+    plan = schedule(snap, pending, held, night, now=100, policy=POLICY, window=window_status(SURGE, 23 * H, 4, demand))
+    assert sorted(p.for_item for p in plan.preemptions) == ["i0", "i1"], plan.to_json()["waiting"]
+    assert not plan.waiting_for("i2").would_preempt
+    clock_only, _ = effective_config(SURGE, 23 * H, 4)  # the clock's floor alone
+    assert not schedule(snap, pending, held, clock_only, now=100, policy=POLICY).preemptions
