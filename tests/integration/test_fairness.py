@@ -54,6 +54,20 @@ def _held(head: Any, queue: str) -> float:
     return rows[queue]["used_gpus"] if queue in rows else 0.0
 
 
+def _leases(head: Any) -> list[tuple[str, str, str, str]]:
+    """Every lease the head shows, live and ended, with its queue and its last reason: what a failure prints."""
+    st = head.status()
+    return [(le["lease_id"], le["state"], le.get("queue", ""), le["history"][-1]["reason"][:100] if le.get("history")
+             else str(le.get("why_pending", ""))[:100]) for le in st["leases"] + st["ended_leases"]]
+
+
+@pytest.fixture(autouse=True)
+def _each_test_gives_every_card_back(head: Any) -> Iterator[None]:
+    """A test that fails half way leaves its leases: the next test would start on a cluster with cards held."""
+    yield
+    _give_back_all(head)
+
+
 def _give_back(head: Any, lid: str) -> None:
     """Release a lease this driver asked for (withdraw it while pending), with its token once it has one."""
     head.release(lid, head.get_lease(lid, KEY).get("fencing_token"), key=KEY)
@@ -92,7 +106,10 @@ def test_two_teams_converge_to_equal_shares_and_the_reclaimed_training_actor_res
     _until("the training actor at work", lambda: "error" in out or (
         _training_stepped(head, "a-train") and any("training on" in s for s in out.get("log", []))), 120)
     time.sleep(1.0)  # some steps done
-    assert _held(head, "team-a") == cards
+    deadline = time.monotonic() + 30  # read until it holds: the full suite once saw 7 of 8 here, cause unknown
+    while _held(head, "team-a") != cards:
+        assert time.monotonic() < deadline, (f"team a holds {_held(head, 'team-a')} of {cards} cards", _leases(head))
+        time.sleep(0.5)
     # Team b asks for as many cards, at the same priority: only fair share can give it any.
     for i in range(cards):
         _ask(head, f"b-{i}", "team-b")
